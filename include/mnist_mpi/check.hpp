@@ -1,0 +1,47 @@
+// One error type and one family of check macros for every library we call (MPI, oneDNN, zlib,
+// the C runtime). Library code throws mnist_mpi::Error; main() catches it, reports it once and
+// makes sure every rank ends (see Note [Ending every rank] in src/main.cpp).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace mnist_mpi {
+
+// Exit codes, documented in README.md.
+enum class ExitCode : int {
+  kOk = 0,
+  kRuntime = 1,      // an error while training (a library call failed, a rank died)
+  kUsage = 2,        // a bad option or value
+  kData = 3,         // a missing or corrupt data file
+};
+
+class Error : public std::runtime_error {
+ public:
+  Error(ExitCode code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  ExitCode code() const { return code_; }
+
+ private:
+  ExitCode code_;
+};
+
+[[noreturn]] void throw_error(ExitCode code, const std::string& msg);
+[[noreturn]] void throw_call_error(const char* lib, const char* stmt, const char* file, int line,
+                                   const std::string& lib_msg);
+std::string mpi_error_string(int rc);
+
+}  // namespace mnist_mpi
+
+// Runtime checks stay on in every build type.
+#define MNIST_CHECK(cond, code, msg)                                            \
+  do {                                                                          \
+    if (!(cond)) ::mnist_mpi::throw_error((code), (msg));                       \
+  } while (0)
+
+#define MPI_CHECK(stmt)                                                                    \
+  do {                                                                                     \
+    int mnist_mpi_rc_ = (stmt);                                                            \
+    if (mnist_mpi_rc_ != 0 /* MPI_SUCCESS */)                                              \
+      ::mnist_mpi::throw_call_error("MPI", #stmt, __FILE__, __LINE__,                      \
+                                    ::mnist_mpi::mpi_error_string(mnist_mpi_rc_));         \
+  } while (0)

@@ -1,0 +1,46 @@
+// The Communicator: typed, span-based collectives, so element counts and bytes can't be confused.
+// MpiCommunicator (src/comm/mpi_communicator.cpp) works on host memory; an NCCL implementation
+// for device buffers plugs in behind the same calls.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace mnist_mpi {
+
+// An in-flight collective; wait() on the communicator that started it.
+struct CommRequest {
+  std::int64_t id = -1;
+  bool active() const { return id >= 0; }
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int local_rank() const = 0;  // among the ranks on this node
+  virtual int local_size() const = 0;
+  virtual std::string host() const = 0;
+
+  // In place: data becomes the elementwise sum over all ranks.
+  virtual void allreduce_sum(std::span<float> data) = 0;
+  virtual void allreduce_sum(std::span<double> data) = 0;
+  virtual void allreduce_max(std::span<std::int64_t> data) = 0;
+  virtual void allreduce_min(std::span<std::int64_t> data) = 0;
+  // Starts an in-place sum; data must stay valid until wait() returns.
+  virtual CommRequest start_allreduce_sum(std::span<float> data) = 0;
+  virtual void wait(CommRequest& request) = 0;
+  virtual void broadcast(std::span<float> data, int root) = 0;
+  virtual void broadcast(std::span<std::uint8_t> data, int root) = 0;
+  // out.size() == size(): out[r] = rank r's value.
+  virtual void allgather(std::uint64_t value, std::span<std::uint64_t> out) = 0;
+  virtual void barrier() = 0;
+};
+
+// Wraps MPI_COMM_WORLD (MPI must be initialised).
+std::unique_ptr<Communicator> make_mpi_communicator();
+
+}  // namespace mnist_mpi

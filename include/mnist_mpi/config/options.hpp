@@ -1,0 +1,51 @@
+// Every option of the program in one struct, parsed with Boost.ProgramOptions: the command line
+// over --config FILE (INI: `key = value`, the option names without dashes). A bad option or value
+// throws Error(ExitCode::kUsage) with one clear line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mnist_mpi/train/optimizer.hpp"
+
+namespace mnist_mpi {
+
+struct Options {
+  // data
+  std::string data_dir = "data/mnist";
+  std::int64_t validation_size = 5000;
+  std::int64_t train_limit = 0;
+  // model
+  std::string model = "conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10";
+  std::string weight_init = "truncated_normal:0.1";
+  std::string bias_init = "zeros";
+  // training
+  std::int64_t batch_size = 0;         // per rank
+  std::int64_t global_batch_size = 0;  // alternative to batch_size
+  std::int64_t epochs = 1;
+  std::int64_t max_steps = 0;          // 0: epochs decide
+  std::uint64_t seed = 42;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  // system
+  std::string device = "cpu";
+  int threads = 0;  // 0: auto
+  // reporting
+  std::int64_t log_every = 100;
+  std::int64_t eval_every = 0;
+  std::int64_t eval_batch_size = 1000;
+  std::int64_t check_replicas_every = 100;
+  std::string metrics_file;
+  bool quiet = false;
+
+  std::string config_file;
+  std::string resolved;  // "key = value" lines of every option, for logs and checkpoints
+};
+
+enum class ParseOutcome { kRun, kExitOk };
+
+// Parses argv. On --help / --version writes the text into `text` and returns kExitOk.
+ParseOutcome parse_options(int argc, const char* const* argv, Options& out, std::string& text);
+
+}  // namespace mnist_mpi

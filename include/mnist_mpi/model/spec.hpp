@@ -1,0 +1,68 @@
+// The model spec: a comma-separated list of layers, parsed and shape-checked here, and the
+// layout of every parameter tensor in the flat buffers (Note [Reverse layer order] in
+// src/model/spec.cpp). Nothing here knows about a backend.
+//
+//   conv:5x5:32:same[:s1]  maxpool:2[:2]  relu  flatten  fc:1024  dropout:0.5
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mnist_mpi {
+
+enum class LayerKind { kConv, kMaxPool, kRelu, kFlatten, kFc, kDropout };
+
+// A per-sample activation shape (C, H, W); fc outputs are (units, 1, 1).
+struct Shape {
+  int c = 0, h = 0, w = 0;
+  std::int64_t size() const { return static_cast<std::int64_t>(c) * h * w; }
+  bool operator==(const Shape&) const = default;
+};
+
+struct LayerSpec {
+  LayerKind kind{};
+  int kernel_h = 0, kernel_w = 0, stride = 1;  // conv and maxpool
+  int channels = 0;                            // conv: output channels; fc: output units
+  bool same = false;                           // conv padding
+  int pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;  // resolved from `same`
+  float drop_rate = 0.0f;                      // dropout: probability of dropping
+  Shape in, out;                               // resolved by parse_model_spec
+  std::string text;                            // the token as written
+};
+
+struct InitSpec {
+  enum class Kind { kTruncatedNormal, kNormal, kXavierUniform, kHeNormal, kConstant } kind{};
+  float value = 0.0f;  // stddev (normal kinds) or the constant
+  std::string text;
+};
+
+// One parameter tensor's place in the flat buffers.
+struct ParamTensor {
+  std::string name;            // "3.conv.weight"
+  std::vector<int> shape;      // conv weight (O, I, KH, KW), fc weight (O, I), bias (O)
+  std::int64_t offset = 0;     // in elements, into the flat parameter / gradient buffers
+  std::int64_t size = 0;
+  int layer = 0;               // index into ModelSpec::layers
+  bool is_bias = false;
+  int fan_in = 0, fan_out = 0;
+};
+
+struct ModelSpec {
+  std::string text;
+  Shape input;
+  std::vector<LayerSpec> layers;
+  std::vector<ParamTensor> params;  // in flat-buffer order (reverse layer order)
+  std::int64_t param_count = 0;
+  int num_classes() const { return layers.empty() ? 0 : static_cast<int>(layers.back().out.size()); }
+};
+
+// Parses and shape-checks; throws Error(kUsage) naming the bad token. The last layer must output
+// num_classes values.
+ModelSpec parse_model_spec(const std::string& text, Shape input, int num_classes);
+InitSpec parse_init_spec(const std::string& text);
+// Fills params (size spec.param_count) from the initialisers, deterministically from seed.
+void init_params(const ModelSpec& spec, const InitSpec& weight_init, const InitSpec& bias_init,
+                 std::uint64_t seed, float* params);
+
+}  // namespace mnist_mpi

@@ -1,0 +1,50 @@
+// Optimisers as one fused pass over the flat parameter, gradient and state buffers (SGD with
+// momentum / Nesterov, Adam with PyTorch's bias correction, L2 weight decay), and the
+// learning-rate schedules (constant, step decay per epoch with a floor, cosine; linear warm-up).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mnist_mpi {
+
+struct OptimizerConfig {
+  std::string kind = "adam";  // adam | sgd
+  double momentum = 0.0;      // sgd
+  bool nesterov = false;      // sgd
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
+  double weight_decay = 0.0;  // L2, added to the gradient (PyTorch's weight_decay)
+};
+
+class Optimizer {
+ public:
+  Optimizer(const OptimizerConfig& cfg, std::int64_t count);
+  // params -= update(grads); count elements; lr for this step.
+  void step(float* params, const float* grads, double lr);
+  std::int64_t steps_taken() const { return t_; }
+  // State, for checkpoints: the moment buffers (sgd: momentum only) and the step count.
+  std::vector<float>& first_moment() { return m_; }
+  std::vector<float>& second_moment() { return v_; }
+
+ private:
+  OptimizerConfig cfg_;
+  std::int64_t count_;
+  std::int64_t t_ = 0;
+  std::vector<float> m_, v_;  // allocated once, here
+};
+
+struct ScheduleConfig {
+  std::string kind = "constant";  // constant | step | cosine
+  double base_lr = 1e-3;
+  double gamma = 0.1;         // step: lr *= gamma every step_epochs epochs
+  double step_epochs = 1;
+  double min_lr = 0.0;        // step: the floor; cosine: the final value
+  std::int64_t warmup_steps = 0;
+};
+
+// The learning rate at global step `step` (0-based) of `total_steps`, in epoch `epoch`.
+double learning_rate(const ScheduleConfig& s, std::int64_t step, std::int64_t epoch, std::int64_t total_steps);
+
+}  // namespace mnist_mpi

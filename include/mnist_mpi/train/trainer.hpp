@@ -1,0 +1,80 @@
+// The training loop of one rank: the sampler's slice of each global batch, forward, softmax
+// cross-entropy, backward, the gradient allreduce, the fused optimiser step; rank 0 evaluates,
+// logs and writes metrics. Construction does only local work (so that setup errors can be agreed
+// on by all ranks before any collective, see Note [Ending every rank] in src/main.cpp); run() does
+// the collectives.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/config/options.hpp"
+#include "mnist_mpi/data/idx.hpp"
+#include "mnist_mpi/data/sampler.hpp"
+#include "mnist_mpi/model/model.hpp"
+#include "mnist_mpi/train/optimizer.hpp"
+
+namespace mnist_mpi {
+
+struct EvalResult {
+  double accuracy = 0.0;
+  double loss = 0.0;  // mean over the split
+  std::int64_t count = 0;
+};
+
+struct RunResult {
+  std::int64_t steps = 0;
+  double epochs = 0.0;
+  double last_train_loss = 0.0;  // global mean of the last logged step
+  EvalResult test;               // rank 0 only
+  double wall_s = 0.0;
+  double images_per_s = 0.0;     // steady: first 10 steps and evaluation excluded
+  std::string params_hash;
+};
+
+class Trainer {
+ public:
+  // start: when the process started (for the start-up time); defaults to now.
+  Trainer(const Options& options, Communicator& comm,
+          std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now());
+  RunResult run();
+  EvalResult evaluate(const Split& split);  // on this rank, with the current parameters
+
+  const ModelSpec& spec() const { return spec_; }
+  const float* params() const { return params_->data(); }
+  std::int64_t global_batch() const { return global_batch_; }
+  std::int64_t per_rank_batch() const { return batch_; }
+
+ private:
+  void load_batch(std::int64_t step);
+  void log_event(const std::string& json);
+  void check_replicas(std::int64_t step);
+
+  Options opt_;
+  Communicator& comm_;
+  std::chrono::steady_clock::time_point start_;
+  Mnist data_;
+  ModelSpec spec_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Buffer> params_, grads_;  // flat, spec_.param_count each (Note [Reverse layer order])
+  std::unique_ptr<Model> train_model_, eval_model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Sampler> sampler_;
+  std::int64_t batch_ = 0, global_batch_ = 0, steps_per_epoch_ = 0, total_steps_ = 0;
+  std::vector<std::int32_t> labels_;       // (batch)
+  std::vector<std::int32_t> eval_labels_;  // (eval batch)
+  std::ofstream metrics_;
+  bool rank0_ = false;
+};
+
+// 64-bit FNV-1a of the bytes of n floats: equal hashes mean bitwise-equal parameters.
+std::uint64_t hash_floats(const float* p, std::int64_t n);
+std::string hex64(std::uint64_t v);
+
+}  // namespace mnist_mpi

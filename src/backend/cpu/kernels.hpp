@@ -1,0 +1,16 @@
+// The CPU backend's kernel factories, one per layer kind (one file each in src/backend/cpu/).
+#pragma once
+
+#include "mnist_mpi/backend/backend.hpp"
+#include "src/backend/cpu/dnnl_util.hpp"
+
+namespace mnist_mpi::cpu {
+
+std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
+std::unique_ptr<LayerKernel> make_fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
+std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
+std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
+std::unique_ptr<LayerKernel> make_dropout(const LayerSpec& l, int index, const LayerBuffers& b, bool training);
+std::unique_ptr<LayerKernel> make_flatten(const LayerSpec& l, const LayerBuffers& b);
+
+}  // namespace mnist_mpi::cpu

@@ -1,0 +1,50 @@
+// ReLU on oneDNN's eltwise primitives; backward reads the layer's input (x), as PyTorch does.
+#include "src/backend/cpu/kernels.hpp"
+
+namespace mnist_mpi::cpu {
+namespace {
+
+class Relu final : public LayerKernel {
+ public:
+  Relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : c_(c) {
+    const dnnl::memory::dims d{b.batch, static_cast<dnnl::memory::dim>(l.in.size())};  // (N, C*H*W)
+    const dnnl::memory::desc md(d, dt::f32, tag::nc);
+    dnnl::eltwise_forward::primitive_desc fwd(
+        dnnl::eltwise_forward::desc(training ? dnnl::prop_kind::forward_training
+                                             : dnnl::prop_kind::forward_inference,
+                                    dnnl::algorithm::eltwise_relu, md, 0.0f),
+        user_scratchpad(), c.engine);
+    desc_ = "relu fwd " + impl(fwd);
+    fwd_ = bind<dnnl::eltwise_forward>(c, fwd, {{DNNL_ARG_SRC, wrap(c, d, tag::nc, b.x)},
+                                                {DNNL_ARG_DST, wrap(c, d, tag::nc, b.y)}});
+    if (!training || !b.dx) return;
+    dnnl::eltwise_backward::primitive_desc bd(
+        dnnl::eltwise_backward::desc(dnnl::algorithm::eltwise_relu, md, md, 0.0f), user_scratchpad(),
+        c.engine, fwd);
+    desc_ += ", bwd " + impl(bd);
+    bwd_ = bind<dnnl::eltwise_backward>(c, bd, {{DNNL_ARG_SRC, wrap(c, d, tag::nc, b.x)},
+                                                {DNNL_ARG_DIFF_DST, wrap(c, d, tag::nc, b.dy)},
+                                                {DNNL_ARG_DIFF_SRC, wrap(c, d, tag::nc, b.dx)}});
+    has_bwd_ = true;
+  }
+
+  void forward(const StepContext&) override { fwd_.run(c_); }
+  void backward(const StepContext&) override {
+    if (has_bwd_) bwd_.run(c_);
+  }
+  std::string describe() const override { return desc_; }
+
+ private:
+  Context& c_;
+  Bound fwd_, bwd_;
+  bool has_bwd_ = false;
+  std::string desc_;
+};
+
+}  // namespace
+
+std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) {
+  return std::make_unique<Relu>(c, l, b, training);
+}
+
+}  // namespace mnist_mpi::cpu

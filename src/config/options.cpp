@@ -1,0 +1,136 @@
+// Options: one table of every option with its default and unit, the command line parsed over the
+// --config file, and the checks on values that the rest of the program relies on.
+#include "mnist_mpi/config/options.hpp"
+
+#include <boost/program_options.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "mnist_mpi/check.hpp"
+
+namespace po = boost::program_options;
+
+namespace mnist_mpi {
+
+ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::string& text) {
+  Options d;  // defaults
+  po::options_description general("General");
+  general.add_options()
+      ("help,h", "print this help and exit")
+      ("version", "print the version and exit")
+      ("config", po::value<std::string>(&o.config_file), "INI file of options (key = value); the command line wins");
+  po::options_description data("Data");
+  data.add_options()
+      ("data-dir", po::value(&o.data_dir)->default_value(d.data_dir), "directory with the four MNIST IDX files (raw or .gz)")
+      ("validation-size", po::value(&o.validation_size)->default_value(d.validation_size), "images: the last N training images form the validation split")
+      ("train-limit", po::value(&o.train_limit)->default_value(d.train_limit), "images: train on the first N training images only (0 = all)");
+  po::options_description model("Model");
+  model.add_options()
+      ("model", po::value(&o.model)->default_value(d.model), "layer spec (see README.md, 'Writing a model spec')")
+      ("weight-init", po::value(&o.weight_init)->default_value(d.weight_init), "truncated_normal:STD | normal:STD | xavier | he | zeros | constant:V")
+      ("bias-init", po::value(&o.bias_init)->default_value(d.bias_init), "initialiser for biases, as --weight-init");
+  po::options_description train("Training");
+  train.add_options()
+      ("batch-size", po::value(&o.batch_size)->default_value(d.batch_size), "images per rank per step (or give --global-batch-size)")
+      ("global-batch-size", po::value(&o.global_batch_size)->default_value(d.global_batch_size), "images per step over all ranks; must divide by the number of ranks")
+      ("epochs", po::value(&o.epochs)->default_value(d.epochs), "passes over the training split")
+      ("max-steps", po::value(&o.max_steps)->default_value(d.max_steps), "global steps in the whole run (0 = epochs decide)")
+      ("seed", po::value(&o.seed)->default_value(d.seed), "seed of initialisation, sampling and dropout")
+      ("optimizer", po::value(&o.optimizer.kind)->default_value(d.optimizer.kind), "adam | sgd")
+      ("lr", po::value(&o.schedule.base_lr)->default_value(d.schedule.base_lr), "base learning rate")
+      ("momentum", po::value(&o.optimizer.momentum)->default_value(d.optimizer.momentum), "sgd momentum")
+      ("nesterov", po::value(&o.optimizer.nesterov)->default_value(d.optimizer.nesterov), "sgd: Nesterov momentum (true|false)")
+      ("beta1", po::value(&o.optimizer.beta1)->default_value(d.optimizer.beta1), "adam beta1")
+      ("beta2", po::value(&o.optimizer.beta2)->default_value(d.optimizer.beta2), "adam beta2")
+      ("eps", po::value(&o.optimizer.eps)->default_value(d.optimizer.eps), "adam epsilon")
+      ("weight-decay", po::value(&o.optimizer.weight_decay)->default_value(d.optimizer.weight_decay), "L2 penalty added to the gradient")
+      ("lr-schedule", po::value(&o.schedule.kind)->default_value(d.schedule.kind), "constant | step | cosine")
+      ("lr-gamma", po::value(&o.schedule.gamma)->default_value(d.schedule.gamma), "step: factor applied every --lr-step-epochs epochs")
+      ("lr-step-epochs", po::value(&o.schedule.step_epochs)->default_value(d.schedule.step_epochs), "step: epochs between decays")
+      ("lr-min", po::value(&o.schedule.min_lr)->default_value(d.schedule.min_lr), "step: floor; cosine: final learning rate")
+      ("warmup-steps", po::value(&o.schedule.warmup_steps)->default_value(d.schedule.warmup_steps), "steps of linear warm-up from 0");
+  po::options_description sys("System");
+  sys.add_options()
+      ("device", po::value(&o.device)->default_value(d.device), "cpu (cuda and auto: see issue 5)")
+      ("threads", po::value(&o.threads)->default_value(d.threads), "threads per rank (0 = 1 when ranks share a node, else all cores)");
+  po::options_description rep("Reporting");
+  rep.add_options()
+      ("log-every", po::value(&o.log_every)->default_value(d.log_every), "steps between progress lines (0 = none)")
+      ("eval-every", po::value(&o.eval_every)->default_value(d.eval_every), "steps between test evaluations (0 = only at the end)")
+      ("eval-batch-size", po::value(&o.eval_batch_size)->default_value(d.eval_batch_size), "images per evaluation batch on rank 0")
+      ("check-replicas-every", po::value(&o.check_replicas_every)->default_value(d.check_replicas_every), "steps between checks that all ranks hold identical parameters (0 = never)")
+      ("metrics-file", po::value(&o.metrics_file), "write JSON lines of step / eval / final events (rank 0)")
+      ("quiet", po::bool_switch(&o.quiet), "print only errors and the final summary");
+  po::options_description all("mnist_mpi " MNIST_MPI_VERSION " - data-parallel CNN training on MNIST.\n"
+                              "Usage: mpirun -np N mnist_mpi [--config FILE] [options]\nOptions");
+  all.add(general).add(data).add(model).add(train).add(sys).add(rep);
+
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, all), vm);
+    if (vm.count("help")) {
+      std::ostringstream os;
+      os << all;
+      text = os.str();
+      return ParseOutcome::kExitOk;
+    }
+    if (vm.count("version")) {
+      text = "mnist_mpi " MNIST_MPI_VERSION "\n";
+      return ParseOutcome::kExitOk;
+    }
+    if (vm.count("config")) {
+      const std::string path = vm["config"].as<std::string>();
+      std::ifstream f(path);
+      if (!f) throw_error(ExitCode::kUsage, "--config: cannot open '" + path + "'");
+      po::store(po::parse_config_file(f, all), vm);
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw_error(ExitCode::kUsage, std::string(e.what()) + " (see --help)");
+  }
+
+  auto positive = [](std::int64_t v, const char* name, bool allow_zero) {
+    if (v < 0 || (!allow_zero && v == 0))
+      throw_error(ExitCode::kUsage, std::string("--") + name + " must be " + (allow_zero ? ">= 0" : "> 0") +
+                                        ", got " + std::to_string(v));
+  };
+  positive(o.validation_size, "validation-size", true);
+  positive(o.train_limit, "train-limit", true);
+  positive(o.batch_size, "batch-size", true);
+  positive(o.global_batch_size, "global-batch-size", true);
+  positive(o.epochs, "epochs", false);
+  positive(o.max_steps, "max-steps", true);
+  positive(o.log_every, "log-every", true);
+  positive(o.eval_every, "eval-every", true);
+  positive(o.eval_batch_size, "eval-batch-size", false);
+  positive(o.check_replicas_every, "check-replicas-every", true);
+  positive(o.schedule.warmup_steps, "warmup-steps", true);
+  if (o.threads < 0) throw_error(ExitCode::kUsage, "--threads must be >= 0");
+  if ((o.batch_size == 0) == (o.global_batch_size == 0))
+    throw_error(ExitCode::kUsage, "give exactly one of --batch-size (per rank) and --global-batch-size");
+  if (!(o.schedule.base_lr > 0.0)) throw_error(ExitCode::kUsage, "--lr must be > 0");
+  if (o.device != "cpu" && o.device != "auto" && o.device != "cuda")
+    throw_error(ExitCode::kUsage, "--device must be cpu, cuda or auto, got '" + o.device + "'");
+  if (o.device == "cuda")
+    throw_error(ExitCode::kUsage, "--device cuda: this build has no CUDA backend yet; use --device cpu or auto");
+  if (o.device == "auto") o.device = "cpu";  // no CUDA backend in this build: auto means the CPU
+
+  std::ostringstream res;
+  for (const auto& [name, value] : vm) {
+    if (name == "help" || name == "version" || name == "config" || name == "metrics-file") continue;
+    const boost::any& a = value.value();
+    res << name << " = ";
+    if (auto s = boost::any_cast<std::string>(&a)) res << *s;
+    else if (auto i = boost::any_cast<std::int64_t>(&a)) res << *i;
+    else if (auto u = boost::any_cast<std::uint64_t>(&a)) res << *u;
+    else if (auto n = boost::any_cast<int>(&a)) res << *n;
+    else if (auto f = boost::any_cast<double>(&a)) res << *f;
+    else if (auto b = boost::any_cast<bool>(&a)) res << (*b ? "true" : "false");
+    res << "\n";
+  }
+  o.resolved = res.str();
+  return ParseOutcome::kRun;
+}
+
+}  // namespace mnist_mpi

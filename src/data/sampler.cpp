@@ -1,0 +1,47 @@
+// The per-epoch global permutation and each rank's contiguous slice of a global batch.
+#include "mnist_mpi/data/sampler.hpp"
+
+#include <numeric>
+#include <utility>
+
+#include "mnist_mpi/check.hpp"
+#include "mnist_mpi/rng.hpp"
+
+namespace mnist_mpi {
+
+Sampler::Sampler(std::int64_t dataset_size, std::int64_t global_batch, std::uint64_t seed)
+    : dataset_size_(dataset_size), global_batch_(global_batch), seed_(seed) {
+  MNIST_CHECK(global_batch > 0 && global_batch <= dataset_size, ExitCode::kUsage,
+              "the global batch (" + std::to_string(global_batch) + " images) is larger than the training split (" +
+                  std::to_string(dataset_size) + " images); lower --batch-size / --global-batch-size");
+  perm_.resize(static_cast<std::size_t>(dataset_size));
+}
+
+std::vector<std::int64_t> Sampler::permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {
+  std::vector<std::int64_t> p(static_cast<std::size_t>(n));
+  permute(p, seed, epoch);
+  return p;
+}
+
+void Sampler::permute(std::span<std::int64_t> p, std::uint64_t seed, std::int64_t epoch) {
+  const auto n = static_cast<std::int64_t>(p.size());
+  std::iota(p.begin(), p.end(), 0);
+  for (std::int64_t i = n - 1; i > 0; --i) {
+    const std::uint64_t h = rng::key(seed, 0x5A3, static_cast<std::uint64_t>(epoch), static_cast<std::uint64_t>(i));
+    const auto j = static_cast<std::int64_t>(h % static_cast<std::uint64_t>(i + 1));
+    std::swap(p[static_cast<std::size_t>(i)], p[static_cast<std::size_t>(j)]);
+  }
+}
+
+void Sampler::indices(std::int64_t step, std::int64_t offset, std::int64_t count, std::int64_t* out) {
+  const std::int64_t spe = steps_per_epoch();
+  const std::int64_t epoch = step / spe;
+  if (epoch != epoch_) {  // once per epoch, into the buffer made at construction
+    permute(perm_, seed_, epoch);
+    epoch_ = epoch;
+  }
+  const std::int64_t base = (step % spe) * global_batch_ + offset;
+  for (std::int64_t i = 0; i < count; ++i) out[i] = perm_[static_cast<std::size_t>(base + i)];
+}
+
+}  // namespace mnist_mpi

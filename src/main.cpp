@@ -1,0 +1,84 @@
+// mnist_mpi: options, MPI set-up, and the one place that turns errors into messages and exit codes.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "mnist_mpi/check.hpp"
+#include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/config/options.hpp"
+#include "mnist_mpi/train/trainer.hpp"
+
+using namespace mnist_mpi;
+
+// Note [Ending every rank]
+// Setup (options, data files, model spec, kernels) does only local work, so each rank can fail on
+// its own (a file missing on one node) without any rank blocking in a collective. At the end of
+// setup all ranks agree on the outcome with two tiny allreduces: the worst exit code and the lowest
+// failing rank. That rank alone prints its message; every rank then exits with the same code.
+// Once training has started, an error on one rank can leave the others inside a collective, so
+// the failing rank prints its message and calls MPI_Abort, which ends every rank (mpirun exits
+// non-zero). Errors go to stderr, prefixed with the rank and host.
+int main(int argc, char** argv) {
+  const auto start = std::chrono::steady_clock::now();
+  MPI_Init(&argc, &argv);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // errors come back to MPI_CHECK
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  char host[MPI_MAX_PROCESSOR_NAME] = {0};
+  int host_len = 0;
+  MPI_Get_processor_name(host, &host_len);
+  auto report = [&](const std::string& msg) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "mnist_mpi: error on rank %d (%s): %s\n", rank, host, msg.c_str());
+    std::fflush(stderr);
+  };
+
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Trainer> trainer;
+  std::int64_t code = 0;
+  std::string message;
+  try {
+    Options options;
+    std::string text;
+    if (parse_options(argc, argv, options, text) == ParseOutcome::kExitOk) {
+      if (rank == 0) std::cout << text;
+      MPI_Finalize();
+      return 0;
+    }
+    comm = make_mpi_communicator();
+    trainer = std::make_unique<Trainer>(options, *comm, start);
+  } catch (const Error& e) {
+    code = static_cast<int>(e.code());
+    message = e.what();
+  } catch (const std::exception& e) {
+    code = static_cast<int>(ExitCode::kRuntime);
+    message = e.what();
+  }
+  std::int64_t worst = code, first_failing = code ? rank : INT64_MAX;
+  MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &first_failing, 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
+  if (worst != 0) {
+    if (rank == first_failing) report(message);
+    trainer.reset();
+    comm.reset();
+    MPI_Finalize();
+    return static_cast<int>(worst);
+  }
+
+  try {
+    trainer->run();
+  } catch (const Error& e) {
+    report(e.what());
+    MPI_Abort(MPI_COMM_WORLD, static_cast<int>(e.code()));
+  } catch (const std::exception& e) {
+    report(e.what());
+    MPI_Abort(MPI_COMM_WORLD, static_cast<int>(ExitCode::kRuntime));
+  }
+  trainer.reset();
+  comm.reset();
+  MPI_Finalize();
+  return 0;
+}

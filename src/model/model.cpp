@@ -1,0 +1,70 @@
+// Builds a model instance: allocates the activations (and their gradients when training), binds
+// each layer's buffers and asks the backend for a kernel prepared for its shapes. After this,
+// forward() and backward() only run prepared kernels: nothing is planned or allocated per step.
+#include "mnist_mpi/model/model.hpp"
+
+#include <sstream>
+
+namespace mnist_mpi {
+
+Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads)
+    : spec_(spec), batch_(batch), training_(grads != nullptr) {
+  const std::size_t L = spec.layers.size();
+  act_ptr_.assign(L + 1, nullptr);
+  dact_ptr_.assign(L + 1, nullptr);
+  // Activation i is the input of layer i; flatten's output aliases its input.
+  for (std::size_t i = 0; i <= L; ++i) {
+    const Shape s = i == 0 ? spec.input : spec.layers[i - 1].out;
+    const bool alias = i > 0 && spec.layers[i - 1].kind == LayerKind::kFlatten;
+    if (alias) {
+      act_ptr_[i] = act_ptr_[i - 1];
+      dact_ptr_[i] = dact_ptr_[i - 1];
+      continue;
+    }
+    acts_.push_back(backend.allocate(batch * s.size()));
+    act_ptr_[i] = acts_.back()->data();
+    if (training_ && i > 0) {  // no gradient for the input image
+      dacts_.push_back(backend.allocate(batch * s.size()));
+      dact_ptr_[i] = dacts_.back()->data();
+    }
+  }
+  std::vector<std::int64_t> param_offset(L, -1);
+  for (const ParamTensor& p : spec.params)
+    if (!p.is_bias) param_offset[static_cast<std::size_t>(p.layer)] = p.offset;
+  for (std::size_t i = 0; i < L; ++i) {
+    LayerBuffers b;
+    b.batch = batch;
+    b.x = act_ptr_[i];
+    b.y = act_ptr_[i + 1];
+    if (training_) {
+      b.dy = dact_ptr_[i + 1];
+      b.dx = dact_ptr_[i];  // null for i == 0: the first layer computes no input gradient
+    }
+    if (param_offset[i] >= 0) {
+      b.w = params + param_offset[i];
+      if (grads) b.dw = grads + param_offset[i];
+    }
+    kernels_.push_back(backend.make_layer(spec.layers[i], static_cast<int>(i), b, training_));
+  }
+}
+
+void Model::forward(const StepContext& ctx) {
+  for (auto& k : kernels_) k->forward(ctx);
+}
+
+void Model::backward(const StepContext& ctx, const std::function<void(int)>& on_layer_done) {
+  for (int i = static_cast<int>(kernels_.size()) - 1; i >= 0; --i) {
+    kernels_[static_cast<std::size_t>(i)]->backward(ctx);
+    if (on_layer_done) on_layer_done(i);
+  }
+}
+
+std::string Model::describe() const {
+  std::ostringstream os;
+  for (std::size_t i = 0; i < kernels_.size(); ++i)
+    os << "  layer " << i << " " << spec_.layers[i].text << " (" << spec_.layers[i].out.c << ","
+       << spec_.layers[i].out.h << "," << spec_.layers[i].out.w << "): " << kernels_[i]->describe() << "\n";
+  return os.str();
+}
+
+}  // namespace mnist_mpi

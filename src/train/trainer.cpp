@@ -1,0 +1,296 @@
+// One rank's training loop (see include/mnist_mpi/train/trainer.hpp). The gradient of every rank
+// is the sum over its slice divided by the GLOBAL batch; the allreduce sums these, so every rank
+// applies the gradient of the global mean loss (Note [Averaging is a scaled sum]).
+#include "mnist_mpi/train/trainer.hpp"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "mnist_mpi/check.hpp"
+
+namespace mnist_mpi {
+
+std::uint64_t hash_floats(const float* p, std::int64_t n) {
+  const auto* b = reinterpret_cast<const unsigned char*>(p);
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (std::int64_t i = 0; i < n * static_cast<std::int64_t>(sizeof(float)); ++i) {
+    h ^= b[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+std::string hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string json_num(double v) {
+  if (!std::isfinite(v)) return "null";
+  std::ostringstream os;
+  os << std::setprecision(10) << v;
+  return os.str();
+}
+
+}  // namespace
+
+Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady_clock::time_point start)
+    : opt_(options), comm_(comm), start_(start), rank0_(comm.rank() == 0) {
+  const std::int64_t world = comm_.size();
+  if (opt_.global_batch_size > 0) {
+    MNIST_CHECK(opt_.global_batch_size % world == 0, ExitCode::kUsage,
+                "--global-batch-size " + std::to_string(opt_.global_batch_size) + " does not divide by the " +
+                    std::to_string(world) + " ranks; choose a multiple of " + std::to_string(world) +
+                    " or give --batch-size per rank");
+    global_batch_ = opt_.global_batch_size;
+    batch_ = global_batch_ / world;
+  } else {
+    batch_ = opt_.batch_size;
+    global_batch_ = batch_ * world;
+  }
+
+  data_ = load_mnist(opt_.data_dir, opt_.validation_size, opt_.train_limit);
+  const Shape input{1, data_.train.rows, data_.train.cols};
+  spec_ = parse_model_spec(opt_.model, input, 10);
+  const InitSpec wi = parse_init_spec(opt_.weight_init), bi = parse_init_spec(opt_.bias_init);
+
+  sampler_ = std::make_unique<Sampler>(data_.train.count, global_batch_, opt_.seed);
+  steps_per_epoch_ = sampler_->steps_per_epoch();
+  total_steps_ = opt_.max_steps > 0 ? opt_.max_steps : opt_.epochs * steps_per_epoch_;
+  learning_rate(opt_.schedule, 0, 0, total_steps_);  // validates the schedule's name
+
+  int threads = opt_.threads;
+  if (threads == 0)
+    threads = comm_.local_size() > 1 ? 1 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  backend_ = make_cpu_backend(threads);
+
+  params_ = backend_->allocate(spec_.param_count);
+  grads_ = backend_->allocate(spec_.param_count);
+  init_params(spec_, wi, bi, opt_.seed, params_->data());
+  train_model_ = std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, params_->data(), grads_->data());
+  optimizer_ = std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count);
+  labels_.resize(static_cast<std::size_t>(batch_));
+  if (rank0_) {
+    const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
+    const int eb = static_cast<int>(std::min(opt_.eval_batch_size, largest));
+    eval_model_ = std::make_unique<Model>(spec_, eb, *backend_, params_->data(), nullptr);
+    eval_labels_.resize(static_cast<std::size_t>(eb));
+    if (!opt_.metrics_file.empty()) {
+      metrics_.open(opt_.metrics_file, std::ios::out | std::ios::trunc);
+      MNIST_CHECK(metrics_.good(), ExitCode::kUsage, "--metrics-file: cannot write '" + opt_.metrics_file + "'");
+    }
+  }
+  if (rank0_ && !opt_.quiet) {
+    std::cout << "mnist_mpi " MNIST_MPI_VERSION ": " << world << " rank(s), backend " << backend_->name() << ", "
+              << threads << " thread(s) per rank\n"
+              << "data: " << data_.train.count << " train, " << data_.validation.count << " validation, "
+              << data_.test.count << " test images from " << opt_.data_dir << "\n"
+              << "model: " << spec_.text << " (" << spec_.param_count << " parameters)\n"
+              << train_model_->describe() << "batch: " << global_batch_ << " global, " << batch_ << " per rank; "
+              << steps_per_epoch_ << " steps per epoch, " << total_steps_ << " steps\n"
+              << std::flush;
+  }
+}
+
+void Trainer::log_event(const std::string& json) {
+  if (metrics_.is_open()) metrics_ << json << '\n' << std::flush;
+}
+
+void Trainer::load_batch(std::int64_t step) {
+  std::int64_t idx[1];
+  float* x = train_model_->input();  // (b, 1, 28, 28)
+  const std::int64_t pixels = static_cast<std::int64_t>(data_.train.rows) * data_.train.cols;
+  constexpr float kScale = 1.0f / 255.0f;
+  for (std::int64_t i = 0; i < batch_; ++i) {
+    sampler_->indices(step, comm_.rank() * batch_ + i, 1, idx);
+    const std::uint8_t* img = data_.train.image(idx[0]);
+    float* dst = x + i * pixels;
+    for (std::int64_t k = 0; k < pixels; ++k) dst[k] = static_cast<float>(img[k]) * kScale;
+    labels_[static_cast<std::size_t>(i)] = data_.train.labels[static_cast<std::size_t>(idx[0])];
+  }
+}
+
+EvalResult Trainer::evaluate(const Split& split) {
+  MNIST_CHECK(eval_model_ != nullptr, ExitCode::kRuntime, "evaluate() called on a rank without an evaluation model");
+  EvalResult r;
+  const int eb = eval_model_->batch();
+  const std::int64_t pixels = static_cast<std::int64_t>(split.rows) * split.cols;
+  StepContext ctx;
+  ctx.training = false;
+  double loss = 0.0;
+  std::int64_t correct = 0;
+  for (std::int64_t first = 0; first < split.count; first += eb) {
+    const std::int64_t n = std::min<std::int64_t>(eb, split.count - first);
+    float* x = eval_model_->input();
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::uint8_t* img = split.image(first + i);
+      for (std::int64_t k = 0; k < pixels; ++k) x[i * pixels + k] = static_cast<float>(img[k]) * (1.0f / 255.0f);
+      eval_labels_[static_cast<std::size_t>(i)] = split.labels[static_cast<std::size_t>(first + i)];
+    }
+    // A short last batch: the rows past n are stale and their outputs are ignored.
+    eval_model_->forward(ctx);
+    const LossStats s = backend_->softmax_cross_entropy(eval_model_->logits(), eval_labels_.data(),
+                                                         static_cast<int>(n), spec_.num_classes(), nullptr, 0.0f);
+    loss += s.loss_sum;
+    correct += s.correct;
+  }
+  r.count = split.count;
+  if (split.count > 0) {
+    r.loss = loss / static_cast<double>(split.count);
+    r.accuracy = static_cast<double>(correct) / static_cast<double>(split.count);
+  }
+  return r;
+}
+
+void Trainer::check_replicas(std::int64_t step) {
+  std::vector<std::uint64_t> hashes(static_cast<std::size_t>(comm_.size()));
+  comm_.allgather(hash_floats(params_->data(), spec_.param_count), hashes);
+  for (std::size_t r = 1; r < hashes.size(); ++r)
+    MNIST_CHECK(hashes[r] == hashes[0], ExitCode::kRuntime,
+                "replicas diverged after step " + std::to_string(step) + ": rank " + std::to_string(r) +
+                    " holds parameters " + hex64(hashes[r]) + ", rank 0 holds " + hex64(hashes[0]) +
+                    " (every rank must hold identical parameters; this is a bug, please report it)");
+}
+
+// Note [Averaging is a scaled sum]
+// Each rank's loss gradient is scaled by 1 / GLOBAL batch (not by 1 / its own slice), so its
+// backward produces (sum of its slice's per-sample gradients) / B. The allreduce then SUMS these
+// over the ranks: the result is exactly the gradient of the mean loss over the whole global batch,
+// for every parameter, since the allreduce covers the whole flat gradient buffer [0, param_count).
+// No division after the reduction, nothing to forget for "the other variables".
+RunResult Trainer::run() {
+  RunResult res;
+  // Rank 0's initial parameters are everyone's (DESIGN.md invariant 1).
+  comm_.broadcast(std::span<float>(params_->data(), static_cast<std::size_t>(spec_.param_count)), 0);
+  check_replicas(0);
+
+  const auto t_run = std::chrono::steady_clock::now();
+  double startup_s = 0.0, steady_s = 0.0, eval_s = 0.0;
+  std::int64_t steady_steps = 0;
+  constexpr std::int64_t kWarmup = 10;
+  const float grad_scale = 1.0f / static_cast<float>(global_batch_);
+  const std::span<float> grads(grads_->data(), static_cast<std::size_t>(spec_.param_count));
+  double window_loss = 0.0;
+  std::int64_t window_n = 0;
+  auto window_t = std::chrono::steady_clock::now();
+
+  for (std::int64_t step = 0; step < total_steps_; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (step == 0) startup_s = seconds_since(start_);
+    const std::int64_t epoch = step / steps_per_epoch_;
+    const double lr = learning_rate(opt_.schedule, step, epoch, total_steps_);
+    load_batch(step);
+    StepContext ctx{true, opt_.seed, step, comm_.rank() * batch_};
+    train_model_->forward(ctx);
+    const LossStats ls = backend_->softmax_cross_entropy(train_model_->logits(), labels_.data(),
+                                                          static_cast<int>(batch_), spec_.num_classes(),
+                                                          train_model_->dlogits(), grad_scale);
+    train_model_->backward(ctx);
+    comm_.allreduce_sum(grads);
+    optimizer_->step(params_->data(), grads_->data(), lr);
+    const double dt = seconds_since(t0);
+    if (step >= kWarmup || total_steps_ <= kWarmup) {
+      steady_s += dt;
+      ++steady_steps;
+    }
+    window_loss += ls.loss_sum;
+    window_n += batch_;
+
+    const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);
+    if (log_now) {
+      double v[2] = {window_loss, static_cast<double>(window_n)};
+      comm_.allreduce_sum(std::span<double>(v, 2));
+      res.last_train_loss = v[0] / v[1];
+      if (rank0_) {
+        const double ips = v[1] / seconds_since(window_t);
+        if (!opt_.quiet)
+          std::printf("epoch %lld step %lld/%lld loss %.4f lr %.3g %.0f img/s\n", static_cast<long long>(epoch + 1),
+                      static_cast<long long>(step + 1), static_cast<long long>(total_steps_), res.last_train_loss, lr,
+                      ips);
+        std::fflush(stdout);
+        log_event("{\"event\":\"step\",\"step\":" + std::to_string(step + 1) + ",\"epoch\":" +
+                  std::to_string(epoch + 1) + ",\"loss\":" + json_num(res.last_train_loss) +
+                  ",\"lr\":" + json_num(lr) + ",\"images_per_s\":" + json_num(ips) + "}");
+      }
+      window_loss = 0.0;
+      window_n = 0;
+      window_t = std::chrono::steady_clock::now();
+    }
+    if (opt_.check_replicas_every > 0 && (step + 1) % opt_.check_replicas_every == 0) check_replicas(step + 1);
+
+    const bool epoch_end = (step + 1) % steps_per_epoch_ == 0;
+    const bool eval_now = opt_.eval_every > 0 && (step + 1) % opt_.eval_every == 0 && step + 1 != total_steps_;
+    if (rank0_ && (epoch_end || eval_now)) {
+      const auto te = std::chrono::steady_clock::now();
+      auto report = [&](const char* name, const Split& split) {
+        const EvalResult e = evaluate(split);
+        if (!opt_.quiet)
+          std::printf("epoch %lld step %lld: %s accuracy %.4f loss %.4f\n", static_cast<long long>(epoch + 1),
+                      static_cast<long long>(step + 1), name, e.accuracy, e.loss);
+        std::fflush(stdout);
+        log_event(std::string("{\"event\":\"eval\",\"split\":\"") + name + "\",\"step\":" + std::to_string(step + 1) +
+                  ",\"epoch\":" + std::to_string(epoch + 1) + ",\"accuracy\":" + json_num(e.accuracy) +
+                  ",\"loss\":" + json_num(e.loss) + "}");
+      };
+      if (epoch_end && data_.validation.count > 0) report("validation", data_.validation);
+      if (eval_now) report("test", data_.test);
+      eval_s += seconds_since(te);
+      window_t += std::chrono::steady_clock::now() - te;  // evaluation is not training time
+    }
+  }
+  check_replicas(total_steps_);
+
+  res.steps = total_steps_;
+  res.epochs = static_cast<double>(total_steps_) / static_cast<double>(steps_per_epoch_);
+  res.wall_s = seconds_since(t_run);
+  res.images_per_s = steady_s > 0 ? static_cast<double>(steady_steps * global_batch_) / steady_s : 0.0;
+  res.params_hash = hex64(hash_floats(params_->data(), spec_.param_count));
+
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::vector<std::uint64_t> rss(static_cast<std::size_t>(comm_.size()));
+  comm_.allgather(static_cast<std::uint64_t>(ru.ru_maxrss), rss);  // KiB
+
+  if (rank0_) {
+    const auto te = std::chrono::steady_clock::now();
+    res.test = evaluate(data_.test);
+    eval_s += seconds_since(te);
+    std::string rss_json = "[";
+    for (std::size_t r = 0; r < rss.size(); ++r)
+      rss_json += (r ? "," : "") + json_num(static_cast<double>(rss[r]) / 1024.0);
+    rss_json += "]";
+    if (!opt_.quiet) {
+      std::printf("test accuracy %.4f loss %.4f after %lld steps (%.2f epochs)\n", res.test.accuracy, res.test.loss,
+                  static_cast<long long>(res.steps), res.epochs);
+      std::printf("%.0f images/s steady, wall %.1f s (evaluation %.1f s), start-up %.2f s, peak RSS per rank %s MB\n",
+                  res.images_per_s, res.wall_s, eval_s, startup_s, rss_json.c_str());
+      std::printf("params_hash %s\n", res.params_hash.c_str());
+    }
+    std::fflush(stdout);
+    log_event("{\"event\":\"eval\",\"split\":\"test\",\"step\":" + std::to_string(res.steps) +
+              ",\"accuracy\":" + json_num(res.test.accuracy) + ",\"loss\":" + json_num(res.test.loss) + "}");
+    log_event("{\"event\":\"final\",\"test_accuracy\":" + json_num(res.test.accuracy) + ",\"test_loss\":" +
+              json_num(res.test.loss) + ",\"steps\":" + std::to_string(res.steps) + ",\"epochs\":" +
+              json_num(res.epochs) + ",\"world_size\":" + std::to_string(comm_.size()) + ",\"global_batch\":" +
+              std::to_string(global_batch_) + ",\"wall_s\":" + json_num(res.wall_s) + ",\"images_per_s\":" +
+              json_num(res.images_per_s) + ",\"startup_s\":" + json_num(startup_s) + ",\"peak_rss_mb\":" + rss_json +
+              ",\"params_hash\":\"" + res.params_hash + "\"}");
+  }
+  return res;
+}
+
+}  // namespace mnist_mpi
