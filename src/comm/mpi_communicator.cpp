@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
-#include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/comm/mpi_communicator.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -19,10 +19,12 @@ int checked_count(std::size_t n) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator() {
-    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
-    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
-    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_));
+  explicit MpiCommunicator(MPI_Comm parent) {
+    MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+    MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_));
     MPI_CHECK(MPI_Comm_rank(local_, &local_rank_));
     MPI_CHECK(MPI_Comm_size(local_, &local_size_));
     char name[MPI_MAX_PROCESSOR_NAME];
@@ -30,7 +32,10 @@ class MpiCommunicator final : public Communicator {
     MPI_CHECK(MPI_Get_processor_name(name, &len));
     host_.assign(name, static_cast<std::size_t>(len));
   }
-  ~MpiCommunicator() override { MPI_Comm_free(&local_); }
+  ~MpiCommunicator() override {
+    MPI_Comm_free(&local_);
+    MPI_Comm_free(&comm_);
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -39,20 +44,20 @@ class MpiCommunicator final : public Communicator {
   std::string host() const override { return host_; }
 
   void allreduce_sum(std::span<float> d) override {
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_FLOAT, MPI_SUM, comm_));
   }
   void allreduce_sum(std::span<double> d) override {
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_DOUBLE, MPI_SUM, comm_));
   }
   void allreduce_max(std::span<std::int64_t> d) override {
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_INT64_T, MPI_MAX, comm_));
   }
   void allreduce_min(std::span<std::int64_t> d) override {
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_INT64_T, MPI_MIN, comm_));
   }
   CommRequest start_allreduce_sum(std::span<float> d) override {
     MPI_Request r;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r));
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_FLOAT, MPI_SUM, comm_, &r));
     requests_.push_back(r);
     return CommRequest{static_cast<std::int64_t>(requests_.size()) - 1};
   }
@@ -66,26 +71,27 @@ class MpiCommunicator final : public Communicator {
     if (all_done) requests_.clear();  // capacity is kept: no allocation in the steady state
   }
   void broadcast(std::span<float> d, int root) override {
-    MPI_CHECK(MPI_Bcast(d.data(), checked_count(d.size()), MPI_FLOAT, root, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Bcast(d.data(), checked_count(d.size()), MPI_FLOAT, root, comm_));
   }
   void broadcast(std::span<std::uint8_t> d, int root) override {
-    MPI_CHECK(MPI_Bcast(d.data(), checked_count(d.size()), MPI_UINT8_T, root, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Bcast(d.data(), checked_count(d.size()), MPI_UINT8_T, root, comm_));
   }
   void allgather(std::uint64_t value, std::span<std::uint64_t> out) override {
     MNIST_CHECK(out.size() == static_cast<std::size_t>(size_), ExitCode::kRuntime, "allgather: out.size() != world size");
-    MPI_CHECK(MPI_Allgather(&value, 1, MPI_UINT64_T, out.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allgather(&value, 1, MPI_UINT64_T, out.data(), 1, MPI_UINT64_T, comm_));
   }
-  void barrier() override { MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+  void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
 
  private:
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
-  MPI_Comm local_ = MPI_COMM_NULL;
+  MPI_Comm comm_ = MPI_COMM_NULL, local_ = MPI_COMM_NULL;
   std::string host_;
   std::vector<MPI_Request> requests_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator() { return std::make_unique<MpiCommunicator>(); }
+std::unique_ptr<Communicator> make_mpi_communicator() { return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD); }
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) { return std::make_unique<MpiCommunicator>(comm); }
 
 }  // namespace mnist_mpi
