@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what mnist_mpi needs from Debian 12's packages (only what is missing), then configures
+# and builds it into build/ (build/mnist_mpi, the tests). Safe to run again and again.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libboost-program-options-dev
+          libdnnl-dev zlib1g-dev libgtest-dev libgmock-dev googletest)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$(nproc)"
