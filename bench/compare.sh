@@ -13,7 +13,7 @@
 set -euo pipefail
 
 PY=/usr/bin/python3
-BIN=build/mnist_mpi
+BIN=${MNIST_MPI_BIN:-build/mnist_mpi}  # override for testing
 MODELS=tiny
 RANKS=2
 REPEAT=2

@@ -47,12 +47,13 @@ check tiny_config_parses 0 "batch: 256 global, 128 per rank" -- "${run2[@]}" --c
 check unknown_option 2 "unrecognised option '--bogus'" -- "${run2[@]}" --bogus 1
 check bad_value 2 "epochs" -- "${run2[@]}" "${base[@]}" --batch-size 10 --epochs abc
 check no_batch_given 2 "exactly one of --batch-size" -- "${run2[@]}" "${base[@]}"
-check bad_model_spec 2 "bad layer 'conv:3x3'" -- "${run2[@]}" --data-dir "$work/good" --batch-size 10 --model conv:3x3,fc:10
+check bad_model_spec 2 "bad layer 'conv:3x3'" -- "${run2[@]}" --data-dir "$work/good" --validation-size 100 --batch-size 10 --model conv:3x3,fc:10
 check bad_device 2 "--device must be" -- "${run2[@]}" "${base[@]}" --batch-size 10 --device tpu
 check cuda_unavailable 2 "no CUDA backend" -- "${run2[@]}" "${base[@]}" --batch-size 10 --device cuda
 check missing_config 2 "cannot open '$work/nope.ini'" -- "${run2[@]}" --config "$work/nope.ini"
 check missing_data_dir 3 "$work/missing.*fetch_mnist.sh" -- "${run2[@]}" --data-dir "$work/missing" --batch-size 10
 check batch_larger_than_data 2 "larger than the training split" -- "${run2[@]}" "${base[@]}" --batch-size 400
+check validation_too_large 2 "--validation-size 5000 must be >= 0 and < the training count 600" -- "${run2[@]}" --data-dir "$work/good" --batch-size 10
 check global_batch_indivisible 2 "does not divide by the 2 ranks" -- "${run2[@]}" "${base[@]}" --global-batch-size 101
 
 corrupt() {  # corrupt NAME: a fresh copy of the good data in $work/NAME

@@ -1,7 +1,7 @@
 // The double-precision reference layers and loss declared in tests/reference.hpp: direct loops
 // over every output element, with index arithmetic written out in full, so each can be checked
 // by eye. Used only by the tests.
-#include "tests/reference.hpp"
+#include "reference.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -107,12 +107,12 @@ class IdxTest : public ::testing::Test {
   fs::path dir_;
 };
 
-// Runs f, expects an Error with ExitCode::kData, and returns its message.
-std::string data_error_of(const std::function<void()>& f) {
+// Runs f, expects an Error with the given code (a data error by default), and returns its message.
+std::string data_error_of(const std::function<void()>& f, ExitCode code = ExitCode::kData) {
   try {
     f();
   } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kData);
+    EXPECT_EQ(e.code(), code);
     return e.what();
   }
   ADD_FAILURE() << "no Error thrown";
@@ -385,11 +385,12 @@ TEST_F(IdxTest, LoadMnistTrainLimit) {
 TEST_F(IdxTest, LoadMnistValidationSizeBounds) {
   write_mnist(10, 4);
   EXPECT_EQ(load_mnist(dir_.string(), 9).train.count, 1);
-  EXPECT_THAT(data_error_of([&] { load_mnist(dir_.string(), 10); }),
-              HasSubstr("validation size 10 must be >= 0 and < the training count 10"));
-  EXPECT_THAT(data_error_of([&] { load_mnist(dir_.string(), -1); }),
-              HasSubstr("validation size -1"));
-  EXPECT_THAT(data_error_of([&] { load_mnist(dir_.string(), 5, 5); }),
+  // A bad --validation-size is a usage error (exit code 2), not a data error.
+  EXPECT_THAT(data_error_of([&] { load_mnist(dir_.string(), 10); }, ExitCode::kUsage),
+              HasSubstr("--validation-size 10 must be >= 0 and < the training count 10"));
+  EXPECT_THAT(data_error_of([&] { load_mnist(dir_.string(), -1); }, ExitCode::kUsage),
+              HasSubstr("--validation-size -1"));
+  EXPECT_THAT(data_error_of([&] { load_mnist(dir_.string(), 5, 5); }, ExitCode::kUsage),
               HasSubstr("< the training count 5"));
 }
 

@@ -295,12 +295,12 @@ Mnist load_mnist(const std::string& dir, std::int64_t validation_size, std::int6
   }
 
   if (train_limit < 0) {
-    throw Error(ExitCode::kData, "train_limit must be >= 0, got " + std::to_string(train_limit));
+    throw Error(ExitCode::kUsage, "--train-limit must be >= 0, got " + std::to_string(train_limit));
   }
   const std::int64_t n_train =
       train_limit > 0 ? std::min(train_limit, train_images.count) : train_images.count;
   if (validation_size < 0 || validation_size >= n_train) {
-    throw Error(ExitCode::kData, "validation size " + std::to_string(validation_size) +
+    throw Error(ExitCode::kUsage, "--validation-size " + std::to_string(validation_size) +
                                      " must be >= 0 and < the training count " +
                                      std::to_string(n_train) + " (from '" +
                                      resolve(train_images_path) + "')");

@@ -206,6 +206,7 @@ InitSpec parse_init_spec(const std::string& text) {
     s.kind = InitSpec::Kind::kHeNormal;
     need_value(0.0f);
   } else if (f[0] == "zeros") {
+    if (f.size() != 1) throw_error(ExitCode::kUsage, what + ": zeros takes no value");
     s.kind = InitSpec::Kind::kConstant;
     s.value = 0.0f;
   } else if (f[0] == "constant") {

@@ -271,12 +271,15 @@ RunResult Trainer::run() {
     eval_s += seconds_since(te);
     std::string rss_json = "[";
     for (std::size_t r = 0; r < rss.size(); ++r)
-      rss_json += (r ? "," : "") + json_num(static_cast<double>(rss[r]) / 1024.0);
+    {
+      if (r) rss_json += ',';
+      rss_json += json_num(static_cast<double>(rss[r]) / 1024.0);
+    }
     rss_json += "]";
     if (!opt_.quiet) {
       std::printf("test accuracy %.4f loss %.4f after %lld steps (%.2f epochs)\n", res.test.accuracy, res.test.loss,
                   static_cast<long long>(res.steps), res.epochs);
-      std::printf("%.0f images/s steady, wall %.1f s (evaluation %.1f s), start-up %.2f s, peak RSS per rank %s MB\n",
+      std::printf("%.0f images/s steady, wall %.1f s (+ evaluation %.1f s), start-up %.2f s, peak RSS per rank %s MB\n",
                   res.images_per_s, res.wall_s, eval_s, startup_s, rss_json.c_str());
       std::printf("params_hash %s\n", res.params_hash.c_str());
     }

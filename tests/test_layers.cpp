@@ -1,0 +1,617 @@
+// Tests of the CPU backend's layer kernels, one layer at a time and as a whole small model: the
+// forward against the double reference (tests/reference.cpp), the backward against central finite
+// differences of L = sum(y * r) through the kernel's own forward (dy = r), dx == nullptr for a
+// first layer, and dropout's mask (rate, scale, reuse in backward, independence from the batch
+// split, identity at inference).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/model/model.hpp"
+#include "mnist_mpi/model/spec.hpp"
+#include "reference.hpp"
+
+namespace mnist_mpi {
+namespace {
+
+std::vector<float> uniform(std::size_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+// n distinct values spaced `gap` apart, in a random order, centred on zero.
+std::vector<float> distinct(std::size_t n, std::uint64_t seed, float gap) {
+  std::vector<std::size_t> p(n);
+  std::iota(p.begin(), p.end(), std::size_t{0});
+  std::shuffle(p.begin(), p.end(), std::mt19937_64(seed));
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = gap * (static_cast<float>(p[i]) - 0.5f * static_cast<float>(n) + 0.5f);
+  return v;
+}
+
+// Values with |v| in [0.05, 1.05]: at least 0.05 away from ReLU's kink.
+std::vector<float> away_from_zero(std::size_t n, std::uint64_t seed) {
+  std::vector<float> v = uniform(n, seed, 0.05f, 1.05f);
+  std::mt19937_64 g(seed ^ 0xABCDu);
+  for (float& x : v)
+    if (g() & 1u) x = -x;
+  return v;
+}
+
+std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// |got - ref| <= atol + rtol * |ref| everywhere; on failure names the worst element.
+void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<double>& ref,
+                  double atol, double rtol) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  std::size_t worst = 0;
+  double worst_excess = -1e300;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - ref[i]);
+    const double excess = err - (atol + rtol * std::abs(ref[i]));
+    if (!(excess <= 0.0)) ++bad;  // NaN counts as bad
+    if (excess > worst_excess || std::isnan(excess)) {
+      worst_excess = std::isnan(excess) ? 1e300 : excess;
+      worst = i;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements out of tolerance (atol "
+                     << atol << ", rtol " << rtol << "); worst at [" << worst << "]: got " << got[worst]
+                     << ", expected " << ref[worst];
+}
+
+LayerSpec layer_of(const std::string& text, Shape input, int classes, std::size_t index = 0) {
+  return parse_model_spec(text, input, classes).layers.at(index);
+}
+
+std::int64_t param_size(const LayerSpec& l) {
+  if (l.kind == LayerKind::kConv)
+    return static_cast<std::int64_t>(l.channels) * l.in.c * l.kernel_h * l.kernel_w + l.channels;
+  if (l.kind == LayerKind::kFc) return static_cast<std::int64_t>(l.channels) * l.in.size() + l.channels;
+  return 0;
+}
+
+// One layer kernel with its own buffers. Values can be changed in place between calls: the
+// kernel binds the pointers once.
+struct Rig {
+  LayerSpec l;
+  int batch;
+  std::vector<float> x, y, dy, dx, w, dw;
+  std::unique_ptr<LayerKernel> k;
+
+  Rig(Backend& be, const LayerSpec& spec, int n, std::uint64_t seed, bool with_dx = true, bool training = true,
+      int index = 0)
+      : l(spec), batch(n) {
+    const auto in = static_cast<std::size_t>(n * l.in.size()), out = static_cast<std::size_t>(n * l.out.size());
+    const auto np = static_cast<std::size_t>(param_size(l));
+    x = uniform(in, seed);
+    y.assign(out, 0.0f);
+    dy = uniform(out, seed + 1);
+    dx.assign(with_dx ? in : 0, 0.0f);
+    w = uniform(np, seed + 2, -0.5f, 0.5f);
+    dw.assign(np, 0.0f);
+    LayerBuffers b;
+    b.batch = n;
+    b.x = x.data();
+    b.y = y.data();
+    if (training) {
+      b.dy = dy.data();
+      b.dx = with_dx ? dx.data() : nullptr;
+    }
+    if (np > 0) {
+      b.w = w.data();
+      if (training) b.dw = dw.data();
+    }
+    k = be.make_layer(l, index, b, training);
+  }
+
+  // L = sum(y * dy): dy plays the part of the fixed random r.
+  double loss() const {
+    double s = 0.0;
+    for (std::size_t i = 0; i < y.size(); ++i) s += static_cast<double>(y[i]) * dy[i];
+    return s;
+  }
+};
+
+// Central differences of rig.loss() with respect to every element of `var` (x or w of the rig),
+// against `analytic`.
+void check_fd(const std::string& what, Rig& rig, std::vector<float>& var, const std::vector<float>& analytic,
+              float h, double atol, double rtol) {
+  ASSERT_EQ(var.size(), analytic.size()) << what;
+  StepContext ctx;
+  std::vector<double> numeric(var.size());
+  for (std::size_t i = 0; i < var.size(); ++i) {
+    const float v = var[i];
+    const float vp = v + h, vm = v - h;
+    var[i] = vp;
+    rig.k->forward(ctx);
+    const double lp = rig.loss();
+    var[i] = vm;
+    rig.k->forward(ctx);
+    const double lm = rig.loss();
+    var[i] = v;
+    numeric[i] = (lp - lm) / (static_cast<double>(vp) - static_cast<double>(vm));
+  }
+  rig.k->forward(ctx);
+  expect_close(what, analytic, numeric, atol, rtol);
+}
+
+// Forward against the reference, then dx, dw (and db) against finite differences. dw is filled
+// with garbage first: backward must overwrite it, not accumulate into it.
+void check_layer(const std::string& text, Shape input, int classes, int batch, std::uint64_t seed,
+                 double fwd_atol = 1e-4, double fwd_rtol = 1e-4) {
+  SCOPED_TRACE(text);
+  auto be = make_cpu_backend(1);
+  const LayerSpec l = layer_of(text, input, classes);
+  Rig rig(*be, l, batch, seed);
+  // Copied in place (never assigned): the kernel holds the buffer's address.
+  if (l.kind == LayerKind::kMaxPool) {
+    const std::vector<float> v = distinct(rig.x.size(), seed, 0.03f);
+    std::copy(v.begin(), v.end(), rig.x.begin());
+  }
+  if (l.kind == LayerKind::kRelu) {
+    const std::vector<float> v = away_from_zero(rig.x.size(), seed);
+    std::copy(v.begin(), v.end(), rig.x.begin());
+  }
+  StepContext ctx;
+  rig.k->forward(ctx);
+
+  std::vector<double> ref;
+  switch (l.kind) {
+    case LayerKind::kConv: ref = ref::conv2d(l, batch, to_double(rig.x), to_double(rig.w)); break;
+    case LayerKind::kFc: ref = ref::fc(l, batch, to_double(rig.x), to_double(rig.w)); break;
+    case LayerKind::kMaxPool: ref = ref::maxpool(l, batch, to_double(rig.x)); break;
+    case LayerKind::kRelu: ref = ref::relu(to_double(rig.x)); break;
+    default: FAIL() << "not a reference layer";
+  }
+  expect_close("forward", rig.y, ref, fwd_atol, fwd_rtol);
+
+  std::fill(rig.dx.begin(), rig.dx.end(), 7.0f);
+  std::fill(rig.dw.begin(), rig.dw.end(), 7.0f);
+  rig.k->backward(ctx);
+  const std::vector<float> dx = rig.dx, dw = rig.dw;
+  const float h = 1e-2f;
+  // Float kernels, float steps: the observed error is ~1e-5 relative; a wrong kernel is off by O(1).
+  check_fd("dx", rig, rig.x, dx, h, 2e-4, 2e-3);
+  if (!rig.w.empty()) {
+    const std::size_t nw = rig.w.size() - static_cast<std::size_t>(l.channels);
+    check_fd("dw and db", rig, rig.w, dw, h, 2e-4, 2e-3);
+    // The bias gradient is the sum of dy over the batch and the output positions.
+    const int plane = l.out.h * l.out.w;
+    std::vector<double> db(static_cast<std::size_t>(l.channels), 0.0);
+    for (int n = 0; n < batch; ++n)
+      for (int o = 0; o < l.channels; ++o)
+        for (int p = 0; p < plane; ++p)
+          db[static_cast<std::size_t>(o)] += rig.dy[(static_cast<std::size_t>(n) * l.channels + o) * plane + p];
+    expect_close("db = sum dy", std::vector<float>(dw.begin() + static_cast<std::ptrdiff_t>(nw), dw.end()), db,
+                 1e-4, 1e-4);
+  }
+  // A second backward gives the same gradients (overwritten, not accumulated).
+  rig.k->backward(ctx);
+  EXPECT_EQ(rig.dx, dx);
+  EXPECT_EQ(rig.dw, dw);
+}
+
+TEST(Layers, ConvSame3x3) {
+  const LayerSpec l = layer_of("conv:3x3:4:same,fc:10", {2, 7, 7}, 10);
+  EXPECT_EQ(l.out, (Shape{4, 7, 7}));
+  EXPECT_EQ(l.pad_top, 1);
+  EXPECT_EQ(l.pad_bottom, 1);
+  check_layer("conv:3x3:4:same,fc:10", {2, 7, 7}, 10, 2, 11);
+}
+
+TEST(Layers, ConvSameEvenKernelPadsMoreAtTheEnd) {
+  // 4x4 SAME on 7x7: total padding 3, TensorFlow puts 1 before and 2 after.
+  const LayerSpec l = layer_of("conv:4x4:3:same,fc:10", {2, 7, 7}, 10);
+  EXPECT_EQ(l.out, (Shape{3, 7, 7}));
+  EXPECT_EQ(l.pad_top, 1);
+  EXPECT_EQ(l.pad_bottom, 2);
+  EXPECT_EQ(l.pad_left, 1);
+  EXPECT_EQ(l.pad_right, 2);
+  check_layer("conv:4x4:3:same,fc:10", {2, 7, 7}, 10, 2, 12);
+}
+
+TEST(Layers, ConvSameNonSquareKernel) {
+  const LayerSpec l = layer_of("conv:2x3:3:same,fc:10", {2, 6, 5}, 10);
+  EXPECT_EQ(l.out, (Shape{3, 6, 5}));
+  EXPECT_EQ(l.pad_top, 0);
+  EXPECT_EQ(l.pad_bottom, 1);
+  EXPECT_EQ(l.pad_left, 1);
+  EXPECT_EQ(l.pad_right, 1);
+  check_layer("conv:2x3:3:same,fc:10", {2, 6, 5}, 10, 2, 13);
+}
+
+TEST(Layers, ConvValid) {
+  const LayerSpec l = layer_of("conv:3x3:4:valid,fc:10", {2, 7, 7}, 10);
+  EXPECT_EQ(l.out, (Shape{4, 5, 5}));
+  check_layer("conv:3x3:4:valid,fc:10", {2, 7, 7}, 10, 3, 14);
+}
+
+TEST(Layers, ConvSameStride2Asymmetric) {
+  // 3x3 stride 2 SAME on 8x8: out 4, total padding 1, all of it at the bottom / right.
+  const LayerSpec l = layer_of("conv:3x3:4:same:s2,fc:10", {2, 8, 8}, 10);
+  EXPECT_EQ(l.out, (Shape{4, 4, 4}));
+  EXPECT_EQ(l.pad_top, 0);
+  EXPECT_EQ(l.pad_bottom, 1);
+  EXPECT_EQ(l.pad_left, 0);
+  EXPECT_EQ(l.pad_right, 1);
+  check_layer("conv:3x3:4:same:s2,fc:10", {2, 8, 8}, 10, 2, 15);
+}
+
+TEST(Layers, ConvSameStride2OddInput) {
+  const LayerSpec l = layer_of("conv:3x3:4:same:s2,fc:10", {2, 7, 7}, 10);
+  EXPECT_EQ(l.out, (Shape{4, 4, 4}));
+  check_layer("conv:3x3:4:same:s2,fc:10", {2, 7, 7}, 10, 2, 16);
+}
+
+TEST(Layers, ConvValidStride2) {
+  const LayerSpec l = layer_of("conv:3x3:4:valid:s2,fc:10", {2, 7, 7}, 10);
+  EXPECT_EQ(l.out, (Shape{4, 3, 3}));
+  check_layer("conv:3x3:4:valid:s2,fc:10", {2, 7, 7}, 10, 2, 17);
+}
+
+TEST(Layers, MaxPool2DropsTheLastRowAndColumn) {
+  const LayerSpec l = layer_of("maxpool:2,fc:10", {2, 7, 7}, 10);
+  EXPECT_EQ(l.out, (Shape{2, 3, 3}));
+  check_layer("maxpool:2,fc:10", {2, 7, 7}, 10, 3, 21, 0.0, 0.0);  // a max is exact
+}
+
+TEST(Layers, MaxPoolOverlappingWindows) {
+  const LayerSpec l = layer_of("maxpool:3:2,fc:10", {2, 7, 7}, 10);
+  EXPECT_EQ(l.out, (Shape{2, 3, 3}));
+  check_layer("maxpool:3:2,fc:10", {2, 7, 7}, 10, 2, 22, 0.0, 0.0);
+}
+
+TEST(Layers, Relu) { check_layer("relu,fc:10", {2, 7, 7}, 10, 2, 31, 0.0, 0.0); }
+
+TEST(Layers, Fc) { check_layer("fc:12,fc:10", {18, 1, 1}, 10, 3, 41); }
+
+TEST(Layers, FcOnChwInputReadsCHWOrder) {
+  // No flatten: the fc reads (C, H, W) as C*H*W values, in C, H, W order.
+  const LayerSpec l = layer_of("fc:10", {2, 3, 3}, 10);
+  EXPECT_EQ(l.in, (Shape{2, 3, 3}));
+  check_layer("fc:10", {2, 3, 3}, 10, 3, 42);
+}
+
+TEST(Layers, NoInputGradientForAFirstLayer) {
+  // Every kernel kind accepts dx == nullptr and still writes its parameter gradients.
+  auto be = make_cpu_backend(1);
+  const ModelSpec spec = parse_model_spec("conv:3x3:2:same,relu,maxpool:2,dropout:0.5,flatten,fc:10", {1, 6, 6}, 10);
+  for (std::size_t i = 0; i < spec.layers.size(); ++i) {
+    SCOPED_TRACE(spec.layers[i].text);
+    Rig rig(*be, spec.layers[i], 2, 50 + i, /*with_dx=*/false, true, static_cast<int>(i));
+    StepContext ctx;
+    ctx.seed = 3;
+    rig.k->forward(ctx);
+    std::fill(rig.dw.begin(), rig.dw.end(), 7.0f);
+    rig.k->backward(ctx);
+    if (spec.layers[i].kind == LayerKind::kConv || spec.layers[i].kind == LayerKind::kFc) {
+      // Compare with the same layer built with an input gradient.
+      Rig full(*be, spec.layers[i], 2, 50 + i, true, true, static_cast<int>(i));
+      full.k->forward(ctx);
+      full.k->backward(ctx);
+      EXPECT_EQ(rig.dw, full.dw);
+      EXPECT_TRUE(std::none_of(rig.dw.begin(), rig.dw.end(), [](float v) { return v == 7.0f; }));
+    }
+  }
+}
+
+TEST(Layers, InferenceKernelsMatchTraining) {
+  auto be = make_cpu_backend(1);
+  const ModelSpec spec = parse_model_spec("conv:3x3:3:same,relu,maxpool:2,fc:10", {2, 6, 6}, 10);
+  for (std::size_t i = 0; i < spec.layers.size(); ++i) {
+    SCOPED_TRACE(spec.layers[i].text);
+    Rig train(*be, spec.layers[i], 2, 60 + i, true, true);
+    Rig infer(*be, spec.layers[i], 2, 60 + i, true, false);
+    StepContext ctx;
+    train.k->forward(ctx);
+    ctx.training = false;
+    infer.k->forward(ctx);
+    for (std::size_t j = 0; j < train.y.size(); ++j) ASSERT_NEAR(infer.y[j], train.y[j], 1e-5) << j;
+  }
+}
+
+TEST(Layers, FlattenCopiesOrAliases) {
+  auto be = make_cpu_backend(1);
+  const LayerSpec l = layer_of("flatten,fc:10", {2, 3, 3}, 10);
+  EXPECT_EQ(l.out, (Shape{18, 1, 1}));
+  Rig rig(*be, l, 3, 70);
+  StepContext ctx;
+  rig.k->forward(ctx);
+  EXPECT_EQ(rig.y, rig.x);
+  rig.k->backward(ctx);
+  EXPECT_EQ(rig.dx, rig.dy);
+
+  // Aliased, as the model builds it: nothing moves.
+  std::vector<float> a = uniform(54, 71), d = uniform(54, 72);
+  const std::vector<float> a0 = a, d0 = d;
+  LayerBuffers b;
+  b.batch = 3;
+  b.x = a.data();
+  b.y = a.data();
+  b.dy = d.data();
+  b.dx = d.data();
+  auto k = be->make_layer(l, 0, b, true);
+  k->forward(ctx);
+  k->backward(ctx);
+  EXPECT_EQ(a, a0);
+  EXPECT_EQ(d, d0);
+}
+
+// ---- dropout ----
+
+struct DropoutRig {
+  std::vector<float> x, y, dy, dx;
+  std::unique_ptr<LayerKernel> k;
+  DropoutRig(Backend& be, const LayerSpec& l, int batch, int index, bool training, std::uint64_t seed) {
+    const auto n = static_cast<std::size_t>(batch * l.in.size());
+    x = uniform(n, seed, 0.5f, 1.5f);  // never zero: a zero output means a dropped element
+    y.assign(n, -1.0f);
+    dy = uniform(n, seed + 1, 0.5f, 1.5f);
+    dx.assign(n, -1.0f);
+    LayerBuffers b;
+    b.batch = batch;
+    b.x = x.data();
+    b.y = y.data();
+    if (training) {
+      b.dy = dy.data();
+      b.dx = dx.data();
+    }
+    k = be.make_layer(l, index, b, training);
+  }
+};
+
+TEST(Dropout, RateScaleAndBackwardMask) {
+  auto be = make_cpu_backend(1);
+  for (float rate : {0.5f, 0.2f}) {
+    SCOPED_TRACE(rate);
+    LayerSpec l = layer_of("dropout:0.5,fc:10", {4, 16, 16}, 10);
+    l.drop_rate = rate;
+    const int batch = 4;
+    DropoutRig r(*be, l, batch, 3, true, 80);
+    StepContext ctx;
+    ctx.seed = 1234;
+    ctx.step = 5;
+    r.k->forward(ctx);
+    const float keep_scale = 1.0f / (1.0f - rate);
+    std::size_t dropped = 0;
+    for (std::size_t i = 0; i < r.y.size(); ++i) {
+      if (r.y[i] == 0.0f) {
+        ++dropped;
+      } else {
+        ASSERT_FLOAT_EQ(r.y[i], r.x[i] * keep_scale) << i;
+      }
+    }
+    const double n = static_cast<double>(r.y.size());
+    const double frac = static_cast<double>(dropped) / n;
+    const double sd = std::sqrt(rate * (1.0 - rate) / n);  // 4096 elements: sd < 0.008
+    EXPECT_NEAR(frac, rate, 5 * sd) << dropped << " of " << r.y.size() << " dropped";
+    // Each row is dropped at about the rate too (the mask is not one row repeated).
+    const std::size_t per = static_cast<std::size_t>(l.in.size());
+    for (int row = 0; row + 1 < batch; ++row)
+      EXPECT_FALSE(std::equal(r.y.begin() + static_cast<std::ptrdiff_t>(row * per),
+                              r.y.begin() + static_cast<std::ptrdiff_t>((row + 1) * per),
+                              r.y.begin() + static_cast<std::ptrdiff_t>((row + 1) * per),
+                              [](float a, float b) { return (a == 0.0f) == (b == 0.0f); }))
+          << "rows " << row << " and " << row + 1 << " share a mask";
+
+    r.k->backward(ctx);
+    for (std::size_t i = 0; i < r.y.size(); ++i) {
+      if (r.y[i] == 0.0f)
+        ASSERT_EQ(r.dx[i], 0.0f) << i;
+      else
+        ASSERT_FLOAT_EQ(r.dx[i], r.dy[i] * keep_scale) << i;
+    }
+  }
+}
+
+std::vector<bool> kept(const std::vector<float>& y) {
+  std::vector<bool> m(y.size());
+  for (std::size_t i = 0; i < y.size(); ++i) m[i] = y[i] != 0.0f;
+  return m;
+}
+
+TEST(Dropout, MaskDependsOnGlobalRowNotOnBatchSplit) {
+  auto be = make_cpu_backend(1);
+  const LayerSpec l = layer_of("dropout:0.5,fc:10", {2, 5, 5}, 10);
+  const int index = 2;
+  DropoutRig whole(*be, l, 4, index, true, 90);
+  DropoutRig half(*be, l, 2, index, true, 91);
+  StepContext ctx;
+  ctx.seed = 77;
+  ctx.step = 12;
+  ctx.first_sample = 0;
+  whole.k->forward(ctx);
+  const std::vector<bool> mw = kept(whole.y);
+  const std::size_t per = 50, n_half = 2 * per;
+  for (std::int64_t first : {0, 2}) {
+    ctx.first_sample = first;
+    half.k->forward(ctx);
+    const std::vector<bool> mh = kept(half.y);
+    const std::vector<bool> expect(mw.begin() + static_cast<std::ptrdiff_t>(first * 50),
+                                   mw.begin() + static_cast<std::ptrdiff_t>(first * 50 + static_cast<std::int64_t>(n_half)));
+    EXPECT_EQ(mh, expect) << "first_sample " << first;
+  }
+  // Another step, seed or layer index gives another mask.
+  auto mask_of = [&](std::uint64_t seed, std::int64_t step, int layer) {
+    DropoutRig r(*be, l, 4, layer, true, 90);
+    StepContext c;
+    c.seed = seed;
+    c.step = step;
+    r.k->forward(c);
+    return kept(r.y);
+  };
+  EXPECT_EQ(mask_of(77, 12, index), mw);
+  EXPECT_NE(mask_of(77, 13, index), mw);
+  EXPECT_NE(mask_of(78, 12, index), mw);
+  EXPECT_NE(mask_of(77, 12, index + 1), mw);
+}
+
+TEST(Dropout, InferenceIsTheIdentity) {
+  auto be = make_cpu_backend(1);
+  const LayerSpec l = layer_of("dropout:0.5,fc:10", {2, 5, 5}, 10);
+  StepContext ctx;
+  ctx.seed = 5;
+  ctx.training = false;
+  DropoutRig infer(*be, l, 3, 0, false, 100);
+  infer.k->forward(ctx);
+  EXPECT_EQ(infer.y, infer.x);
+  // A training kernel run with training = false (evaluation) is the identity too.
+  DropoutRig train(*be, l, 3, 0, true, 101);
+  train.k->forward(ctx);
+  EXPECT_EQ(train.y, train.x);
+}
+
+// ---- a whole model ----
+
+// The double reference of "conv:3x3:4:same,relu,maxpool:2,flatten,fc:10": returns the logits
+// and, in *pattern, the ReLU signs and max-pool argmaxes (a change means a kink was crossed).
+std::vector<double> ref_model(const ModelSpec& spec, int batch, const std::vector<double>& x,
+                              const std::vector<double>& params, std::vector<int>* pattern) {
+  auto slice = [&](int layer) {
+    std::int64_t begin = -1, end = -1;
+    for (const ParamTensor& p : spec.params)
+      if (p.layer == layer) {
+        if (!p.is_bias) begin = p.offset;
+        else end = p.offset + p.size;
+      }
+    return std::vector<double>(params.begin() + begin, params.begin() + end);
+  };
+  const LayerSpec& conv = spec.layers[0];
+  const LayerSpec& pool = spec.layers[2];
+  const std::vector<double> z = ref::conv2d(conv, batch, x, slice(0));
+  const std::vector<double> a = ref::relu(z);
+  pattern->clear();
+  for (double v : z) pattern->push_back(v > 0.0 ? 1 : 0);
+  const int C = pool.in.c, H = pool.in.h, W = pool.in.w;
+  for (int n = 0; n < batch; ++n)
+    for (int c = 0; c < C; ++c)
+      for (int oh = 0; oh < pool.out.h; ++oh)
+        for (int ow = 0; ow < pool.out.w; ++ow) {
+          int best = -1;
+          double bv = 0.0;
+          for (int kh = 0; kh < 2; ++kh)
+            for (int kw = 0; kw < 2; ++kw) {
+              const double v = a[((static_cast<std::size_t>(n) * C + c) * H + oh * 2 + kh) * W + ow * 2 + kw];
+              if (v > 0.0 && (best < 0 || v > bv)) {
+                best = kh * 2 + kw;
+                bv = v;
+              }
+            }
+          pattern->push_back(best);
+        }
+  const std::vector<double> p = ref::maxpool(pool, batch, a);
+  return ref::fc(spec.layers[4], batch, p, slice(4));
+}
+
+TEST(Model, GradientOfEveryParameterTensor) {
+  auto be = make_cpu_backend(1);
+  const ModelSpec spec = parse_model_spec("conv:3x3:4:same,relu,maxpool:2,flatten,fc:10", {1, 8, 8}, 10);
+  ASSERT_EQ(spec.params.size(), 4u);
+  const int batch = 3;
+  std::vector<float> params(static_cast<std::size_t>(spec.param_count)), grads(params.size(), 7.0f);
+  init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 42, params.data());
+  Model model(spec, batch, *be, params.data(), grads.data());
+  ASSERT_TRUE(model.training());
+  const std::vector<float> x = uniform(static_cast<std::size_t>(batch * 64), 43);
+  std::copy(x.begin(), x.end(), model.input());
+  const std::vector<std::int32_t> labels{3, 7, 0};
+  StepContext ctx;
+  ctx.seed = 9;
+
+  auto loss_at = [&] {
+    model.forward(ctx);
+    return be->softmax_cross_entropy(model.logits(), labels.data(), batch, 10, nullptr, 1.0f).loss_sum / batch;
+  };
+
+  // Forward against the reference.
+  model.forward(ctx);
+  std::vector<int> base_pattern, pattern;
+  const std::vector<double> ref_logits = ref_model(spec, batch, to_double(x), to_double(params), &base_pattern);
+  expect_close("logits", std::vector<float>(model.logits(), model.logits() + batch * 10), ref_logits, 1e-4, 1e-4);
+
+  const LossStats st = be->softmax_cross_entropy(model.logits(), labels.data(), batch, 10, model.dlogits(),
+                                                 1.0f / static_cast<float>(batch));
+  const ref::SoftmaxXent rs = ref::softmax_cross_entropy(ref_logits, labels, batch, 10, 1.0 / batch);
+  EXPECT_NEAR(st.loss_sum, rs.loss_sum, 1e-4);
+  std::vector<int> done;
+  model.backward(ctx, [&](int layer) { done.push_back(layer); });
+  EXPECT_EQ(done, (std::vector<int>{4, 3, 2, 1, 0}));
+  EXPECT_TRUE(std::none_of(grads.begin(), grads.end(), [](float g) { return g == 7.0f; }));
+
+  // Two numeric gradients of every element: central differences of the double reference with a
+  // tiny step (kinks almost never crossed), and of the float model itself with a float-sized step
+  // (elements whose step crosses a ReLU / max-pool kink skipped: the difference is meaningless
+  // there).
+  const std::vector<double> xd = to_double(x);
+  auto ref_loss = [&](const std::vector<double>& pd) {
+    std::vector<int> unused;
+    return ref::softmax_cross_entropy(ref_model(spec, batch, xd, pd, &unused), labels, batch, 10, 1.0).loss_sum /
+           batch;
+  };
+  for (const ParamTensor& t : spec.params) {
+    SCOPED_TRACE(t.name);
+    std::vector<float> all_analytic, analytic;
+    std::vector<double> numeric_ref, numeric;
+    std::size_t skipped = 0, skipped_ref = 0;
+    for (std::int64_t i = t.offset; i < t.offset + t.size; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      std::vector<double> pd = to_double(params);
+      const double hd = 1e-6, v0 = pd[u];
+      bool kink_ref = false;
+      pd[u] = v0 + hd;
+      const double rp = ref_loss(pd);
+      ref_model(spec, batch, xd, pd, &pattern);
+      kink_ref = kink_ref || pattern != base_pattern;
+      pd[u] = v0 - hd;
+      const double rm = ref_loss(pd);
+      ref_model(spec, batch, xd, pd, &pattern);
+      kink_ref = kink_ref || pattern != base_pattern;
+      if (kink_ref) {
+        ++skipped_ref;
+      } else {
+        all_analytic.push_back(grads[u]);
+        numeric_ref.push_back((rp - rm) / (2 * hd));
+      }
+
+      const float h = 3e-3f, v = params[u], vp = v + h, vm = v - h;
+      bool kink = false;
+      for (float pv : {vp, vm}) {
+        pd[u] = pv;
+        ref_model(spec, batch, xd, pd, &pattern);
+        kink = kink || pattern != base_pattern;
+      }
+      if (kink) {
+        ++skipped;
+        continue;
+      }
+      params[u] = vp;
+      const double lp = loss_at();
+      params[u] = vm;
+      const double lm = loss_at();
+      params[u] = v;
+      analytic.push_back(grads[u]);
+      numeric.push_back((lp - lm) / (static_cast<double>(vp) - static_cast<double>(vm)));
+    }
+    EXPECT_LE(skipped_ref, 1u);
+    EXPECT_LE(skipped, static_cast<std::size_t>(t.size) / 2) << "too many kinks: choose another seed";
+    expect_close("gradient vs the double reference", all_analytic, numeric_ref, 1e-4, 1e-3);
+    expect_close("gradient vs the float model", analytic, numeric, 3e-4, 1e-2);
+  }
+}
+
+}  // namespace
+}  // namespace mnist_mpi

@@ -1,0 +1,273 @@
+// Tests of the softmax cross-entropy loss (hand-computed values, huge logits, count of correct
+// predictions, and that it is not a per-class sigmoid / binary cross-entropy), of the Adam and SGD
+// updates against PyTorch's formulas evaluated by hand in double, and of the learning-rate
+// schedules (constant, step with a floor, cosine with linear warm-up).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <numbers>
+#include <string>
+#include <vector>
+
+#include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/check.hpp"
+#include "mnist_mpi/train/optimizer.hpp"
+#include "reference.hpp"
+
+namespace mnist_mpi {
+namespace {
+
+TEST(SoftmaxCrossEntropy, HandComputedCase) {
+  auto be = make_cpu_backend(1);
+  const std::vector<float> z{1.0f, 2.0f, 3.0f};
+  const std::vector<std::int32_t> y{2};
+  std::vector<float> d(3, 99.0f);
+  const float scale = 0.5f;
+  const LossStats s = be->softmax_cross_entropy(z.data(), y.data(), 1, 3, d.data(), scale);
+  const double e1 = std::exp(1.0), e2 = std::exp(2.0), e3 = std::exp(3.0), sum = e1 + e2 + e3;
+  EXPECT_NEAR(s.loss_sum, std::log(sum) - 3.0, 1e-6);  // 0.4076...
+  EXPECT_NEAR(s.loss_sum, 0.40760596444438, 1e-6);
+  EXPECT_EQ(s.correct, 1);
+  EXPECT_NEAR(d[0], (e1 / sum - 0.0) * scale, 1e-7);
+  EXPECT_NEAR(d[1], (e2 / sum - 0.0) * scale, 1e-7);
+  EXPECT_NEAR(d[2], (e3 / sum - 1.0) * scale, 1e-7);
+  // Without dlogits only the statistics are computed.
+  const LossStats s2 = be->softmax_cross_entropy(z.data(), y.data(), 1, 3, nullptr, scale);
+  EXPECT_EQ(s2.loss_sum, s.loss_sum);
+}
+
+TEST(SoftmaxCrossEntropy, IsNotBinaryCrossEntropy) {
+  // A per-class sigmoid loss on the same case would give
+  //   softplus(1) + softplus(2) + softplus(-3) = 3.4888...
+  auto be = make_cpu_backend(1);
+  const std::vector<float> z{1.0f, 2.0f, 3.0f};
+  const std::vector<std::int32_t> y{2};
+  std::vector<float> d(3);
+  const LossStats s = be->softmax_cross_entropy(z.data(), y.data(), 1, 3, d.data(), 1.0f);
+  auto softplus = [](double v) { return std::log1p(std::exp(v)); };
+  const double bce = softplus(1.0) + softplus(2.0) + softplus(-3.0);
+  EXPECT_NEAR(bce, 3.48878, 1e-4);
+  EXPECT_GT(std::abs(s.loss_sum - bce), 1.0);
+  // Softmax gradients sum to zero over the classes (sigmoid - onehot would sum to 0.73 + 0.88 - 0.05).
+  EXPECT_NEAR(d[0] + d[1] + d[2], 0.0, 1e-6);
+  // And the loss is invariant to a shift of every logit; a sigmoid loss is not.
+  const std::vector<float> shifted{101.0f, 102.0f, 103.0f};
+  const LossStats s3 = be->softmax_cross_entropy(shifted.data(), y.data(), 1, 3, nullptr, 1.0f);
+  EXPECT_NEAR(s3.loss_sum, s.loss_sum, 1e-5);
+}
+
+TEST(SoftmaxCrossEntropy, HugeLogitsStayFinite) {
+  auto be = make_cpu_backend(1);
+  const std::vector<float> z{1e4f, -1e4f, 1e4f, -1e4f};  // two rows
+  const std::vector<std::int32_t> y{0, 1};
+  std::vector<float> d(4);
+  const LossStats s = be->softmax_cross_entropy(z.data(), y.data(), 2, 2, d.data(), 0.5f);
+  ASSERT_TRUE(std::isfinite(s.loss_sum));
+  EXPECT_NEAR(s.loss_sum, 0.0 + 2e4, 1e-3);  // row 0: 0, row 1: 2e4
+  EXPECT_EQ(s.correct, 1);
+  for (float v : d) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_NEAR(d[0], 0.0f, 1e-7);
+  EXPECT_NEAR(d[1], 0.0f, 1e-7);
+  EXPECT_NEAR(d[2], 0.5f, 1e-7);   // softmax 1, not the label
+  EXPECT_NEAR(d[3], -0.5f, 1e-7);  // softmax 0, the label
+
+  const std::vector<std::int32_t> y1{1};
+  const LossStats s1 = be->softmax_cross_entropy(z.data(), y1.data(), 1, 2, nullptr, 1.0f);
+  EXPECT_NEAR(s1.loss_sum, 2e4, 1e-3);
+}
+
+TEST(SoftmaxCrossEntropy, CountsCorrectAndMatchesReference) {
+  auto be = make_cpu_backend(1);
+  const int batch = 4, classes = 5;
+  const std::vector<float> z{0.1f, 2.0f, -1.0f, 0.0f, 0.5f,    // argmax 1
+                             3.0f, 2.9f, 0.0f, 0.0f, -2.0f,    // argmax 0
+                             -1.0f, -2.0f, -0.5f, -3.0f, -0.6f,  // argmax 2
+                             0.0f, 0.0f, 0.0f, 0.0f, 4.0f};    // argmax 4
+  const std::vector<std::int32_t> y{1, 1, 2, 0};  // rows 0 and 2 correct
+  std::vector<float> d(static_cast<std::size_t>(batch * classes));
+  const LossStats s = be->softmax_cross_entropy(z.data(), y.data(), batch, classes, d.data(), 0.25f);
+  EXPECT_EQ(s.correct, 2);
+  const ref::SoftmaxXent r =
+      ref::softmax_cross_entropy(std::vector<double>(z.begin(), z.end()), y, batch, classes, 0.25);
+  EXPECT_EQ(r.correct, 2);
+  EXPECT_NEAR(s.loss_sum, r.loss_sum, 1e-5);
+  for (std::size_t i = 0; i < d.size(); ++i) EXPECT_NEAR(d[i], r.dlogits[i], 1e-7) << i;
+}
+
+// ---- optimisers ----
+
+const std::vector<float> kP0{0.5f, -1.0f, 2.0f};
+const std::vector<float> kG1{0.1f, -0.2f, 0.3f};
+const std::vector<float> kG2{-0.05f, 0.4f, 0.0f};
+
+// PyTorch's Adam, in double, on the float inputs.
+std::vector<double> adam_by_hand(double lr, double wd, std::vector<double>* m_out) {
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  std::vector<double> p(kP0.begin(), kP0.end()), m(3, 0.0), v(3, 0.0);
+  const std::vector<float>* gs[2] = {&kG1, &kG2};
+  for (int t = 1; t <= 2; ++t) {
+    for (std::size_t i = 0; i < 3; ++i) {
+      const double g = static_cast<double>((*gs[t - 1])[i]) + wd * p[i];
+      m[i] = b1 * m[i] + (1 - b1) * g;
+      v[i] = b2 * v[i] + (1 - b2) * g * g;
+      const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+      const double denom = std::sqrt(v[i]) / std::sqrt(bc2) + eps;
+      p[i] -= lr / bc1 * m[i] / denom;
+    }
+  }
+  *m_out = m;
+  return p;
+}
+
+std::unique_ptr<Optimizer> run_two_steps(const OptimizerConfig& cfg, double lr, std::vector<float>* p) {
+  auto opt = std::make_unique<Optimizer>(cfg, 3);
+  *p = kP0;
+  opt->step(p->data(), kG1.data(), lr);
+  opt->step(p->data(), kG2.data(), lr);
+  return opt;
+}
+
+TEST(Adam, TwoStepsMatchPyTorch) {
+  OptimizerConfig cfg;
+  cfg.kind = "adam";
+  std::vector<float> p;
+  const auto opt = run_two_steps(cfg, 1e-2, &p);
+  std::vector<double> m;
+  const std::vector<double> want = adam_by_hand(1e-2, 0.0, &m);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(p[i], want[i], 1e-6) << i;
+    EXPECT_NEAR(opt->first_moment()[i], m[i], 1e-7) << i;
+  }
+  EXPECT_EQ(opt->steps_taken(), 2);
+  // Bias correction makes the first step lr * sign(g): p0 - 0.01 * sign(g1), checked on its own.
+  Optimizer one(cfg, 3);
+  std::vector<float> q = kP0;
+  one.step(q.data(), kG1.data(), 1e-2);
+  EXPECT_NEAR(q[0], 0.49, 1e-6);
+  EXPECT_NEAR(q[1], -0.99, 1e-6);
+  EXPECT_NEAR(q[2], 1.99, 1e-6);
+}
+
+TEST(Adam, WeightDecayIsAddedToTheGradient) {
+  OptimizerConfig cfg;
+  cfg.kind = "adam";
+  cfg.weight_decay = 0.1;
+  std::vector<float> p;
+  run_two_steps(cfg, 1e-2, &p);
+  std::vector<double> m;
+  const std::vector<double> want = adam_by_hand(1e-2, 0.1, &m);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_NEAR(p[i], want[i], 1e-6) << i;
+  // Element 2's second gradient is 0: only the decay moves it, so it differs from no decay.
+  std::vector<double> m0;
+  EXPECT_GT(std::abs(want[2] - adam_by_hand(1e-2, 0.0, &m0)[2]), 1e-4);
+}
+
+// PyTorch's SGD in double: buf = mu * buf + g (buf = g at the first step), nesterov: g + mu * buf.
+std::vector<double> sgd_by_hand(double lr, double mu, bool nesterov, double wd) {
+  std::vector<double> p(kP0.begin(), kP0.end()), buf(3, 0.0);
+  const std::vector<float>* gs[2] = {&kG1, &kG2};
+  for (int t = 0; t < 2; ++t)
+    for (std::size_t i = 0; i < 3; ++i) {
+      double g = static_cast<double>((*gs[t])[i]) + wd * p[i];
+      if (mu != 0.0) {
+        buf[i] = t == 0 ? g : mu * buf[i] + g;
+        g = nesterov ? g + mu * buf[i] : buf[i];
+      }
+      p[i] -= lr * g;
+    }
+  return p;
+}
+
+TEST(Sgd, PlainMomentumNesterovWeightDecay) {
+  struct Case {
+    double mu;
+    bool nesterov;
+    double wd;
+  };
+  for (const Case& c : {Case{0.0, false, 0.0}, Case{0.9, false, 0.0}, Case{0.9, true, 0.0}, Case{0.0, false, 0.1},
+                        Case{0.9, true, 0.1}}) {
+    SCOPED_TRACE(testing::Message() << "momentum " << c.mu << " nesterov " << c.nesterov << " wd " << c.wd);
+    OptimizerConfig cfg;
+    cfg.kind = "sgd";
+    cfg.momentum = c.mu;
+    cfg.nesterov = c.nesterov;
+    cfg.weight_decay = c.wd;
+    std::vector<float> p;
+    run_two_steps(cfg, 0.1, &p);
+    const std::vector<double> want = sgd_by_hand(0.1, c.mu, c.nesterov, c.wd);
+    for (std::size_t i = 0; i < 3; ++i) EXPECT_NEAR(p[i], want[i], 1e-6) << i;
+  }
+  // The hand values themselves, for the plain case: p - 0.1 * (g1 + g2).
+  const std::vector<double> plain = sgd_by_hand(0.1, 0.0, false, 0.0);
+  EXPECT_NEAR(plain[0], 0.5 - 0.1 * (0.1 - 0.05), 1e-7);
+  EXPECT_NEAR(plain[1], -1.0 - 0.1 * (-0.2 + 0.4), 1e-7);
+  // Momentum, element 0: buf1 = 0.1, buf2 = 0.9 * 0.1 - 0.05 = 0.04; p = 0.5 - 0.01 - 0.004.
+  EXPECT_NEAR(sgd_by_hand(0.1, 0.9, false, 0.0)[0], 0.486, 1e-7);
+  // Nesterov, element 0: steps 0.1 + 0.09 = 0.19, then -0.05 + 0.036 = -0.014; p = 0.5 - 0.019 + 0.0014.
+  EXPECT_NEAR(sgd_by_hand(0.1, 0.9, true, 0.0)[0], 0.4824, 1e-7);
+}
+
+TEST(Optimizer, UnknownKindThrows) {
+  OptimizerConfig cfg;
+  cfg.kind = "rmsprop";
+  try {
+    Optimizer o(cfg, 3);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("rmsprop"), std::string::npos) << e.what();
+  }
+}
+
+// ---- learning-rate schedules ----
+
+TEST(LearningRate, Constant) {
+  ScheduleConfig s;
+  s.kind = "constant";
+  s.base_lr = 1e-3;
+  EXPECT_DOUBLE_EQ(learning_rate(s, 0, 0, 100), 1e-3);
+  EXPECT_DOUBLE_EQ(learning_rate(s, 99, 7, 100), 1e-3);
+}
+
+TEST(LearningRate, StepDecayPerEpochWithFloor) {
+  ScheduleConfig s;
+  s.kind = "step";
+  s.base_lr = 1e-3;
+  s.gamma = 0.7;
+  s.step_epochs = 1;
+  s.min_lr = 1e-5;
+  EXPECT_NEAR(learning_rate(s, 0, 0, 1000), 1e-3, 1e-15);
+  EXPECT_NEAR(learning_rate(s, 50, 0, 1000), 1e-3, 1e-15);  // within an epoch: constant
+  EXPECT_NEAR(learning_rate(s, 100, 1, 1000), 7e-4, 1e-15);
+  EXPECT_NEAR(learning_rate(s, 200, 2, 1000), 4.9e-4, 1e-15);
+  EXPECT_NEAR(learning_rate(s, 900, 12, 1000), 1e-3 * std::pow(0.7, 12), 1e-15);  // 1.38e-5: above the floor
+  EXPECT_DOUBLE_EQ(learning_rate(s, 990, 13, 1000), 1e-5);  // 0.7^13 * 1e-3 = 9.7e-6: the floor
+  EXPECT_DOUBLE_EQ(learning_rate(s, 5000, 50, 10000), 1e-5);  // 0.7^50 * 1e-3 = 1.8e-11: the floor
+}
+
+TEST(LearningRate, CosineWithWarmup) {
+  ScheduleConfig s;
+  s.kind = "cosine";
+  s.base_lr = 1e-3;
+  s.min_lr = 1e-5;
+  s.warmup_steps = 10;
+  const std::int64_t total = 110;  // 100 cosine steps after the warm-up
+  EXPECT_NEAR(learning_rate(s, 0, 0, total), 1e-3 / 10, 1e-15);  // first warm-up step: base / 10
+  EXPECT_NEAR(learning_rate(s, 4, 0, total), 1e-3 * 5 / 10, 1e-15);
+  EXPECT_NEAR(learning_rate(s, 10, 0, total), 1e-3, 1e-15);  // the cosine's start
+  EXPECT_NEAR(learning_rate(s, 60, 0, total), 1e-5 + 0.5 * (1e-3 - 1e-5), 1e-15);  // half-way
+  EXPECT_NEAR(learning_rate(s, 35, 0, total), 1e-5 + 0.5 * (1e-3 - 1e-5) * (1 + std::cos(std::numbers::pi / 4)), 1e-15);
+  EXPECT_NEAR(learning_rate(s, 110, 0, total), 1e-5, 1e-15);  // the end: min_lr
+  EXPECT_NEAR(learning_rate(s, 500, 0, total), 1e-5, 1e-15);  // clamped past the end
+}
+
+TEST(LearningRate, UnknownScheduleThrows) {
+  ScheduleConfig s;
+  s.kind = "linear";
+  EXPECT_THROW(learning_rate(s, 0, 0, 10), Error);
+}
+
+}  // namespace
+}  // namespace mnist_mpi
