@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mnist_mpi/comm/mpi_communicator.hpp"
+#include "mnist_mpi/train/reducer.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 #include "synthetic.hpp"
 
@@ -196,6 +197,81 @@ TEST(Distributed, AnotherSeedIsFarAway) {
     EXPECT_GT(std::sqrt(diff / norm), 1e-2);
     ok = std::sqrt(diff / norm) > 1e-2;
     MPI_Comm_free(&self);
+  }
+  EXPECT_TRUE(all_ranks(ok));
+}
+
+// Buckets tile the gradient buffer, respect the caps, and split a tensor larger than the cap.
+TEST(Reducer, BucketPlansTileTheBufferAndSplitLargeTensors) {
+  const ModelSpec spec = parse_model_spec(kSmall, Shape{1, 28, 28}, 10);
+  for (std::int64_t cap : {std::int64_t{1}, std::int64_t{7}, std::int64_t{100}, std::int64_t{1000},
+                           spec.param_count - 1, spec.param_count, 10 * spec.param_count}) {
+    const std::vector<Bucket> b = plan_buckets(spec, cap, std::max<std::int64_t>(1, cap / 2));
+    std::int64_t pos = 0;
+    for (std::size_t k = 0; k < b.size(); ++k) {
+      EXPECT_EQ(b[k].begin, pos);
+      EXPECT_GT(b[k].end, b[k].begin);
+      EXPECT_LE(b[k].end - b[k].begin, k == 0 ? std::max<std::int64_t>(1, cap / 2) : cap);
+      if (k > 0) {
+        EXPECT_LE(b[k].ready_after_layer, b[k - 1].ready_after_layer) << "buckets must become ready in index order";
+      }
+      pos = b[k].end;
+    }
+    EXPECT_EQ(pos, spec.param_count) << "cap " << cap;
+  }
+  // The 8*7*7*32 fc weight (12544 elements) under a cap of 1000 is split into 13 pieces.
+  const std::vector<Bucket> b = plan_buckets(spec, 1000, 1000);
+  const ParamTensor& fc = spec.params[2];  // 7.fc.weight: third in flat order (after 10.fc.*)
+  ASSERT_EQ(fc.name, "7.fc.weight");
+  int pieces = 0;
+  for (const Bucket& k : b) pieces += (k.begin < fc.offset + fc.size && k.end > fc.offset) ? 1 : 0;
+  EXPECT_GE(pieces, 13);
+}
+
+// The reducer against a plain MPI_Allreduce of the whole buffer, with rank-dependent
+// integer-valued inputs (exact in float), for bucket caps from one element to more than the
+// buffer, overlapped and not; the count of wrong elements is allreduced so every rank agrees.
+TEST(Reducer, MatchesAPlainAllreduceForEveryBucketCap) {
+  const ModelSpec spec = parse_model_spec(kSmall, Shape{1, 28, 28}, 10);
+  auto c = make_mpi_communicator(MPI_COMM_WORLD);
+  const int r = c->rank();
+  std::vector<float> grads(static_cast<std::size_t>(spec.param_count)), expect(grads.size());
+  for (std::int64_t cap : {std::int64_t{1}, std::int64_t{5}, std::int64_t{333}, std::int64_t{4096},
+                           spec.param_count, 3 * spec.param_count}) {
+    for (bool overlap : {true, false}) {
+      for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = expect[i] = float((r + 1) * int(i % 13) - 6 * r);
+      MPI_Allreduce(MPI_IN_PLACE, expect.data(), int(expect.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      Reducer red(*c, grads, plan_buckets(spec, cap, cap), overlap);
+      for (int step = 0; step < 2; ++step) {  // a reducer is reused step after step
+        if (step == 1)
+          for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = float((r + 1) * int(i % 13) - 6 * r);
+        for (int layer = int(spec.layers.size()) - 1; layer >= 0; --layer) red.on_layer_done(layer);
+        red.finish();
+        std::int64_t wrong = 0;
+        for (std::size_t i = 0; i < grads.size(); ++i) wrong += grads[i] != expect[i] ? 1 : 0;
+        c->allreduce_max(std::span<std::int64_t>(&wrong, 1));
+        EXPECT_EQ(wrong, 0) << "cap " << cap << " overlap " << overlap << " step " << step << ": "
+                            << red.buckets().size() << " buckets";
+      }
+    }
+  }
+}
+
+// Bitwise-equal final parameters for tiny buckets, the default, one bucket, and --no-overlap.
+TEST(Reducer, FinalParametersAreBitwiseEqualForAnyBucketing) {
+  std::vector<std::uint64_t> hashes;
+  for (int variant = 0; variant < 4; ++variant) {
+    Options o = base_options(kSmall, 6 * world_size(), 12);
+    if (variant == 0) o.bucket_mb = o.first_bucket_mb = 0.0001;  // 26 elements
+    if (variant == 2) o.bucket_mb = o.first_bucket_mb = 1000.0;
+    if (variant == 3) o.no_overlap = true;
+    Trained t = train(MPI_COMM_WORLD, o);
+    hashes.push_back(hash_floats(t.params.data(), std::int64_t(t.params.size())));
+  }
+  bool ok = true;
+  for (std::size_t k = 1; k < hashes.size(); ++k) {
+    EXPECT_EQ(hex64(hashes[k]), hex64(hashes[0])) << "variant " << k;
+    ok = ok && hashes[k] == hashes[0];
   }
   EXPECT_TRUE(all_ranks(ok));
 }

@@ -50,6 +50,11 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       ("lr-step-epochs", po::value(&o.schedule.step_epochs)->default_value(d.schedule.step_epochs), "step: epochs between decays")
       ("lr-min", po::value(&o.schedule.min_lr)->default_value(d.schedule.min_lr), "step: floor; cosine: final learning rate")
       ("warmup-steps", po::value(&o.schedule.warmup_steps)->default_value(d.schedule.warmup_steps), "steps of linear warm-up from 0");
+  po::options_description red("Gradient reduction");
+  red.add_options()
+      ("bucket-mb", po::value(&o.bucket_mb)->default_value(d.bucket_mb), "MB (2^20 bytes): largest gradient bucket; a larger tensor is split")
+      ("first-bucket-mb", po::value(&o.first_bucket_mb)->default_value(d.first_bucket_mb), "MB: cap of the first bucket (the last layers' gradients), which starts earliest")
+      ("no-overlap", po::bool_switch(&o.no_overlap), "one blocking sum of all gradients after backward, no overlap (for comparison)");
   po::options_description sys("System");
   sys.add_options()
       ("device", po::value(&o.device)->default_value(d.device), "cpu (cuda and auto: see issue 5)")
@@ -64,7 +69,7 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       ("quiet", po::bool_switch(&o.quiet), "print only errors and the final summary");
   po::options_description all("mnist_mpi " MNIST_MPI_VERSION " - data-parallel CNN training on MNIST.\n"
                               "Usage: mpirun -np N mnist_mpi [--config FILE] [options]\nOptions");
-  all.add(general).add(data).add(model).add(train).add(sys).add(rep);
+  all.add(general).add(data).add(model).add(train).add(red).add(sys).add(rep);
 
   po::variables_map vm;
   try {
@@ -106,6 +111,8 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   positive(o.eval_batch_size, "eval-batch-size", false);
   positive(o.check_replicas_every, "check-replicas-every", true);
   positive(o.schedule.warmup_steps, "warmup-steps", true);
+  if (!(o.bucket_mb > 0.0) || !(o.first_bucket_mb > 0.0))
+    throw_error(ExitCode::kUsage, "--bucket-mb and --first-bucket-mb must be > 0");
   if (o.threads < 0) throw_error(ExitCode::kUsage, "--threads must be >= 0");
   if ((o.batch_size == 0) == (o.global_batch_size == 0))
     throw_error(ExitCode::kUsage, "give exactly one of --batch-size (per rank) and --global-batch-size");

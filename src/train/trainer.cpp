@@ -83,6 +83,13 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   init_params(spec_, wi, bi, opt_.seed, params_->data());
   train_model_ = std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, params_->data(), grads_->data());
   optimizer_ = std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count);
+  const auto mb_to_elems = [](double mb) {
+    return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * 1048576.0 / sizeof(float)));
+  };
+  reducer_ = std::make_unique<Reducer>(
+      comm_, std::span<float>(grads_->data(), static_cast<std::size_t>(spec_.param_count)),
+      plan_buckets(spec_, mb_to_elems(opt_.bucket_mb), mb_to_elems(opt_.first_bucket_mb)), !opt_.no_overlap);
+  on_layer_done_ = [this](int layer) { reducer_->on_layer_done(layer); };
   labels_.resize(static_cast<std::size_t>(batch_));
   if (rank0_) {
     const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
@@ -102,6 +109,9 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
               << "model: " << spec_.text << " (" << spec_.param_count << " parameters)\n"
               << train_model_->describe() << "batch: " << global_batch_ << " global, " << batch_ << " per rank; "
               << steps_per_epoch_ << " steps per epoch, " << total_steps_ << " steps\n"
+              << "gradients: " << reducer_->buckets().size() << " bucket(s) of at most " << opt_.bucket_mb
+              << " MB (first " << opt_.first_bucket_mb << " MB), "
+              << (opt_.no_overlap ? "one blocking sum after backward" : "overlapped with backward") << "\n"
               << std::flush;
   }
 }
@@ -183,7 +193,7 @@ RunResult Trainer::run() {
   std::int64_t steady_steps = 0;
   constexpr std::int64_t kWarmup = 10;
   const float grad_scale = 1.0f / static_cast<float>(global_batch_);
-  const std::span<float> grads(grads_->data(), static_cast<std::size_t>(spec_.param_count));
+  StepTiming timing;
   double window_loss = 0.0;
   std::int64_t window_n = 0;
   auto window_t = std::chrono::steady_clock::now();
@@ -194,18 +204,29 @@ RunResult Trainer::run() {
     const std::int64_t epoch = step / steps_per_epoch_;
     const double lr = learning_rate(opt_.schedule, step, epoch, total_steps_);
     load_batch(step);
+    const auto t1 = std::chrono::steady_clock::now();
     StepContext ctx{true, opt_.seed, step, comm_.rank() * batch_};
     train_model_->forward(ctx);
     const LossStats ls = backend_->softmax_cross_entropy(train_model_->logits(), labels_.data(),
                                                           static_cast<int>(batch_), spec_.num_classes(),
                                                           train_model_->dlogits(), grad_scale);
-    train_model_->backward(ctx);
-    comm_.allreduce_sum(grads);
+    const auto t2 = std::chrono::steady_clock::now();
+    train_model_->backward(ctx, on_layer_done_);
+    const auto t3 = std::chrono::steady_clock::now();
+    const double exposed = reducer_->finish();
+    const auto t4 = std::chrono::steady_clock::now();
     optimizer_->step(params_->data(), grads_->data(), lr);
-    const double dt = seconds_since(t0);
+    const auto t5 = std::chrono::steady_clock::now();
+    const double dt = std::chrono::duration<double>(t5 - t0).count();
     if (step >= kWarmup || total_steps_ <= kWarmup) {
+      using sec = std::chrono::duration<double>;
       steady_s += dt;
       ++steady_steps;
+      timing.data += sec(t1 - t0).count();
+      timing.forward += sec(t2 - t1).count();
+      timing.backward += sec(t3 - t2).count();
+      timing.exposed_comm += exposed;
+      timing.optimizer += sec(t5 - t4).count();
     }
     window_loss += ls.loss_sum;
     window_n += batch_;
@@ -259,6 +280,16 @@ RunResult Trainer::run() {
   res.wall_s = seconds_since(t_run);
   res.images_per_s = steady_s > 0 ? static_cast<double>(steady_steps * global_batch_) / steady_s : 0.0;
   res.params_hash = hex64(hash_floats(params_->data(), spec_.param_count));
+  if (steady_steps > 0) {
+    const double n = static_cast<double>(steady_steps);
+    timing.data /= n;
+    timing.forward /= n;
+    timing.backward /= n;
+    timing.exposed_comm /= n;
+    timing.optimizer /= n;
+  }
+  timing.reduced_bytes = static_cast<double>(spec_.param_count) * sizeof(float);
+  res.timing = timing;
 
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -281,6 +312,10 @@ RunResult Trainer::run() {
                   static_cast<long long>(res.steps), res.epochs);
       std::printf("%.0f images/s steady, wall %.1f s (+ evaluation %.1f s), start-up %.2f s, peak RSS per rank %s MB\n",
                   res.images_per_s, res.wall_s, eval_s, startup_s, rss_json.c_str());
+      std::printf("per step: data %.2f ms, forward %.2f ms, backward %.2f ms, exposed communication %.2f ms, "
+                  "optimizer %.2f ms; %.1f MB reduced\n",
+                  1e3 * timing.data, 1e3 * timing.forward, 1e3 * timing.backward, 1e3 * timing.exposed_comm,
+                  1e3 * timing.optimizer, timing.reduced_bytes / 1048576.0);
       std::printf("params_hash %s\n", res.params_hash.c_str());
     }
     std::fflush(stdout);
@@ -291,7 +326,11 @@ RunResult Trainer::run() {
               json_num(res.epochs) + ",\"world_size\":" + std::to_string(comm_.size()) + ",\"global_batch\":" +
               std::to_string(global_batch_) + ",\"wall_s\":" + json_num(res.wall_s) + ",\"images_per_s\":" +
               json_num(res.images_per_s) + ",\"startup_s\":" + json_num(startup_s) + ",\"peak_rss_mb\":" + rss_json +
-              ",\"params_hash\":\"" + res.params_hash + "\"}");
+              ",\"step_ms\":{\"data\":" + json_num(1e3 * timing.data) + ",\"forward\":" + json_num(1e3 * timing.forward) +
+              ",\"backward\":" + json_num(1e3 * timing.backward) + ",\"exposed_comm\":" +
+              json_num(1e3 * timing.exposed_comm) + ",\"optimizer\":" + json_num(1e3 * timing.optimizer) +
+              "},\"reduced_bytes_per_step\":" + json_num(timing.reduced_bytes) + ",\"buckets\":" +
+              std::to_string(reducer_->buckets().size()) + ",\"params_hash\":\"" + res.params_hash + "\"}");
   }
   return res;
 }

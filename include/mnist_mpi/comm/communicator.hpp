@@ -25,13 +25,16 @@ class Communicator {
   virtual int local_size() const = 0;
   virtual std::string host() const = 0;
 
-  // In place: data becomes the elementwise sum over all ranks.
+  // In place: data becomes the elementwise sum over all ranks, added in ascending rank order, so
+  // the bits do not depend on how a buffer is split into calls (Note [Sums in rank order]).
   virtual void allreduce_sum(std::span<float> data) = 0;
   virtual void allreduce_sum(std::span<double> data) = 0;
   virtual void allreduce_max(std::span<std::int64_t> data) = 0;
   virtual void allreduce_min(std::span<std::int64_t> data) = 0;
-  // Starts an in-place sum; data must stay valid until wait() returns.
+  // Starts an in-place sum (as allreduce_sum); data must stay valid until wait() returns.
   virtual CommRequest start_allreduce_sum(std::span<float> data) = 0;
+  // Makes progress without blocking; true once the request has completed (then call wait()).
+  virtual bool test(CommRequest& request) = 0;
   virtual void wait(CommRequest& request) = 0;
   virtual void broadcast(std::span<float> data, int root) = 0;
   virtual void broadcast(std::span<std::uint8_t> data, int root) = 0;

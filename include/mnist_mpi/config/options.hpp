@@ -28,6 +28,10 @@ struct Options {
   std::uint64_t seed = 42;
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
+  // gradient reduction
+  double bucket_mb = 4.0;
+  double first_bucket_mb = 1.0;
+  bool no_overlap = false;
   // system
   std::string device = "cpu";
   int threads = 0;  // 0: auto

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "mnist_mpi/data/sampler.hpp"
 #include "mnist_mpi/model/model.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
+#include "mnist_mpi/train/reducer.hpp"
 
 namespace mnist_mpi {
 
@@ -28,7 +30,14 @@ struct EvalResult {
   std::int64_t count = 0;
 };
 
+// Seconds per step, averaged over the steady steps (the first 10 excluded).
+struct StepTiming {
+  double data = 0, forward = 0, backward = 0, exposed_comm = 0, optimizer = 0;
+  double reduced_bytes = 0;  // per step, per rank
+};
+
 struct RunResult {
+  StepTiming timing;
   std::int64_t steps = 0;
   double epochs = 0.0;
   double last_train_loss = 0.0;  // global mean of the last logged step
@@ -47,6 +56,7 @@ class Trainer {
   EvalResult evaluate(const Split& split);  // on this rank, with the current parameters
 
   const ModelSpec& spec() const { return spec_; }
+  const Reducer& reducer() const { return *reducer_; }
   const float* params() const { return params_->data(); }
   std::int64_t global_batch() const { return global_batch_; }
   std::int64_t per_rank_batch() const { return batch_; }
@@ -65,6 +75,8 @@ class Trainer {
   std::unique_ptr<Buffer> params_, grads_;  // flat, spec_.param_count each (Note [Reverse layer order])
   std::unique_ptr<Model> train_model_, eval_model_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Reducer> reducer_;
+  std::function<void(int)> on_layer_done_;  // made once: calls reducer_->on_layer_done
   std::unique_ptr<Sampler> sampler_;
   std::int64_t batch_ = 0, global_batch_ = 0, steps_per_epoch_ = 0, total_steps_ = 0;
   std::vector<std::int32_t> labels_;       // (batch)

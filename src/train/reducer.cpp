@@ -1,0 +1,87 @@
+// Bucket planning and the overlapped gradient reduction (see include/mnist_mpi/train/reducer.hpp).
+#include "mnist_mpi/train/reducer.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "mnist_mpi/check.hpp"
+
+namespace mnist_mpi {
+
+std::vector<Bucket> plan_buckets(const ModelSpec& spec, std::int64_t cap, std::int64_t first_cap) {
+  MNIST_CHECK(cap > 0 && first_cap > 0, ExitCode::kUsage, "bucket caps must be positive");
+  std::vector<Bucket> out;
+  Bucket cur{0, 0, static_cast<int>(spec.layers.size())};
+  auto limit = [&] { return out.empty() ? first_cap : cap; };
+  for (const ParamTensor& p : spec.params) {  // in flat order: the last layer first
+    std::int64_t pos = p.offset;
+    const std::int64_t end = p.offset + p.size;
+    while (pos < end) {
+      // A tensor that does not fit in what is left of the bucket closes it, unless the bucket is
+      // empty, in which case the tensor is split at the cap.
+      if (cur.end > cur.begin && cur.end - cur.begin + (end - pos) > limit()) {
+        out.push_back(cur);
+        cur = Bucket{pos, pos, static_cast<int>(spec.layers.size())};
+      }
+      const std::int64_t take = std::min(end - pos, limit() - (cur.end - cur.begin));
+      cur.end = pos + take;
+      cur.ready_after_layer = std::min(cur.ready_after_layer, p.layer);
+      pos += take;
+      if (cur.end - cur.begin == limit() && pos < end) {
+        out.push_back(cur);
+        cur = Bucket{pos, pos, static_cast<int>(spec.layers.size())};
+      }
+    }
+  }
+  if (cur.end > cur.begin) out.push_back(cur);
+  return out;
+}
+
+Reducer::Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket> buckets, bool overlap)
+    : comm_(comm), grads_(grads), buckets_(std::move(buckets)), overlap_(overlap), requests_(buckets_.size()) {
+  std::int64_t expect = 0;
+  for (const Bucket& b : buckets_) {
+    MNIST_CHECK(b.begin == expect && b.end > b.begin, ExitCode::kRuntime, "buckets must tile the gradient buffer");
+    expect = b.end;
+  }
+  MNIST_CHECK(expect == static_cast<std::int64_t>(grads_.size()), ExitCode::kRuntime,
+              "buckets must cover the whole gradient buffer: every gradient is averaged");
+}
+
+// Note [Buckets start in index order]
+// Collectives on one communicator must be started in the same order on every rank, or ranks match
+// the wrong buckets (or deadlock). Buckets are therefore started strictly in index order, bucket
+// k only after bucket k-1, and a bucket starts only when its own gradients are final: readiness
+// depends on the layer reached in backward, which every rank reaches in the same order. This is
+// DDP's rule too; the flat buffer in reverse layer order makes index order the order gradients are
+// produced, so nothing waits for a later-ready bucket.
+void Reducer::on_layer_done(int layer) {
+  if (!overlap_) return;
+  while (next_ < buckets_.size() && buckets_[next_].ready_after_layer >= layer) {
+    const Bucket& b = buckets_[next_];
+    requests_[next_] = comm_.start_allreduce_sum(grads_.subspan(static_cast<std::size_t>(b.begin),
+                                                                static_cast<std::size_t>(b.end - b.begin)));
+    ++next_;
+  }
+  progress();
+}
+
+void Reducer::progress() {
+  for (std::size_t k = 0; k < next_; ++k)
+    if (requests_[k].active()) comm_.test(requests_[k]);
+}
+
+double Reducer::finish() {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!overlap_) {
+    comm_.allreduce_sum(grads_);
+  } else {
+    on_layer_done(-1);  // anything not yet started
+    for (CommRequest& r : requests_)
+      if (r.active()) comm_.wait(r);
+  }
+  next_ = 0;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace mnist_mpi
