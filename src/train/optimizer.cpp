@@ -16,13 +16,13 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count) : cfg_(cfg)
   if (cfg.kind == "adam") v_.assign(static_cast<std::size_t>(count), 0.0f);
 }
 
-void Optimizer::step(float* p, const float* g, double lr) {
+void Optimizer::step(float* __restrict p, const float* __restrict g, double lr) {
   ++t_;
   const float wd = static_cast<float>(cfg_.weight_decay);
   const std::int64_t n = count_;
-  float* m = m_.data();
+  float* __restrict m = m_.data();
   if (cfg_.kind == "adam") {
-    float* v = v_.data();
+    float* __restrict v = v_.data();
     const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
     const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
     const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));
