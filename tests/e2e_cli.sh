@@ -49,6 +49,7 @@ check bad_value 2 "epochs" -- "${run2[@]}" "${base[@]}" --batch-size 10 --epochs
 check no_batch_given 2 "exactly one of --batch-size" -- "${run2[@]}" "${base[@]}"
 check bad_model_spec 2 "bad layer 'conv:3x3'" -- "${run2[@]}" --data-dir "$work/good" --validation-size 100 --batch-size 10 --model conv:3x3,fc:10
 check bad_device 2 "--device must be" -- "${run2[@]}" "${base[@]}" --batch-size 10 --device tpu
+check device_auto_falls_back 0 "device auto: this build has no CUDA backend, running on the CPU" -- "${run2[@]}" "${base[@]}" --batch-size 10 --max-steps 1 --device auto
 check cuda_unavailable 2 "no CUDA backend" -- "${run2[@]}" "${base[@]}" --batch-size 10 --device cuda
 check missing_config 2 "cannot open '$work/nope.ini'" -- "${run2[@]}" --config "$work/nope.ini"
 check missing_data_dir 3 "$work/missing.*fetch_mnist.sh" -- "${run2[@]}" --data-dir "$work/missing" --batch-size 10

@@ -121,7 +121,10 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
     throw_error(ExitCode::kUsage, "--device must be cpu, cuda or auto, got '" + o.device + "'");
   if (o.device == "cuda")
     throw_error(ExitCode::kUsage, "--device cuda: this build has no CUDA backend yet; use --device cpu or auto");
-  if (o.device == "auto") o.device = "cpu";  // no CUDA backend in this build: auto means the CPU
+  if (o.device == "auto") {  // no CUDA backend in this build: auto means the CPU
+    o.device = "cpu";
+    o.device_note = "--device auto: this build has no CUDA backend, running on the CPU";
+  }
 
   std::ostringstream res;
   for (const auto& [name, value] : vm) {

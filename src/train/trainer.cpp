@@ -102,6 +102,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
     }
   }
   if (rank0_ && !opt_.quiet) {
+    if (!opt_.device_note.empty()) std::cout << opt_.device_note << "\n";
     std::cout << "mnist_mpi " MNIST_MPI_VERSION ": " << world << " rank(s), backend " << backend_->name() << ", "
               << threads << " thread(s) per rank\n"
               << "data: " << data_.train.count << " train, " << data_.validation.count << " validation, "

@@ -34,6 +34,7 @@ struct Options {
   bool no_overlap = false;
   // system
   std::string device = "cpu";
+  std::string device_note;  // how --device auto was resolved, printed by rank 0
   int threads = 0;  // 0: auto
   // reporting
   std::int64_t log_every = 100;
