@@ -55,6 +55,7 @@ check missing_config 2 "cannot open '$work/nope.ini'" -- "${run2[@]}" --config "
 check missing_data_dir 3 "$work/missing.*fetch_mnist.sh" -- "${run2[@]}" --data-dir "$work/missing" --batch-size 10
 check batch_larger_than_data 2 "larger than the training split" -- "${run2[@]}" "${base[@]}" --batch-size 400
 check validation_too_large 2 "--validation-size 5000 must be >= 0 and < the training count 600" -- "${run2[@]}" --data-dir "$work/good" --batch-size 10
+check accumulation_indivisible 2 "does not divide by the 2 ranks x 3 accumulation steps" -- "${run2[@]}" "${base[@]}" --global-batch-size 100 --accumulation-steps 3
 check global_batch_indivisible 2 "does not divide by the 2 ranks" -- "${run2[@]}" "${base[@]}" --global-batch-size 101
 
 corrupt() {  # corrupt NAME: a fresh copy of the good data in $work/NAME

@@ -58,6 +58,7 @@ Options base_options(const char* model, std::int64_t global_batch, std::int64_t 
 struct Trained {
   std::vector<float> params;
   ModelSpec spec;
+  std::int64_t micro_batch = 0;
 };
 
 // Trains on the ranks of comm (collective over comm); returns this rank's final parameters.
@@ -65,7 +66,7 @@ Trained train(MPI_Comm comm, const Options& o) {
   auto c = make_mpi_communicator(comm);
   Trainer t(o, *c);
   t.run();
-  return {std::vector<float>(t.params(), t.params() + t.spec().param_count), t.spec()};
+  return {std::vector<float>(t.params(), t.params() + t.spec().param_count), t.spec(), t.per_rank_batch()};
 }
 
 // Every rank's verdict, allreduced: a failure on any rank fails the test on every rank.
@@ -272,6 +273,42 @@ TEST(Reducer, FinalParametersAreBitwiseEqualForAnyBucketing) {
   for (std::size_t k = 1; k < hashes.size(); ++k) {
     EXPECT_EQ(hex64(hashes[k]), hex64(hashes[0])) << "variant " << k;
     ok = ok && hashes[k] == hashes[0];
+  }
+  EXPECT_TRUE(all_ranks(ok));
+}
+
+// Gradient accumulation: 1 rank with 2 micro-batches follows the trajectory of 2 ranks with one
+// (same global batch, same samples and dropout keys), to a relative 1e-5 after 30 steps.
+TEST(Reducer, AccumulationMatchesMoreRanks) {
+  if (world_size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  Options o = base_options(kLenet, 40, 30);
+  std::vector<float> accumulated, parallel;
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &sub);
+  if (sub != MPI_COMM_NULL) {
+    Options k2 = o;
+    k2.accumulation_steps = 2;
+    Trained t = train(sub, k2);
+    EXPECT_EQ(t.micro_batch, 20) << "2 micro-batches of 20 make the global batch of 40";
+    accumulated = t.params;
+    MPI_Comm_free(&sub);
+  }
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < 2 ? 0 : MPI_UNDEFINED, world_rank(), &sub);
+  if (sub != MPI_COMM_NULL) {
+    parallel = train(sub, o).params;
+    MPI_Comm_free(&sub);
+  }
+  bool ok = true;
+  if (world_rank() == 0) {
+    double diff = 0.0, norm = 0.0;
+    for (std::size_t i = 0; i < parallel.size(); ++i) {
+      diff += (double(accumulated[i]) - parallel[i]) * (double(accumulated[i]) - parallel[i]);
+      norm += double(parallel[i]) * parallel[i];
+    }
+    const double rel = std::sqrt(diff / norm);
+    std::printf("  1 rank x 2 micro-batches vs 2 ranks after 30 steps: relative %.3g\n", rel);
+    EXPECT_LE(rel, 1e-5);
+    ok = rel <= 1e-5;
   }
   EXPECT_TRUE(all_ranks(ok));
 }

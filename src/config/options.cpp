@@ -32,7 +32,7 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       ("bias-init", po::value(&o.bias_init)->default_value(d.bias_init), "initialiser for biases, as --weight-init");
   po::options_description train("Training");
   train.add_options()
-      ("batch-size", po::value(&o.batch_size)->default_value(d.batch_size), "images per rank per step (or give --global-batch-size)")
+      ("batch-size", po::value(&o.batch_size)->default_value(d.batch_size), "images per rank per step (per micro-batch with --accumulation-steps; or give --global-batch-size)")
       ("global-batch-size", po::value(&o.global_batch_size)->default_value(d.global_batch_size), "images per step over all ranks; must divide by the number of ranks")
       ("epochs", po::value(&o.epochs)->default_value(d.epochs), "passes over the training split")
       ("max-steps", po::value(&o.max_steps)->default_value(d.max_steps), "global steps in the whole run (0 = epochs decide)")
@@ -54,6 +54,7 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   red.add_options()
       ("bucket-mb", po::value(&o.bucket_mb)->default_value(d.bucket_mb), "MB (2^20 bytes): largest gradient bucket; a larger tensor is split")
       ("first-bucket-mb", po::value(&o.first_bucket_mb)->default_value(d.first_bucket_mb), "MB: cap of the first bucket (the last layers' gradients), which starts earliest")
+      ("accumulation-steps", po::value(&o.accumulation_steps)->default_value(d.accumulation_steps), "micro-batches per step, summed locally and reduced once (like DDP's no_sync)")
       ("no-overlap", po::bool_switch(&o.no_overlap), "one blocking sum of all gradients after backward, no overlap (for comparison)");
   po::options_description sys("System");
   sys.add_options()
@@ -105,6 +106,7 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   positive(o.batch_size, "batch-size", true);
   positive(o.global_batch_size, "global-batch-size", true);
   positive(o.epochs, "epochs", false);
+  positive(o.accumulation_steps, "accumulation-steps", false);
   positive(o.max_steps, "max-steps", true);
   positive(o.log_every, "log-every", true);
   positive(o.eval_every, "eval-every", true);

@@ -51,16 +51,19 @@ std::string json_num(double v) {
 Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady_clock::time_point start)
     : opt_(options), comm_(comm), start_(start), rank0_(comm.rank() == 0) {
   const std::int64_t world = comm_.size();
+  accumulation_ = opt_.accumulation_steps;
+  const std::int64_t parts = world * accumulation_;  // micro-batches per global batch
   if (opt_.global_batch_size > 0) {
-    MNIST_CHECK(opt_.global_batch_size % world == 0, ExitCode::kUsage,
+    MNIST_CHECK(opt_.global_batch_size % parts == 0, ExitCode::kUsage,
                 "--global-batch-size " + std::to_string(opt_.global_batch_size) + " does not divide by the " +
-                    std::to_string(world) + " ranks; choose a multiple of " + std::to_string(world) +
-                    " or give --batch-size per rank");
+                    std::to_string(world) + " ranks" +
+                    (accumulation_ > 1 ? " x " + std::to_string(accumulation_) + " accumulation steps" : std::string()) +
+                    "; choose a multiple of " + std::to_string(parts) + " or give --batch-size per rank");
     global_batch_ = opt_.global_batch_size;
-    batch_ = global_batch_ / world;
+    batch_ = global_batch_ / parts;
   } else {
     batch_ = opt_.batch_size;
-    global_batch_ = batch_ * world;
+    global_batch_ = batch_ * parts;
   }
 
   data_ = load_mnist(opt_.data_dir, opt_.validation_size, opt_.train_limit);
@@ -89,7 +92,24 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   reducer_ = std::make_unique<Reducer>(
       comm_, std::span<float>(grads_->data(), static_cast<std::size_t>(spec_.param_count)),
       plan_buckets(spec_, mb_to_elems(opt_.bucket_mb), mb_to_elems(opt_.first_bucket_mb)), !opt_.no_overlap);
-  on_layer_done_ = [this](int layer) { reducer_->on_layer_done(layer); };
+  if (accumulation_ > 1) accum_ = backend_->allocate(spec_.param_count);
+  layer_params_.assign(spec_.layers.size(), {0, 0});
+  for (const ParamTensor& p : spec_.params) {
+    auto& [begin, size] = layer_params_[static_cast<std::size_t>(p.layer)];
+    if (size == 0 || p.offset < begin) begin = p.offset;
+    size += p.size;
+  }
+  // On the last micro-batch of a step, a layer's gradients become final when the earlier
+  // micro-batches' sum is added to them; only then may their bucket start.
+  on_layer_done_ = [this](int layer) {
+    if (accumulating_) {
+      const auto [begin, size] = layer_params_[static_cast<std::size_t>(layer)];
+      float* g = grads_->data() + begin;
+      const float* a = accum_->data() + begin;
+      for (std::int64_t i = 0; i < size; ++i) g[i] += a[i];
+    }
+    reducer_->on_layer_done(layer);
+  };
   labels_.resize(static_cast<std::size_t>(batch_));
   if (rank0_) {
     const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
@@ -121,13 +141,13 @@ void Trainer::log_event(const std::string& json) {
   if (metrics_.is_open()) metrics_ << json << '\n' << std::flush;
 }
 
-void Trainer::load_batch(std::int64_t step) {
+void Trainer::load_batch(std::int64_t step, std::int64_t first) {
   std::int64_t idx[1];
   float* x = train_model_->input();  // (b, 1, 28, 28)
   const std::int64_t pixels = static_cast<std::int64_t>(data_.train.rows) * data_.train.cols;
   constexpr float kScale = 1.0f / 255.0f;
   for (std::int64_t i = 0; i < batch_; ++i) {
-    sampler_->indices(step, comm_.rank() * batch_ + i, 1, idx);
+    sampler_->indices(step, first + i, 1, idx);
     const std::uint8_t* img = data_.train.image(idx[0]);
     float* dst = x + i * pixels;
     for (std::int64_t k = 0; k < pixels; ++k) dst[k] = static_cast<float>(img[k]) * kScale;
@@ -204,33 +224,58 @@ RunResult Trainer::run() {
     if (step == 0) startup_s = seconds_since(start_);
     const std::int64_t epoch = step / steps_per_epoch_;
     const double lr = learning_rate(opt_.schedule, step, epoch, total_steps_);
-    load_batch(step);
-    const auto t1 = std::chrono::steady_clock::now();
-    StepContext ctx{true, opt_.seed, step, comm_.rank() * batch_};
-    train_model_->forward(ctx);
-    const LossStats ls = backend_->softmax_cross_entropy(train_model_->logits(), labels_.data(),
-                                                          static_cast<int>(batch_), spec_.num_classes(),
-                                                          train_model_->dlogits(), grad_scale);
-    const auto t2 = std::chrono::steady_clock::now();
-    train_model_->backward(ctx, on_layer_done_);
-    const auto t3 = std::chrono::steady_clock::now();
+    // Note [Micro-batches and positions]
+    // Rank r's micro-batch m covers positions [(r*K + m)*b, +b) of the global batch, so 1 rank with
+    // K = 2 sees exactly the samples (and dropout keys) that 2 ranks with K = 1 see.
+    using sec = std::chrono::duration<double>;
+    double t_data = 0, t_fwd = 0, t_bwd = 0;
+    LossStats ls;
+    for (std::int64_t micro = 0; micro < accumulation_; ++micro) {
+      const bool last = micro + 1 == accumulation_;
+      const std::int64_t first = (comm_.rank() * accumulation_ + micro) * batch_;
+      const auto m0 = std::chrono::steady_clock::now();
+      load_batch(step, first);
+      const auto m1 = std::chrono::steady_clock::now();
+      StepContext ctx{true, opt_.seed, step, first};
+      train_model_->forward(ctx);
+      const LossStats part = backend_->softmax_cross_entropy(train_model_->logits(), labels_.data(),
+                                                              static_cast<int>(batch_), spec_.num_classes(),
+                                                              train_model_->dlogits(), grad_scale);
+      ls.loss_sum += part.loss_sum;
+      ls.correct += part.correct;
+      const auto m2 = std::chrono::steady_clock::now();
+      if (last) {
+        accumulating_ = accumulation_ > 1;
+        train_model_->backward(ctx, on_layer_done_);
+        accumulating_ = false;
+      } else {  // like DDP's no_sync: no reduction, the gradients are summed locally
+        train_model_->backward(ctx);
+        float* a = accum_->data();
+        const float* g = grads_->data();
+        if (micro == 0) std::copy(g, g + spec_.param_count, a);
+        else for (std::int64_t i = 0; i < spec_.param_count; ++i) a[i] += g[i];
+      }
+      const auto m3 = std::chrono::steady_clock::now();
+      t_data += sec(m1 - m0).count();
+      t_fwd += sec(m2 - m1).count();
+      t_bwd += sec(m3 - m2).count();
+    }
     const double exposed = reducer_->finish();
     const auto t4 = std::chrono::steady_clock::now();
     optimizer_->step(params_->data(), grads_->data(), lr);
     const auto t5 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t5 - t0).count();
     if (step >= kWarmup || total_steps_ <= kWarmup) {
-      using sec = std::chrono::duration<double>;
       steady_s += dt;
       ++steady_steps;
-      timing.data += sec(t1 - t0).count();
-      timing.forward += sec(t2 - t1).count();
-      timing.backward += sec(t3 - t2).count();
+      timing.data += t_data;
+      timing.forward += t_fwd;
+      timing.backward += t_bwd;
       timing.exposed_comm += exposed;
       timing.optimizer += sec(t5 - t4).count();
     }
     window_loss += ls.loss_sum;
-    window_n += batch_;
+    window_n += batch_ * accumulation_;
 
     const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);
     if (log_now) {

@@ -32,6 +32,7 @@ struct Options {
   double bucket_mb = 4.0;
   double first_bucket_mb = 1.0;
   bool no_overlap = false;
+  std::int64_t accumulation_steps = 1;
   // system
   std::string device = "cpu";
   std::string device_note;  // how --device auto was resolved, printed by rank 0

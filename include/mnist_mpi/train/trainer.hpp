@@ -59,10 +59,10 @@ class Trainer {
   const Reducer& reducer() const { return *reducer_; }
   const float* params() const { return params_->data(); }
   std::int64_t global_batch() const { return global_batch_; }
-  std::int64_t per_rank_batch() const { return batch_; }
+  std::int64_t per_rank_batch() const { return batch_; }  // per micro-batch
 
  private:
-  void load_batch(std::int64_t step);
+  void load_batch(std::int64_t step, std::int64_t first);  // positions [first, first + batch_)
   void log_event(const std::string& json);
   void check_replicas(std::int64_t step);
 
@@ -77,6 +77,10 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Reducer> reducer_;
   std::function<void(int)> on_layer_done_;  // made once: calls reducer_->on_layer_done
+  std::unique_ptr<Buffer> accum_;            // sum of the earlier micro-batches' gradients (K > 1)
+  std::vector<std::pair<std::int64_t, std::int64_t>> layer_params_;  // (offset, size) per layer
+  std::int64_t accumulation_ = 1;
+  bool accumulating_ = false;
   std::unique_ptr<Sampler> sampler_;
   std::int64_t batch_ = 0, global_batch_ = 0, steps_per_epoch_ = 0, total_steps_ = 0;
   std::vector<std::int32_t> labels_;       // (batch)
