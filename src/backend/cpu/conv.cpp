@@ -6,9 +6,9 @@
 namespace mnist_mpi::cpu {
 namespace {
 
-class Conv final : public LayerKernel {
+class Conv final : public BoundLayer {
  public:
-  Conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : c_(c) {
+  Conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : BoundLayer(c) {
     using dims = dnnl::memory::dims;
     const dims src{b.batch, l.in.c, l.in.h, l.in.w};          // (N, C, H, W)
     const dims wei{l.channels, l.in.c, l.kernel_h, l.kernel_w};  // (O, I, KH, KW)
@@ -42,7 +42,6 @@ class Conv final : public LayerKernel {
           c, bd, {{DNNL_ARG_DIFF_DST, wrap(c, dst, tag::nchw, b.dy)},
                   {DNNL_ARG_WEIGHTS, wrap(c, wei, tag::oihw, w)},
                   {DNNL_ARG_DIFF_SRC, wrap(c, src, tag::nchw, b.dx)}});
-      has_bwd_data_ = true;
     }
     float* dbias = b.dw + (bias - w);
     dnnl::convolution_backward_weights::primitive_desc bw(
@@ -56,19 +55,6 @@ class Conv final : public LayerKernel {
                 {DNNL_ARG_DIFF_WEIGHTS, wrap(c, wei, tag::oihw, b.dw)},
                 {DNNL_ARG_DIFF_BIAS, wrap(c, bia, tag::x, dbias)}});
   }
-
-  void forward(const StepContext&) override { fwd_.run(c_); }
-  void backward(const StepContext&) override {
-    if (has_bwd_data_) bwd_data_.run(c_);
-    bwd_weights_.run(c_);
-  }
-  std::string describe() const override { return desc_; }
-
- private:
-  Context& c_;
-  Bound fwd_, bwd_data_, bwd_weights_;
-  bool has_bwd_data_ = false;
-  std::string desc_;
 };
 
 }  // namespace

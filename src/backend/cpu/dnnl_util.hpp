@@ -4,6 +4,9 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "mnist_mpi/backend/backend.hpp"
+
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -44,5 +47,24 @@ template <typename PD>
 std::string impl(const PD& pd) {
   return pd.impl_info_str();
 }
+
+// A layer made of bound primitives: forward, and for training an optional backward-data
+// (absent for the first layer) and an optional backward-weights (absent without parameters).
+class BoundLayer : public LayerKernel {
+ public:
+  explicit BoundLayer(Context& c) : c_(c) {}
+  void forward(const StepContext&) override { fwd_.run(c_); }
+  void backward(const StepContext&) override {
+    if (bwd_data_) bwd_data_->run(c_);
+    if (bwd_weights_) bwd_weights_->run(c_);
+  }
+  std::string describe() const override { return desc_; }
+
+ protected:
+  Context& c_;
+  Bound fwd_;
+  std::optional<Bound> bwd_data_, bwd_weights_;
+  std::string desc_;
+};
 
 }  // namespace mnist_mpi::cpu

@@ -5,9 +5,9 @@
 namespace mnist_mpi::cpu {
 namespace {
 
-class Fc final : public LayerKernel {
+class Fc final : public BoundLayer {
  public:
-  Fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : c_(c) {
+  Fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : BoundLayer(c) {
     using dims = dnnl::memory::dims;
     const auto in = static_cast<dnnl::memory::dim>(l.in.size());
     const dims src{b.batch, in}, wei{l.channels, in}, bia{l.channels}, dst{b.batch, l.channels};
@@ -33,7 +33,6 @@ class Fc final : public LayerKernel {
           c, bd, {{DNNL_ARG_DIFF_DST, wrap(c, dst, tag::nc, b.dy)},
                   {DNNL_ARG_WEIGHTS, wrap(c, wei, tag::oi, b.w)},
                   {DNNL_ARG_DIFF_SRC, wrap(c, src, tag::nc, b.dx)}});
-      has_bwd_data_ = true;
     }
     dnnl::inner_product_backward_weights::primitive_desc bw(
         dnnl::inner_product_backward_weights::desc(src_md, wei_md, bia_md, dst_md), user_scratchpad(),
@@ -45,19 +44,6 @@ class Fc final : public LayerKernel {
                 {DNNL_ARG_DIFF_WEIGHTS, wrap(c, wei, tag::oi, b.dw)},
                 {DNNL_ARG_DIFF_BIAS, wrap(c, bia, tag::x, b.dw + (bias - b.w))}});
   }
-
-  void forward(const StepContext&) override { fwd_.run(c_); }
-  void backward(const StepContext&) override {
-    if (has_bwd_data_) bwd_data_.run(c_);
-    bwd_weights_.run(c_);
-  }
-  std::string describe() const override { return desc_; }
-
- private:
-  Context& c_;
-  Bound fwd_, bwd_data_, bwd_weights_;
-  bool has_bwd_data_ = false;
-  std::string desc_;
 };
 
 }  // namespace

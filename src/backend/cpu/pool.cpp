@@ -5,9 +5,9 @@
 namespace mnist_mpi::cpu {
 namespace {
 
-class MaxPool final : public LayerKernel {
+class MaxPool final : public BoundLayer {
  public:
-  MaxPool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : c_(c) {
+  MaxPool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : BoundLayer(c) {
     using dims = dnnl::memory::dims;
     const dims src{b.batch, l.in.c, l.in.h, l.in.w}, dst{b.batch, l.out.c, l.out.h, l.out.w};
     const dims strides{l.stride, l.stride}, kernel{l.kernel_h, l.kernel_w}, pad{0, 0};
@@ -30,24 +30,13 @@ class MaxPool final : public LayerKernel {
         dnnl::pooling_backward::desc(dnnl::algorithm::pooling_max, src_md, dst_md, strides, kernel, pad, pad),
         user_scratchpad(), c.engine, fwd);
     desc_ += ", bwd " + impl(bd);
-    bwd_ = bind<dnnl::pooling_backward>(c, bd, {{DNNL_ARG_DIFF_DST, wrap(c, dst, tag::nchw, b.dy)},
+    bwd_data_ = bind<dnnl::pooling_backward>(c, bd, {{DNNL_ARG_DIFF_DST, wrap(c, dst, tag::nchw, b.dy)},
                                                 {DNNL_ARG_DIFF_SRC, wrap(c, src, tag::nchw, b.dx)},
                                                 {DNNL_ARG_WORKSPACE, workspace_}});
-    has_bwd_ = true;
   }
-
-  void forward(const StepContext&) override { fwd_.run(c_); }
-  void backward(const StepContext&) override {
-    if (has_bwd_) bwd_.run(c_);
-  }
-  std::string describe() const override { return desc_; }
 
  private:
-  Context& c_;
   dnnl::memory workspace_;
-  Bound fwd_, bwd_;
-  bool has_bwd_ = false;
-  std::string desc_;
 };
 
 }  // namespace

@@ -4,9 +4,9 @@
 namespace mnist_mpi::cpu {
 namespace {
 
-class Relu final : public LayerKernel {
+class Relu final : public BoundLayer {
  public:
-  Relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : c_(c) {
+  Relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : BoundLayer(c) {
     const dnnl::memory::dims d{b.batch, static_cast<dnnl::memory::dim>(l.in.size())};  // (N, C*H*W)
     const dnnl::memory::desc md(d, dt::f32, tag::nc);
     dnnl::eltwise_forward::primitive_desc fwd(
@@ -22,23 +22,10 @@ class Relu final : public LayerKernel {
         dnnl::eltwise_backward::desc(dnnl::algorithm::eltwise_relu, md, md, 0.0f), user_scratchpad(),
         c.engine, fwd);
     desc_ += ", bwd " + impl(bd);
-    bwd_ = bind<dnnl::eltwise_backward>(c, bd, {{DNNL_ARG_SRC, wrap(c, d, tag::nc, b.x)},
+    bwd_data_ = bind<dnnl::eltwise_backward>(c, bd, {{DNNL_ARG_SRC, wrap(c, d, tag::nc, b.x)},
                                                 {DNNL_ARG_DIFF_DST, wrap(c, d, tag::nc, b.dy)},
                                                 {DNNL_ARG_DIFF_SRC, wrap(c, d, tag::nc, b.dx)}});
-    has_bwd_ = true;
   }
-
-  void forward(const StepContext&) override { fwd_.run(c_); }
-  void backward(const StepContext&) override {
-    if (has_bwd_) bwd_.run(c_);
-  }
-  std::string describe() const override { return desc_; }
-
- private:
-  Context& c_;
-  Bound fwd_, bwd_;
-  bool has_bwd_ = false;
-  std::string desc_;
 };
 
 }  // namespace
