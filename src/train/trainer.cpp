@@ -111,6 +111,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
     reducer_->on_layer_done(layer);
   };
   labels_.resize(static_cast<std::size_t>(batch_));
+  replica_hashes_.resize(static_cast<std::size_t>(comm_.size()));
   if (rank0_) {
     const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
     const int eb = static_cast<int>(std::min(opt_.eval_batch_size, largest));
@@ -188,7 +189,7 @@ EvalResult Trainer::evaluate(const Split& split) {
 }
 
 void Trainer::check_replicas(std::int64_t step) {
-  std::vector<std::uint64_t> hashes(static_cast<std::size_t>(comm_.size()));
+  std::vector<std::uint64_t>& hashes = replica_hashes_;  // sized at construction
   comm_.allgather(hash_floats(params_->data(), spec_.param_count), hashes);
   for (std::size_t r = 1; r < hashes.size(); ++r)
     MNIST_CHECK(hashes[r] == hashes[0], ExitCode::kRuntime,
