@@ -46,6 +46,12 @@ std::string json_num(double v) {
   return os.str();
 }
 
+// uint8 pixels to [0, 1] floats: the one conversion of an image, for training and evaluation.
+void to_unit_float(const std::uint8_t* src, std::int64_t n, float* dst) {
+  constexpr float kScale = 1.0f / 255.0f;
+  for (std::int64_t k = 0; k < n; ++k) dst[k] = static_cast<float>(src[k]) * kScale;
+}
+
 }  // namespace
 
 Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady_clock::time_point start)
@@ -111,6 +117,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
     reducer_->on_layer_done(layer);
   };
   labels_.resize(static_cast<std::size_t>(batch_));
+  batch_indices_.resize(static_cast<std::size_t>(batch_));
   replica_hashes_.resize(static_cast<std::size_t>(comm_.size()));
   if (rank0_) {
     const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
@@ -143,16 +150,13 @@ void Trainer::log_event(const std::string& json) {
 }
 
 void Trainer::load_batch(std::int64_t step, std::int64_t first) {
-  std::int64_t idx[1];
+  sampler_->indices(step, first, batch_, batch_indices_.data());
   float* x = train_model_->input();  // (b, 1, 28, 28)
   const std::int64_t pixels = static_cast<std::int64_t>(data_.train.rows) * data_.train.cols;
-  constexpr float kScale = 1.0f / 255.0f;
   for (std::int64_t i = 0; i < batch_; ++i) {
-    sampler_->indices(step, first + i, 1, idx);
-    const std::uint8_t* img = data_.train.image(idx[0]);
-    float* dst = x + i * pixels;
-    for (std::int64_t k = 0; k < pixels; ++k) dst[k] = static_cast<float>(img[k]) * kScale;
-    labels_[static_cast<std::size_t>(i)] = data_.train.labels[static_cast<std::size_t>(idx[0])];
+    const std::int64_t idx = batch_indices_[static_cast<std::size_t>(i)];
+    to_unit_float(data_.train.image(idx), pixels, x + i * pixels);
+    labels_[static_cast<std::size_t>(i)] = data_.train.labels[static_cast<std::size_t>(idx)];
   }
 }
 
@@ -168,11 +172,9 @@ EvalResult Trainer::evaluate(const Split& split) {
   for (std::int64_t first = 0; first < split.count; first += eb) {
     const std::int64_t n = std::min<std::int64_t>(eb, split.count - first);
     float* x = eval_model_->input();
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::uint8_t* img = split.image(first + i);
-      for (std::int64_t k = 0; k < pixels; ++k) x[i * pixels + k] = static_cast<float>(img[k]) * (1.0f / 255.0f);
+    to_unit_float(split.image(first), n * pixels, x);
+    for (std::int64_t i = 0; i < n; ++i)
       eval_labels_[static_cast<std::size_t>(i)] = split.labels[static_cast<std::size_t>(first + i)];
-    }
     // A short last batch: the rows past n are stale and their outputs are ignored.
     eval_model_->forward(ctx);
     const LossStats s = backend_->softmax_cross_entropy(eval_model_->logits(), eval_labels_.data(),
@@ -230,7 +232,7 @@ RunResult Trainer::run() {
     // K = 2 sees exactly the samples (and dropout keys) that 2 ranks with K = 1 see.
     using sec = std::chrono::duration<double>;
     double t_data = 0, t_fwd = 0, t_bwd = 0;
-    LossStats ls;
+    double step_loss = 0.0;  // summed over this rank's micro-batches
     for (std::int64_t micro = 0; micro < accumulation_; ++micro) {
       const bool last = micro + 1 == accumulation_;
       const std::int64_t first = (comm_.rank() * accumulation_ + micro) * batch_;
@@ -242,8 +244,7 @@ RunResult Trainer::run() {
       const LossStats part = backend_->softmax_cross_entropy(train_model_->logits(), labels_.data(),
                                                               static_cast<int>(batch_), spec_.num_classes(),
                                                               train_model_->dlogits(), grad_scale);
-      ls.loss_sum += part.loss_sum;
-      ls.correct += part.correct;
+      step_loss += part.loss_sum;
       const auto m2 = std::chrono::steady_clock::now();
       if (last) {
         accumulating_ = accumulation_ > 1;
@@ -275,7 +276,7 @@ RunResult Trainer::run() {
       timing.exposed_comm += exposed;
       timing.optimizer += sec(t5 - t4).count();
     }
-    window_loss += ls.loss_sum;
+    window_loss += step_loss;
     window_n += batch_ * accumulation_;
 
     const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);

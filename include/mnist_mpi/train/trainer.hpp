@@ -84,6 +84,7 @@ class Trainer {
   std::unique_ptr<Sampler> sampler_;
   std::int64_t batch_ = 0, global_batch_ = 0, steps_per_epoch_ = 0, total_steps_ = 0;
   std::vector<std::int32_t> labels_;       // (batch)
+  std::vector<std::int64_t> batch_indices_;  // (batch): dataset indices of the current micro-batch
   std::vector<std::int32_t> eval_labels_;  // (eval batch)
   std::vector<std::uint64_t> replica_hashes_;  // (world)
   std::ofstream metrics_;

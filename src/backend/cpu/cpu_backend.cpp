@@ -1,4 +1,4 @@
-// The CPU backend: oneDNN kernels for conv / fc / pooling / ReLU, plain loops for dropout and the
+// The CPU backend: oneDNN kernels for conv / fc / ReLU, plain loops for max pooling, dropout and the
 // softmax cross-entropy loss. Threads: oneDNN here runs on OpenMP, so --threads sets OpenMP's.
 #include <omp.h>
 
@@ -35,7 +35,7 @@ class CpuBackend final : public Backend {
       switch (l.kind) {
         case LayerKind::kConv: return cpu::make_conv(ctx_, l, b, training);
         case LayerKind::kFc: return cpu::make_fc(ctx_, l, b, training);
-        case LayerKind::kMaxPool: return cpu::make_maxpool(ctx_, l, b, training);
+        case LayerKind::kMaxPool: return cpu::make_maxpool(l, b, training);
         case LayerKind::kRelu: return cpu::make_relu(ctx_, l, b, training);
         case LayerKind::kDropout: return cpu::make_dropout(l, index, b, training);
         case LayerKind::kFlatten: return cpu::make_flatten(l, b);

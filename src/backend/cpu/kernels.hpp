@@ -8,7 +8,7 @@ namespace mnist_mpi::cpu {
 
 std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
-std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
+std::unique_ptr<LayerKernel> make_maxpool(const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_dropout(const LayerSpec& l, int index, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_flatten(const LayerSpec& l, const LayerBuffers& b);

@@ -71,7 +71,7 @@ class MaxPool final : public LayerKernel {
 
 }  // namespace
 
-std::unique_ptr<LayerKernel> make_maxpool(Context&, const LayerSpec& l, const LayerBuffers& b, bool training) {
+std::unique_ptr<LayerKernel> make_maxpool(const LayerSpec& l, const LayerBuffers& b, bool training) {
   return std::make_unique<MaxPool>(l, b, training);
 }
 
