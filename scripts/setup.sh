@@ -5,8 +5,9 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
+# ocl-icd-opencl-dev: only a Recommends of libdnnl-dev, but dnnl's CMake package fails without OpenCL.
 packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libboost-program-options-dev
-          libdnnl-dev zlib1g-dev libgtest-dev libgmock-dev googletest)
+          libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libgtest-dev libgmock-dev googletest)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do
