@@ -14,6 +14,11 @@ enum class ExitCode : int {
   kRuntime = 1,      // an error while training (a library call failed, a rank died)
   kUsage = 2,        // a bad option or value
   kData = 3,         // a missing or corrupt data file
+  kCheckpoint = 4,   // a missing, corrupt or mismatched checkpoint (the last good one is kept)
+  kNumerical = 5,    // a non-finite loss or gradient
+  kDevice = 6,       // no usable GPU for --device cuda, or more ranks on a node than GPUs
+  kPreempted = 75,   // stopped by SIGTERM / SIGINT / SIGUSR1 after writing a checkpoint: rerun with
+                     // --resume auto (75 is EX_TEMPFAIL: a temporary failure, try again)
 };
 
 class Error : public std::runtime_error {
