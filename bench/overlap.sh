@@ -36,4 +36,4 @@ for name in ["blocking", "buckets_4mb", "buckets_1mb", "buckets_25mb"]:
     hidden = 1 - t["exposed_comm"] / blocking if name != "blocking" else 0.0
     print(f"{name:<14}{e['buckets']:>8}{t['backward']:>13.2f}{t['exposed_comm']:>12.2f}{t['exposed_comm']/step:>15.1%}{hidden:>9.0%}{e['images_per_s']:>10.0f}  {e['params_hash']}")
 PY
-[ -x build/reducer_bench ] && mpirun -np "$ranks" --oversubscribe --bind-to core build/reducer_bench 20
+[ -x build/reducer_bench ] && mpirun -np "$ranks" --oversubscribe --bind-to core build/reducer_bench 30

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "mnist_mpi/check.hpp"
-#include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 
@@ -23,7 +23,7 @@ using namespace mnist_mpi;
 // non-zero). Errors go to stderr, prefixed with the rank and host.
 int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
-  MPI_Init(&argc, &argv);
+  mnist_mpi::init_mpi(&argc, &argv);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // errors come back to MPI_CHECK
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -5,6 +5,8 @@
 
 #include <cstdio>
 
+#include "mnist_mpi/comm/mpi_communicator.hpp"
+
 namespace {
 // On ranks other than 0, print only failures, prefixed with the rank.
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
@@ -22,7 +24,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  mnist_mpi::init_mpi(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

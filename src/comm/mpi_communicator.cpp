@@ -1,8 +1,20 @@
-// The MPI Communicator over MPI_COMM_WORLD, on host buffers. The node-local rank comes from
+// The MPI Communicator on host buffers. Blocking collectives run on the calling thread; the sums
+// started with start_allreduce_sum() run on a communication thread that owns every MPI call they
+// make (Note [A thread for the sums]), as point-to-point segments that are summed in rank order
+// as they arrive (Note [Sums in rank order]). The node-local rank comes from
 // MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Every call goes through MPI_CHECK.
 #include <mpi.h>
+#include <pthread.h>
+#include <sched.h>
 
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
 #include <limits>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
@@ -11,18 +23,61 @@
 namespace mnist_mpi {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 int checked_count(std::size_t n) {
   MNIST_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<int>::max()), ExitCode::kRuntime,
               "collective of " + std::to_string(n) + " elements exceeds MPI's int count");
   return static_cast<int>(n);
 }
 
+int provided_thread_level() {
+  int level = MPI_THREAD_SINGLE;
+  MPI_CHECK(MPI_Query_thread(&level));
+  return level;
+}
+
+// Note [A thread for the sums]
+// Open MPI moves a non-blocking transfer forward only inside MPI calls. Backward is one thread in
+// oneDNN kernels that make no MPI call for tens of milliseconds (lenet's conv2 backward: ~60 ms),
+// so a bucket started before it used to sit still until backward ended: the overlap was on paper.
+// Here a communication thread owns the started sums. start_allreduce_sum() queues the range and
+// returns; the thread runs the sums one after another in the order they were started, so every
+// rank issues its transfers in the same order (Note [Buckets start in index order]), on a
+// communicator of its own (red_), so they never match the main thread's collectives. wait()
+// sleeps on a condition variable until the thread marks the sum done.
+// The thread shares its core with the compute thread (one rank per core, --bind-to core): idle, it
+// sleeps on a condition variable; waiting for a peer, it polls MPI_Testsome and, after a few
+// empty polls, naps between polls (20 us, doubling up to 500 us while nothing arrives), so a rank
+// that is ahead of its peer does not take half of its core from backward by spinning. The polling itself is where shared-memory transfers make
+// progress, so it cannot stop altogether. Once the caller blocks in wait(), the core has nothing
+// else to do and the thread polls without sleeping: that is the exposed part of the step.
+// MPI must provide MPI_THREAD_MULTIPLE (init_mpi() asks for it; Debian's Open MPI does). With a
+// lower level there is no thread: the sums run inside wait() on the caller's thread, and
+// progress_mode() says so.
+
+// Note [Sums in rank order]
+// Every element is summed by one owner rank in ascending rank order, ((g0 + g1) + g2) + ..., so
+// the bits do not depend on bucketing, on overlap, or on Open MPI's choice of algorithm (with 3 or
+// more ranks its allreduce algorithms add the ranks' values in different orders by message size).
+// A range of n elements is cut into world-size chunks, chunk r = [n*r/W, n*(r+1)/W) owned by rank
+// r. Reduce-scatter: every rank sends its contribution to chunk p to rank p, in segments of at most
+// kSegment floats; the owner adds a segment as soon as all peers' copies of it have arrived (the
+// sum runs on data still in cache, and overlaps the transfer of the next segments) and sends the
+// summed segment to every peer at once (allgather). Same bytes on the wire as a ring allreduce,
+// 2 (W-1)/W of the buffer per rank, and no copy of a rank's own contribution.
+constexpr std::int64_t kSegment = 1 << 18;     // floats: 1 MiB (measured: 256 KiB-1 MiB alike, 64 KiB slower)
+constexpr std::int64_t kMaxSegments = 8192;    // per chunk; tags [0, kMaxSegments) and
+constexpr int kGatherTag = 16384;              // [kGatherTag, kGatherTag + kMaxSegments) < 32767
+// Polling while the caller computes: after 64 empty polls, naps from 20 us doubling to 500 us.
+constexpr std::chrono::microseconds kShortestNap{20}, kLongestNap{500};
+
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm parent) {
     MPI_CHECK(MPI_Comm_dup(parent, &comm_));
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-    MPI_CHECK(MPI_Comm_dup(comm_, &gather_));
+    MPI_CHECK(MPI_Comm_dup(comm_, &red_));
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
     MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_));
@@ -32,10 +87,20 @@ class MpiCommunicator final : public Communicator {
     int len = 0;
     MPI_CHECK(MPI_Get_processor_name(name, &len));
     host_.assign(name, static_cast<std::size_t>(len));
+    threaded_ = size_ > 1 && provided_thread_level() >= MPI_THREAD_MULTIPLE;
+    if (threaded_) worker_ = std::thread([this] { run_worker(); });
   }
   ~MpiCommunicator() override {
+    if (worker_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        stop_ = true;
+      }
+      work_cv_.notify_all();
+      worker_.join();
+    }
     MPI_Comm_free(&local_);
-    MPI_Comm_free(&gather_);
+    MPI_Comm_free(&red_);
     MPI_Comm_free(&comm_);
   }
 
@@ -44,10 +109,15 @@ class MpiCommunicator final : public Communicator {
   int local_rank() const override { return local_rank_; }
   int local_size() const override { return local_size_; }
   std::string host() const override { return host_; }
+  std::string progress_mode() const override {
+    if (size_ == 1) return "one rank, nothing to sum";
+    return threaded_ ? "summed on a communication thread while backward runs"
+                     : "summed inside wait() (MPI lacks MPI_THREAD_MULTIPLE, so no communication thread)";
+  }
 
   void allreduce_sum(std::span<float> d) override {  // the same sums as start_allreduce_sum
     CommRequest r = start_allreduce_sum(d);
-    wait(r);
+    wait(r, nullptr);
   }
   void allreduce_sum(std::span<double> d) override {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_DOUBLE, MPI_SUM, comm_));
@@ -58,64 +128,49 @@ class MpiCommunicator final : public Communicator {
   void allreduce_min(std::span<std::int64_t> d) override {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_INT64_T, MPI_MIN, comm_));
   }
-  // Note [Sums in rank order]
-  // start_allreduce_sum does not call MPI_Iallreduce: Open MPI picks its allreduce algorithm by
-  // message size, and with 3 or more ranks different algorithms add the ranks' values in
-  // different orders, so the same gradients split into other buckets could give other bits. Here
-  // every element is summed by one owner rank in ascending rank order, ((g0 + g1) + g2) + ...,
-  // whatever the bucket: the range is cut into world-size chunks, chunk r goes to rank r
-  // (MPI_Ialltoallv: a reduce-scatter's traffic), rank r adds the contributions in rank order, and
-  // MPI_Iallgatherv returns the sums to everyone. Same bytes on the wire as a ring allreduce
-  // (2 (n-1)/n of the buffer), and results bitwise independent of bucketing and of overlap.
-  // Collectives on a communicator must start in the same order on every rank, but a scatter's
-  // completion time differs between ranks; so the gathers run on a communicator of their own
-  // (gather_) and start strictly in the order their requests were started (seq).
+
   CommRequest start_allreduce_sum(std::span<float> d) override {
+    std::unique_lock<std::mutex> lk(mu_);
     std::size_t slot = 0;
-    while (slot < ops_.size() && ops_[slot].phase != Op::kFree) ++slot;
-    if (slot == ops_.size()) ops_.emplace_back();  // grows to the number of buckets, once
+    while (slot < ops_.size() && ops_[slot].state != Op::kFree) ++slot;
+    if (slot == ops_.size()) ops_.emplace_back();  // grows to the number of buckets, in the first step
     Op& op = ops_[slot];
     op.data = d;
     op.seq = next_seq_++;
-    const auto n = static_cast<std::size_t>(size_);
-    const auto count = static_cast<std::int64_t>(d.size());
-    op.counts.resize(n);
-    op.displs.resize(n);
-    op.own.resize(n);
-    op.own_displs.resize(n);
-    for (std::size_t r = 0; r < n; ++r) {
-      const std::int64_t b = count * static_cast<std::int64_t>(r) / size_;
-      const std::int64_t e = count * static_cast<std::int64_t>(r + 1) / size_;
-      op.displs[r] = checked_count(static_cast<std::size_t>(b));
-      op.counts[r] = checked_count(static_cast<std::size_t>(e - b));
-    }
-    const int mine = op.counts[static_cast<std::size_t>(rank_)];
-    for (std::size_t r = 0; r < n; ++r) {
-      op.own[r] = mine;
-      op.own_displs[r] = mine * static_cast<int>(r);
-    }
-    if (op.scratch.size() < n * static_cast<std::size_t>(mine)) op.scratch.resize(n * static_cast<std::size_t>(mine));
-    if (size_ == 1) {
-      op.phase = Op::kDone;
-      ++next_gather_seq_;
-    } else {
-      MPI_CHECK(MPI_Ialltoallv(d.data(), op.counts.data(), op.displs.data(), MPI_FLOAT, op.scratch.data(),
-                               op.own.data(), op.own_displs.data(), MPI_FLOAT, comm_, &op.request));
-      op.phase = Op::kScatter;
-    }
+    op.state = size_ == 1 ? Op::kDone : Op::kQueued;
+    op.done_at = Clock::now();
+    lk.unlock();
+    if (threaded_) work_cv_.notify_one();
     return CommRequest{static_cast<std::int64_t>(slot)};
   }
 
   bool test(CommRequest& req) override {
-    Op& op = checked_op(req);
-    advance(op, false);
-    return op.phase == Op::kDone;
+    std::lock_guard<std::mutex> lk(mu_);
+    return checked_op(req).state == Op::kDone;
   }
 
-  void wait(CommRequest& req) override {
+  void wait(CommRequest& req, Clock::time_point* completed) override {
+    std::unique_lock<std::mutex> lk(mu_);
     Op& op = checked_op(req);
-    advance(op, true);
-    op.phase = Op::kFree;
+    ++waiters_;
+    waiter_cv_.notify_one();
+    if (!threaded_) {  // run the queued sums in start order, up to this one, on this thread
+      while (op.state != Op::kDone) {
+        Op& next = *find_queued(run_seq_);
+        lk.unlock();
+        reduce(next.data);
+        lk.lock();
+        next.state = Op::kDone;
+        next.done_at = Clock::now();
+        ++run_seq_;
+      }
+    }
+    done_cv_.wait(lk, [&] { return op.state == Op::kDone; });
+    --waiters_;
+    if (!worker_error_.empty())
+      throw Error(worker_error_code_, "communication thread: " + worker_error_);
+    if (completed) *completed = op.done_at;
+    op.state = Op::kFree;
     req.id = -1;
   }
 
@@ -132,72 +187,200 @@ class MpiCommunicator final : public Communicator {
   void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
 
  private:
-  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
-  MPI_Comm comm_ = MPI_COMM_NULL, gather_ = MPI_COMM_NULL, local_ = MPI_COMM_NULL;
-  std::string host_;
   struct Op {
-    enum Phase { kFree, kScatter, kScattered, kGather, kDone } phase = kFree;
+    enum State { kFree, kQueued, kDone } state = kFree;
     std::int64_t seq = 0;
     std::span<float> data;
-    MPI_Request request = MPI_REQUEST_NULL;
-    std::vector<int> counts, displs, own, own_displs;  // chunk r of data: [displs[r], +counts[r])
-    std::vector<float> scratch;                        // (world, my chunk): the contributions to my chunk
+    Clock::time_point done_at;
   };
 
   Op& checked_op(const CommRequest& req) {
     MNIST_CHECK(req.active() && req.id < static_cast<std::int64_t>(ops_.size()) &&
-                    ops_[static_cast<std::size_t>(req.id)].phase != Op::kFree,
+                    ops_[static_cast<std::size_t>(req.id)].state != Op::kFree,
                 ExitCode::kRuntime, "test/wait on a request this communicator did not start");
     return ops_[static_cast<std::size_t>(req.id)];
   }
+  Op* find_queued(std::int64_t seq) {  // caller holds mu_
+    for (Op& o : ops_)
+      if (o.state == Op::kQueued && o.seq == seq) return &o;
+    return nullptr;
+  }
 
-  // Moves op forward as far as it can go (block: until it is done).
-  void advance(Op& op, bool block) {
-    if (op.phase == Op::kScatter) {
-      int done = 1;
-      if (block) MPI_CHECK(MPI_Wait(&op.request, MPI_STATUS_IGNORE));
-      else MPI_CHECK(MPI_Test(&op.request, &done, MPI_STATUS_IGNORE));
-      if (!done) return;
-      // Sum my chunk's contributions in rank order (Note [Sums in rank order]).
-      const int mine = op.counts[static_cast<std::size_t>(rank_)];
-      float* out = op.data.data() + op.displs[static_cast<std::size_t>(rank_)];
-      const float* in = op.scratch.data();
-      for (int i = 0; i < mine; ++i) {
-        float acc = in[i];
-        for (int r = 1; r < size_; ++r) acc += in[static_cast<std::ptrdiff_t>(r) * mine + i];
-        out[i] = acc;
-      }
-      op.phase = Op::kScattered;
+  void run_worker() {
+    // Under a real-time policy (chrt) threads of one priority never share a core, so the compute
+    // thread would starve this one: it takes one level more, to run whenever it has work (it
+    // sleeps between polls while the caller computes). Under the normal policy this does nothing.
+    int policy = SCHED_OTHER;
+    sched_param sp{};
+    if (pthread_getschedparam(pthread_self(), &policy, &sp) == 0 && (policy == SCHED_FIFO || policy == SCHED_RR) &&
+        sp.sched_priority < sched_get_priority_max(policy)) {
+      ++sp.sched_priority;
+      pthread_setschedparam(pthread_self(), policy, &sp);
     }
-    if (op.phase == Op::kScattered) {
-      while (op.seq != next_gather_seq_) {  // an earlier request's gather must start first
-        if (!block) return;
-        Op* earlier = nullptr;
-        for (Op& o : ops_)
-          if (o.phase != Op::kFree && o.seq == next_gather_seq_) earlier = &o;
-        MNIST_CHECK(earlier != nullptr, ExitCode::kRuntime, "allreduce requests out of order");
-        advance(*earlier, true);
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      Op* op = nullptr;
+      work_cv_.wait(lk, [&] { return stop_ || (op = find_queued(run_seq_)) != nullptr; });
+      if (op == nullptr) return;  // stopping, nothing queued
+      lk.unlock();
+      if (worker_error_.empty()) {
+        try {
+          reduce(op->data);
+        } catch (const Error& e) {
+          std::lock_guard<std::mutex> g(mu_);
+          worker_error_ = e.what();
+          worker_error_code_ = e.code();
+        }
       }
-      MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, op.data.data(), op.counts.data(),
-                                op.displs.data(), MPI_FLOAT, gather_, &op.request));
-      ++next_gather_seq_;
-      op.phase = Op::kGather;
-    }
-    if (op.phase == Op::kGather) {
-      int done = 1;
-      if (block) MPI_CHECK(MPI_Wait(&op.request, MPI_STATUS_IGNORE));
-      else MPI_CHECK(MPI_Test(&op.request, &done, MPI_STATUS_IGNORE));
-      if (done) op.phase = Op::kDone;
+      lk.lock();
+      op->state = Op::kDone;  // also after an error, so that wait() returns and reports it
+      op->done_at = Clock::now();
+      ++run_seq_;
+      done_cv_.notify_all();
     }
   }
 
-  std::vector<Op> ops_;
-  std::int64_t next_seq_ = 0, next_gather_seq_ = 0;
+  // The sum of one range, in place (Note [Sums in rank order]). Runs on the communication thread
+  // (or inside wait() without one); the first call for a size grows the buffers, later ones don't.
+  // One event loop over four groups of requests, each segment's next transfer posted the moment
+  // the one it depends on completes:
+  //   [0, A)          reduce-scatter receives: peer j's part of my segment k, at j * my_segs + k
+  //   [A, A+B)        reduce-scatter sends: my part of chunk p's segment k, in (p, k) order
+  //   [A+B, A+2B)     gather receives, the same (p, k) order: posted when that send completed,
+  //                   because they land where it leaves from
+  //   [A+2B, 2A+2B)   gather sends of my summed segment k to peer j: posted when k is summed
+  void reduce(std::span<float> d) {
+    const int n = size_, me = rank_;
+    if (n == 1) return;
+    float* data = d.data();
+    const auto count = static_cast<std::int64_t>(d.size());
+    auto lo = [&](int r) { return count * r / n; };
+    const std::int64_t my_lo = lo(me), my_len = lo(me + 1) - my_lo;
+    const std::int64_t max_len = (count + n - 1) / n;
+    std::int64_t seg = kSegment;
+    if ((max_len + seg - 1) / seg > kMaxSegments) seg = (max_len + kMaxSegments - 1) / kMaxSegments;
+    auto segments = [&](std::int64_t len) { return static_cast<int>((len + seg - 1) / seg); };
+    auto seg_len = [&](std::int64_t len, int k) {
+      return checked_count(static_cast<std::size_t>(std::min(seg, len - k * seg)));
+    };
+    const int my_segs = segments(my_len);
+    const auto peers = static_cast<std::size_t>(n - 1);
+    const int A = static_cast<int>(peers) * my_segs;
+    int B = 0;
+    send_peer_.clear();  // (B): the peer and segment of each reduce-scatter send; capacity kept
+    for (int p = 0; p < n; ++p)
+      if (p != me)
+        for (int k = 0; k < segments(lo(p + 1) - lo(p)); ++k, ++B) send_peer_.push_back({p, k});
+    const auto total = static_cast<std::size_t>(2 * A + 2 * B);
+    if (scratch_.size() < peers * static_cast<std::size_t>(my_len)) scratch_.resize(peers * static_cast<std::size_t>(my_len));
+    if (reqs_.size() < total) reqs_.resize(total);
+    if (indices_.size() < total) indices_.resize(total);
+    if (arrived_.size() < static_cast<std::size_t>(my_segs)) arrived_.resize(static_cast<std::size_t>(my_segs));
+    if (own_.size() < static_cast<std::size_t>(seg)) own_.resize(static_cast<std::size_t>(seg));
+    std::fill(reqs_.begin(), reqs_.begin() + static_cast<std::ptrdiff_t>(total), MPI_REQUEST_NULL);
+    std::fill(arrived_.begin(), arrived_.end(), 0);
+    auto peer_index = [&](int p) { return static_cast<std::size_t>(p < me ? p : p - 1); };
+    auto peer_of = [&](std::size_t j) { return static_cast<int>(j) < me ? static_cast<int>(j) : static_cast<int>(j) + 1; };
+    auto peer_part = [&](std::size_t j, int k) {  // (len): peer j's contribution to my segment k
+      return scratch_.data() + j * static_cast<std::size_t>(my_len) + static_cast<std::size_t>(k * seg);
+    };
+
+    for (std::size_t j = 0; j < peers; ++j)
+      for (int k = 0; k < my_segs; ++k)
+        MPI_CHECK(MPI_Irecv(peer_part(j, k), seg_len(my_len, k), MPI_FLOAT, peer_of(j), k, red_,
+                            &reqs_[j * static_cast<std::size_t>(my_segs) + static_cast<std::size_t>(k)]));
+    for (int i = 0; i < B; ++i) {
+      const auto [p, k] = send_peer_[static_cast<std::size_t>(i)];
+      MPI_CHECK(MPI_Isend(data + lo(p) + k * seg, seg_len(lo(p + 1) - lo(p), k), MPI_FLOAT, p, k, red_,
+                          &reqs_[static_cast<std::size_t>(A + i)]));
+    }
+
+    // Sums segment k of my chunk in rank order, then sends it to every peer.
+    auto sum_and_send = [&](int k) {
+      float* out = data + my_lo + k * seg;  // (len): my contribution, becomes the sum
+      const int len = seg_len(my_len, k);
+      const float* own = out;
+      if (me != 0) {  // rank 0's contribution must come first
+        std::memcpy(own_.data(), out, static_cast<std::size_t>(len) * sizeof(float));
+        own = own_.data();
+        std::memcpy(out, peer_part(0, k), static_cast<std::size_t>(len) * sizeof(float));
+      }
+      for (int r = 1; r < n; ++r) {  // out = ((c0 + c1) + c2) + ...
+        const float* __restrict c = r == me ? own : peer_part(peer_index(r), k);
+        float* __restrict o = out;
+        for (int i = 0; i < len; ++i) o[i] += c[i];
+      }
+      for (std::size_t j = 0; j < peers; ++j)
+        MPI_CHECK(MPI_Isend(out, len, MPI_FLOAT, peer_of(j), kGatherTag + k, red_,
+                            &reqs_[static_cast<std::size_t>(A + 2 * B) + j * static_cast<std::size_t>(my_segs) +
+                                   static_cast<std::size_t>(k)]));
+    };
+
+    std::size_t done = 0;
+    int idle = 0;
+    std::chrono::microseconds nap{0};
+    while (done < total) {
+      int outcount = 0;
+      MPI_CHECK(MPI_Testsome(static_cast<int>(total), reqs_.data(), &outcount, indices_.data(), MPI_STATUSES_IGNORE));
+      MNIST_CHECK(outcount != MPI_UNDEFINED, ExitCode::kRuntime, "allreduce: no active request left before the end");
+      if (outcount == 0) {
+        if (++idle > 64 && waiters_.load(std::memory_order_relaxed) == 0) {
+          nap = std::min(kLongestNap, std::max(kShortestNap, 2 * nap));
+          std::unique_lock<std::mutex> lk(mu_);  // a caller arriving in wait() ends the nap
+          waiter_cv_.wait_for(lk, nap, [&] { return waiters_.load(std::memory_order_relaxed) > 0; });
+        }
+        continue;
+      }
+      idle = 0;
+      nap = std::chrono::microseconds{0};
+      done += static_cast<std::size_t>(outcount);
+      for (int c = 0; c < outcount; ++c) {
+        const int index = indices_[static_cast<std::size_t>(c)];
+        if (index < A) {  // a peer's part of my segment k is in
+          const int k = index % my_segs;
+          if (++arrived_[static_cast<std::size_t>(k)] == n - 1) sum_and_send(k);
+        } else if (index < A + B) {  // my part of (p, k) has left: its sum may land there now
+          const auto [p, k] = send_peer_[static_cast<std::size_t>(index - A)];
+          MPI_CHECK(MPI_Irecv(data + lo(p) + k * seg, seg_len(lo(p + 1) - lo(p), k), MPI_FLOAT, p, kGatherTag + k,
+                              red_, &reqs_[static_cast<std::size_t>(index + B)]));
+        }
+      }
+    }
+  }
+
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  MPI_Comm comm_ = MPI_COMM_NULL, red_ = MPI_COMM_NULL, local_ = MPI_COMM_NULL;
+  std::string host_;
+
+  // Shared between the caller and the communication thread, under mu_.
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_, waiter_cv_;
+  std::deque<Op> ops_;  // a deque: the thread keeps a reference while the caller adds ops
+  std::int64_t next_seq_ = 0, run_seq_ = 0;
+  bool stop_ = false;
+  std::atomic<int> waiters_{0};  // callers blocked in wait(): then the thread polls without sleeping
+  std::string worker_error_;
+  ExitCode worker_error_code_ = ExitCode::kRuntime;
+  bool threaded_ = false;
+  std::thread worker_;
+
+  // Owned by whichever thread runs reduce().
+  std::vector<float> scratch_;  // (world - 1, my chunk): the peers' contributions to my chunk
+  std::vector<float> own_;      // (segment): my contribution, when rank 0's must come first
+  std::vector<MPI_Request> reqs_;                  // the four groups of reduce()
+  std::vector<std::pair<int, int>> send_peer_;     // (peer, segment) of each reduce-scatter send
+  std::vector<int> indices_, arrived_;
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_communicator() { return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD); }
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) { return std::make_unique<MpiCommunicator>(comm); }
+
+int init_mpi(int* argc, char*** argv) {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  return provided;
+}
 
 }  // namespace mnist_mpi

@@ -16,13 +16,21 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count) : cfg_(cfg)
   if (cfg.kind == "adam") v_.assign(static_cast<std::size_t>(count), 0.0f);
 }
 
-void Optimizer::step(float* __restrict p, const float* __restrict g, double lr) {
-  ++t_;
+void Optimizer::step(float* params, const float* grads, double lr) {
+  begin_step();
+  update(params, grads, lr, 0, count_);
+}
+
+void Optimizer::update(float* params, const float* grads, double lr, std::int64_t begin, std::int64_t end) {
+  MNIST_CHECK(t_ > 0 && 0 <= begin && begin <= end && end <= count_, ExitCode::kRuntime,
+              "Optimizer::update: range outside the buffer or no begin_step()");
   const float wd = static_cast<float>(cfg_.weight_decay);
-  const std::int64_t n = count_;
-  float* __restrict m = m_.data();
+  const std::int64_t n = end - begin;
+  float* __restrict p = params + begin;
+  const float* __restrict g = grads + begin;
+  float* __restrict m = m_.data() + begin;
   if (cfg_.kind == "adam") {
-    float* __restrict v = v_.data();
+    float* __restrict v = v_.data() + begin;
     const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
     const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
     const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));

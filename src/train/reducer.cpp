@@ -38,7 +38,12 @@ std::vector<Bucket> plan_buckets(const ModelSpec& spec, std::int64_t cap, std::i
 }
 
 Reducer::Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket> buckets, bool overlap)
-    : comm_(comm), grads_(grads), buckets_(std::move(buckets)), overlap_(overlap), requests_(buckets_.size()) {
+    : comm_(comm),
+      grads_(grads),
+      buckets_(std::move(buckets)),
+      overlap_(overlap),
+      requests_(buckets_.size()),
+      timings_(buckets_.size()) {
   std::int64_t expect = 0;
   for (const Bucket& b : buckets_) {
     MNIST_CHECK(b.begin == expect && b.end > b.begin, ExitCode::kRuntime, "buckets must tile the gradient buffer");
@@ -59,29 +64,40 @@ void Reducer::on_layer_done(int layer) {
   if (!overlap_) return;
   while (next_ < buckets_.size() && buckets_[next_].ready_after_layer >= layer) {
     const Bucket& b = buckets_[next_];
+    timings_[next_].start = std::chrono::steady_clock::now();
     requests_[next_] = comm_.start_allreduce_sum(grads_.subspan(static_cast<std::size_t>(b.begin),
                                                                 static_cast<std::size_t>(b.end - b.begin)));
     ++next_;
   }
-  progress();
 }
 
-void Reducer::progress() {
-  for (std::size_t k = 0; k < next_; ++k)
-    if (requests_[k].active()) comm_.test(requests_[k]);
-}
-
-double Reducer::finish() {
+double Reducer::start_remaining() {
   const auto t0 = std::chrono::steady_clock::now();
-  if (!overlap_) {
-    comm_.allreduce_sum(grads_);
-  } else {
+  if (overlap_) {
     on_layer_done(-1);  // anything not yet started
-    for (CommRequest& r : requests_)
-      if (r.active()) comm_.wait(r);
+  } else {
+    comm_.allreduce_sum(grads_);
+    const auto t1 = std::chrono::steady_clock::now();
+    for (BucketTiming& t : timings_) t = BucketTiming{t0, t1};
   }
   next_ = 0;
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Reducer::wait_bucket(std::size_t k) {
+  MNIST_CHECK(k < buckets_.size(), ExitCode::kRuntime, "wait_bucket: no bucket " + std::to_string(k));
+  if (!requests_[k].active()) return 0.0;  // --no-overlap: already summed
+  const auto t0 = std::chrono::steady_clock::now();
+  comm_.wait(requests_[k], &timings_[k].end);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Reducer::finish() {
+  double waited = start_remaining();
+  // Sums complete in start order: once the last is done all are, so waiting for it first costs
+  // one wake-up instead of one per bucket.
+  for (std::size_t k = buckets_.size(); k-- > 0;) waited += wait_bucket(k);
+  return waited;
 }
 
 }  // namespace mnist_mpi

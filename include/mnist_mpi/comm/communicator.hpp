@@ -1,8 +1,10 @@
 // The Communicator: typed, span-based collectives, so element counts and bytes can't be confused.
-// MpiCommunicator (src/comm/mpi_communicator.cpp) works on host memory; an NCCL implementation
-// for device buffers plugs in behind the same calls.
+// MpiCommunicator (src/comm/mpi_communicator.cpp) works on host memory and runs the started sums
+// on a communication thread of its own; an NCCL implementation for device buffers plugs in behind
+// the same calls.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -24,6 +26,8 @@ class Communicator {
   virtual int local_rank() const = 0;  // among the ranks on this node
   virtual int local_size() const = 0;
   virtual std::string host() const = 0;
+  // How started sums make progress, for the start-up log ("a communication thread").
+  virtual std::string progress_mode() const = 0;
 
   // In place: data becomes the elementwise sum over all ranks, added in ascending rank order, so
   // the bits do not depend on how a buffer is split into calls (Note [Sums in rank order]).
@@ -31,11 +35,14 @@ class Communicator {
   virtual void allreduce_sum(std::span<double> data) = 0;
   virtual void allreduce_max(std::span<std::int64_t> data) = 0;
   virtual void allreduce_min(std::span<std::int64_t> data) = 0;
-  // Starts an in-place sum (as allreduce_sum); data must stay valid until wait() returns.
+  // Starts an in-place sum (as allreduce_sum); data must stay valid and untouched until wait()
+  // returns. Sums complete in the order they were started.
   virtual CommRequest start_allreduce_sum(std::span<float> data) = 0;
-  // Makes progress without blocking; true once the request has completed (then call wait()).
+  // Without blocking: true once the request has completed (then call wait()).
   virtual bool test(CommRequest& request) = 0;
-  virtual void wait(CommRequest& request) = 0;
+  // Blocks until the request has completed and frees it. completed (optional) receives the time
+  // the sum finished, which may be earlier than the time wait() returns.
+  virtual void wait(CommRequest& request, std::chrono::steady_clock::time_point* completed = nullptr) = 0;
   virtual void broadcast(std::span<float> data, int root) = 0;
   virtual void broadcast(std::span<std::uint8_t> data, int root) = 0;
   // out.size() == size(): out[r] = rank r's value.
@@ -43,7 +50,8 @@ class Communicator {
   virtual void barrier() = 0;
 };
 
-// Wraps MPI_COMM_WORLD (MPI must be initialised).
+// Wraps MPI_COMM_WORLD (MPI must be initialised, ideally with MPI_THREAD_MULTIPLE: see
+// init_mpi()).
 std::unique_ptr<Communicator> make_mpi_communicator();
 
 }  // namespace mnist_mpi

@@ -1,5 +1,6 @@
 // The MPI Communicator on any MPI communicator (tests split MPI_COMM_WORLD to train with 1, 2 and
-// 3 ranks inside one mpirun). Kept apart from communicator.hpp so that only MPI code sees mpi.h.
+// 3 ranks inside one mpirun), and MPI start-up. Kept apart from communicator.hpp so that only MPI
+// code sees mpi.h.
 #pragma once
 
 #include <mpi.h>
@@ -10,7 +11,11 @@
 
 namespace mnist_mpi {
 
-// comm is duplicated; the Communicator frees its duplicate.
+// comm is duplicated; the Communicator frees its duplicates and joins its thread.
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
+
+// MPI_Init_thread asking for MPI_THREAD_MULTIPLE (the communication thread calls MPI while the
+// main thread may too); returns the level provided. With less, sums run inside wait() instead.
+int init_mpi(int* argc, char*** argv);
 
 }  // namespace mnist_mpi

@@ -21,8 +21,12 @@ struct OptimizerConfig {
 class Optimizer {
  public:
   Optimizer(const OptimizerConfig& cfg, std::int64_t count);
-  // params -= update(grads); count elements; lr for this step.
+  // params -= update(grads); count elements; lr for this step. The same as begin_step() followed
+  // by update() over [0, count) in any number of pieces (elementwise: the bits do not depend on
+  // the pieces), which lets the trainer update each bucket as soon as its sum has arrived.
   void step(float* params, const float* grads, double lr);
+  void begin_step() { ++t_; }
+  void update(float* params, const float* grads, double lr, std::int64_t begin, std::int64_t end);
   std::int64_t steps_taken() const { return t_; }
   // State, for checkpoints: the moment buffers (sgd: momentum only) and the step count.
   std::vector<float>& first_moment() { return m_; }
