@@ -48,7 +48,7 @@ int provided_thread_level() {
 // sleeps on a condition variable until the thread marks the sum done.
 // The thread shares its core with the compute thread (one rank per core, --bind-to core): idle, it
 // sleeps on a condition variable; waiting for a peer, it polls MPI_Testsome and, after a few
-// empty polls, naps between polls (20 us, doubling up to 500 us while nothing arrives), so a rank
+// empty polls, naps between polls (20 us, doubling up to 100 us while nothing arrives), so a rank
 // that is ahead of its peer does not take half of its core from backward by spinning. The polling itself is where shared-memory transfers make
 // progress, so it cannot stop altogether. Once the caller blocks in wait(), the core has nothing
 // else to do and the thread polls without sleeping: that is the exposed part of the step.
@@ -69,8 +69,8 @@ int provided_thread_level() {
 constexpr std::int64_t kSegment = 1 << 18;     // floats: 1 MiB (measured: 256 KiB-1 MiB alike, 64 KiB slower)
 constexpr std::int64_t kMaxSegments = 8192;    // per chunk; tags [0, kMaxSegments) and
 constexpr int kGatherTag = 16384;              // [kGatherTag, kGatherTag + kMaxSegments) < 32767
-// Polling while the caller computes: after 64 empty polls, naps from 20 us doubling to 500 us.
-constexpr std::chrono::microseconds kShortestNap{20}, kLongestNap{500};
+// Polling while the caller computes: after 64 empty polls, naps from 20 us doubling to 100 us.
+constexpr std::chrono::microseconds kShortestNap{20}, kLongestNap{100};
 
 class MpiCommunicator final : public Communicator {
  public:
