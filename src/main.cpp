@@ -5,10 +5,13 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <string>
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/config/options.hpp"
+#include "mnist_mpi/train/evaluate_checkpoint.hpp"
+#include "mnist_mpi/train/preemption.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 
 using namespace mnist_mpi;
@@ -20,9 +23,14 @@ using namespace mnist_mpi;
 // failing rank. That rank alone prints its message; every rank then exits with the same code.
 // Once training has started, an error on one rank can leave the others inside a collective, so
 // the failing rank prints its message and calls MPI_Abort, which ends every rank (mpirun exits
-// non-zero). Errors go to stderr, prefixed with the rank and host.
+// non-zero). Errors go to stderr, prefixed with the rank and host. Errors the ranks agreed on
+// after training started (AgreedError: a failed checkpoint write) and preemption (exit code 75)
+// end every rank normally, through MPI_Finalize.
 int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
+  // `mnist_mpi evaluate ...`: one process, no MPI.
+  if (argc >= 2 && std::string(argv[1]) == "evaluate") return evaluate_checkpoint_main(argc - 1, argv + 1);
+  install_preemption_handlers();  // first: a signal during start-up must not kill a rank either
   mnist_mpi::init_mpi(&argc, &argv);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // errors come back to MPI_CHECK
   int rank = 0;
@@ -68,8 +76,13 @@ int main(int argc, char** argv) {
     return static_cast<int>(worst);
   }
 
+  int exit_code = 0;
   try {
-    trainer->run();
+    const RunResult r = trainer->run();
+    if (r.preempted_signal != 0) exit_code = static_cast<int>(ExitCode::kPreempted);
+  } catch (const AgreedError& e) {  // every rank threw it; the message is on one of them
+    if (*e.what()) report(e.what());
+    exit_code = static_cast<int>(e.code());
   } catch (const Error& e) {
     report(e.what());
     MPI_Abort(MPI_COMM_WORLD, static_cast<int>(e.code()));
@@ -80,5 +93,5 @@ int main(int argc, char** argv) {
   trainer.reset();
   comm.reset();
   MPI_Finalize();
-  return 0;
+  return exit_code;
 }

@@ -30,6 +30,14 @@ class Error : public std::runtime_error {
   ExitCode code_;
 };
 
+// An error that every rank throws at the same point, after the ranks agreed on it (so no rank is
+// left inside a collective): main() prints the message once, from the rank that holds a
+// non-empty one, and every rank exits with the code after MPI_Finalize, without MPI_Abort.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
+
 [[noreturn]] void throw_error(ExitCode code, const std::string& msg);
 [[noreturn]] void throw_call_error(const char* lib, const char* stmt, const char* file, int line,
                                    const std::string& lib_msg);

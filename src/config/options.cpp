@@ -56,6 +56,13 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       ("first-bucket-mb", po::value(&o.first_bucket_mb)->default_value(d.first_bucket_mb), "MB: cap of the first bucket (the last layers' gradients), which starts earliest")
       ("accumulation-steps", po::value(&o.accumulation_steps)->default_value(d.accumulation_steps), "micro-batches per step, summed locally and reduced once (like DDP's no_sync)")
       ("no-overlap", po::bool_switch(&o.no_overlap), "one blocking sum of all gradients after backward, no overlap (for comparison)");
+  po::options_description ck("Checkpoints (docs/checkpoint.md)");
+  ck.add_options()
+      ("checkpoint-dir", po::value(&o.checkpoint_dir), "directory where rank 0 writes checkpoints (created if missing); none: no checkpoints")
+      ("checkpoint-every", po::value(&o.checkpoint_every)->default_value(d.checkpoint_every), "steps between checkpoints (0 = only at the end of each epoch and of the run)")
+      ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(d.keep_checkpoints), "keep the newest N checkpoints plus the best by validation accuracy (0 = keep all)")
+      ("resume", po::value(&o.resume), "auto: continue from the newest valid checkpoint in --checkpoint-dir (or start fresh and say so); or a checkpoint file")
+      ("checkpoint-async", po::value(&o.checkpoint_async)->default_value(d.checkpoint_async), "true: rank 0 copies the state and writes it on a background thread while training goes on; false: writes before the next step");
   po::options_description sys("System");
   sys.add_options()
       ("device", po::value(&o.device)->default_value(d.device), "cpu (cuda and auto: see issue 5)")
@@ -70,7 +77,7 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       ("quiet", po::bool_switch(&o.quiet), "print only errors and the final summary");
   po::options_description all("mnist_mpi " MNIST_MPI_VERSION " - data-parallel CNN training on MNIST.\n"
                               "Usage: mpirun -np N mnist_mpi [--config FILE] [options]\nOptions");
-  all.add(general).add(data).add(model).add(train).add(red).add(sys).add(rep);
+  all.add(general).add(data).add(model).add(train).add(red).add(ck).add(sys).add(rep);
 
   po::variables_map vm;
   try {
@@ -115,6 +122,12 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   positive(o.schedule.warmup_steps, "warmup-steps", true);
   if (!(o.bucket_mb > 0.0) || !(o.first_bucket_mb > 0.0))
     throw_error(ExitCode::kUsage, "--bucket-mb and --first-bucket-mb must be > 0");
+  positive(o.checkpoint_every, "checkpoint-every", true);
+  positive(o.keep_checkpoints, "keep-checkpoints", true);
+  if (o.checkpoint_dir.empty() && o.resume == "auto")
+    throw_error(ExitCode::kUsage, "--resume auto looks in --checkpoint-dir: give --checkpoint-dir DIR (or --resume FILE)");
+  if (o.checkpoint_dir.empty() && o.checkpoint_every > 0)
+    throw_error(ExitCode::kUsage, "--checkpoint-every needs --checkpoint-dir DIR to write into");
   if (o.threads < 0) throw_error(ExitCode::kUsage, "--threads must be >= 0");
   if ((o.batch_size == 0) == (o.global_batch_size == 0))
     throw_error(ExitCode::kUsage, "give exactly one of --batch-size (per rank) and --global-batch-size");

@@ -16,6 +16,13 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count) : cfg_(cfg)
   if (cfg.kind == "adam") v_.assign(static_cast<std::size_t>(count), 0.0f);
 }
 
+void Optimizer::restore(const float* m, const float* v, std::int64_t steps_taken) {
+  MNIST_CHECK(steps_taken >= 0, ExitCode::kCheckpoint, "optimiser state with a negative step count");
+  std::copy(m, m + count_, m_.begin());
+  if (!v_.empty()) std::copy(v, v + count_, v_.begin());
+  t_ = steps_taken;
+}
+
 void Optimizer::step(float* params, const float* grads, double lr) {
   begin_step();
   update(params, grads, lr, 0, count_);

@@ -9,11 +9,13 @@
 #include <cmath>
 #include <cstdio>
 #include <iomanip>
+#include <limits>
 #include <iostream>
 #include <sstream>
 #include <thread>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/train/preemption.hpp"
 
 namespace mnist_mpi {
 
@@ -116,6 +118,8 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
     }
     reducer_->on_layer_done(layer);
   };
+  checkpointer_ = std::make_unique<Checkpointer>(
+      opt_, comm_, CheckpointRun{&spec_, global_batch_, data_.train.count, steps_per_epoch_, total_steps_});
   labels_.resize(static_cast<std::size_t>(batch_));
   batch_indices_.resize(static_cast<std::size_t>(batch_));
   replica_hashes_.resize(static_cast<std::size_t>(comm_.size()));
@@ -208,9 +212,12 @@ void Trainer::check_replicas(std::int64_t step) {
 // No division after the reduction, nothing to forget for "the other variables".
 RunResult Trainer::run() {
   RunResult res;
+  // A checkpoint's parameters and optimiser state, on every rank (none: first_step 0).
+  const std::int64_t first_step = checkpointer_->restore(params_->data(), *optimizer_);
+  res.first_step = first_step;
   // Rank 0's initial parameters are everyone's (DESIGN.md invariant 1).
   comm_.broadcast(std::span<float>(params_->data(), static_cast<std::size_t>(spec_.param_count)), 0);
-  check_replicas(0);
+  check_replicas(first_step);
 
   const auto t_run = std::chrono::steady_clock::now();
   double startup_s = 0.0, steady_s = 0.0, eval_s = 0.0;
@@ -221,10 +228,12 @@ RunResult Trainer::run() {
   double window_loss = 0.0;
   std::int64_t window_n = 0;
   auto window_t = std::chrono::steady_clock::now();
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  double logged_loss = kNaN;
 
-  for (std::int64_t step = 0; step < total_steps_; ++step) {
+  for (std::int64_t step = first_step; step < total_steps_; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (step == 0) startup_s = seconds_since(start_);
+    if (step == first_step) startup_s = seconds_since(start_);
     const std::int64_t epoch = step / steps_per_epoch_;
     const double lr = learning_rate(opt_.schedule, step, epoch, total_steps_);
     // Note [Micro-batches and positions]
@@ -276,7 +285,7 @@ RunResult Trainer::run() {
     }
     const auto t5 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t5 - t0).count();
-    if (step >= kWarmup || total_steps_ <= kWarmup) {
+    if (step - first_step >= kWarmup || total_steps_ - first_step <= kWarmup) {
       steady_s += dt;
       ++steady_steps;
       timing.data += t_data;
@@ -293,6 +302,7 @@ RunResult Trainer::run() {
       double v[2] = {window_loss, static_cast<double>(window_n)};
       comm_.allreduce_sum(std::span<double>(v, 2));
       res.last_train_loss = v[0] / v[1];
+      logged_loss = res.last_train_loss;
       if (rank0_) {
         const double ips = v[1] / seconds_since(window_t);
         if (!opt_.quiet)
@@ -312,10 +322,12 @@ RunResult Trainer::run() {
 
     const bool epoch_end = (step + 1) % steps_per_epoch_ == 0;
     const bool eval_now = opt_.eval_every > 0 && (step + 1) % opt_.eval_every == 0 && step + 1 != total_steps_;
+    EvalResult validation{kNaN, kNaN, 0};
     if (rank0_ && (epoch_end || eval_now)) {
       const auto te = std::chrono::steady_clock::now();
       auto report = [&](const char* name, const Split& split) {
         const EvalResult e = evaluate(split);
+        if (&split == &data_.validation) validation = e;
         if (!opt_.quiet)
           std::printf("epoch %lld step %lld: %s accuracy %.4f loss %.4f\n", static_cast<long long>(epoch + 1),
                       static_cast<long long>(step + 1), name, e.accuracy, e.loss);
@@ -329,7 +341,36 @@ RunResult Trainer::run() {
       eval_s += seconds_since(te);
       window_t += std::chrono::steady_clock::now() - te;  // evaluation is not training time
     }
+    // Checkpoint when due; all ranks agree on a preemption signal (Note [Agreeing at the step boundary]).
+    const StepEnd end{step + 1, epoch_end, step + 1 == total_steps_, lr,
+                      learning_rate(opt_.schedule, step + 1, (step + 1) / steps_per_epoch_, total_steps_),
+                      validation.accuracy, validation.loss, logged_loss, params_->data(), optimizer_.get()};
+    const auto tc = std::chrono::steady_clock::now();
+    const bool stop = checkpointer_->after_step(end);
+    window_t += std::chrono::steady_clock::now() - tc;  // checkpoints are not training time
+    if (stop) {
+      res.preempted_signal = checkpointer_->stop_signal();
+      res.steps = step + 1;
+      res.epochs = static_cast<double>(step + 1) / static_cast<double>(steps_per_epoch_);
+      res.checkpoints = checkpointer_->stats();
+      res.params_hash = hex64(hash_floats(params_->data(), spec_.param_count));
+      if (rank0_) {
+        const std::string where = checkpointer_->enabled()
+                                      ? "checkpoint " + res.checkpoints.last_file + " written; rerun with --resume auto to continue"
+                                      : "no --checkpoint-dir, so nothing was saved";
+        std::fflush(stdout);
+        std::fprintf(stderr, "mnist_mpi: stopped by %s after step %lld of %lld: %s (exit code 75)\n",
+                     signal_name(res.preempted_signal), static_cast<long long>(step + 1),
+                     static_cast<long long>(total_steps_), where.c_str());
+        std::fflush(stderr);
+        log_event("{\"event\":\"preempted\",\"signal\":\"" + std::string(signal_name(res.preempted_signal)) +
+                  "\",\"step\":" + std::to_string(step + 1) + ",\"checkpoint\":\"" + res.checkpoints.last_file + "\"}");
+      }
+      return res;
+    }
   }
+  checkpointer_->finish();
+  res.checkpoints = checkpointer_->stats();
   check_replicas(total_steps_);
 
   res.steps = total_steps_;
@@ -373,6 +414,18 @@ RunResult Trainer::run() {
                   "optimizer %.2f ms; %.1f MB reduced\n",
                   1e3 * timing.data, 1e3 * timing.forward, 1e3 * timing.backward, 1e3 * timing.exposed_comm,
                   1e3 * timing.optimizer, timing.reduced_bytes / 1048576.0);
+      const CheckpointStats& c = res.checkpoints;
+      if (c.written > 0) {
+        const double n = static_cast<double>(c.written);
+        std::printf("checkpoints: %lld written, %.2f MB each (parameters and optimiser state %.2f MB); rank 0 "
+                    "copied the state in %.2f ms, wrote it in %.1f ms (%s); the other ranks waited %.2f ms at "
+                    "a checkpoint step (%.2f ms at other steps)\n",
+                    static_cast<long long>(c.written), c.bytes / 1048576.0,
+                    static_cast<double>(spec_.param_count) * sizeof(float) *
+                        (opt_.optimizer.kind == "adam" ? 3.0 : 2.0) / 1048576.0,
+                    c.capture_ms / n, c.write_ms / n, opt_.checkpoint_async ? "in the background" : "inline",
+                    c.others_wait_ms, c.others_wait_baseline_ms);
+      }
       std::printf("params_hash %s\n", res.params_hash.c_str());
     }
     std::fflush(stdout);

@@ -33,6 +33,12 @@ struct Options {
   double first_bucket_mb = 1.0;
   bool no_overlap = false;
   std::int64_t accumulation_steps = 1;
+  // checkpoints (docs/checkpoint.md)
+  std::string checkpoint_dir;          // empty: no checkpoints
+  std::int64_t checkpoint_every = 0;   // steps; 0: only at epoch ends and at the end of the run
+  std::int64_t keep_checkpoints = 3;   // the newest N, plus the best by validation accuracy; 0: all
+  std::string resume;                  // "", "auto" or a file
+  bool checkpoint_async = true;        // rank 0 writes from a snapshot on a background thread
   // system
   std::string device = "cpu";
   std::string device_note;  // how --device auto was resolved, printed by rank 0

@@ -30,7 +30,13 @@ class Optimizer {
   std::int64_t steps_taken() const { return t_; }
   // State, for checkpoints: the moment buffers (sgd: momentum only) and the step count.
   std::vector<float>& first_moment() { return m_; }
-  std::vector<float>& second_moment() { return v_; }
+  std::vector<float>& second_moment() { return v_; }  // empty for sgd
+  const std::vector<float>& first_moment() const { return m_; }
+  const std::vector<float>& second_moment() const { return v_; }
+  const OptimizerConfig& config() const { return cfg_; }
+  // Puts back a checkpoint's state: m and v of count() elements (v ignored for sgd), the step count.
+  void restore(const float* m, const float* v, std::int64_t steps_taken);
+  std::int64_t count() const { return count_; }
 
  private:
   OptimizerConfig cfg_;

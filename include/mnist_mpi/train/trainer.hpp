@@ -19,6 +19,7 @@
 #include "mnist_mpi/data/idx.hpp"
 #include "mnist_mpi/data/sampler.hpp"
 #include "mnist_mpi/model/model.hpp"
+#include "mnist_mpi/train/checkpointer.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 #include "mnist_mpi/train/reducer.hpp"
 
@@ -45,6 +46,9 @@ struct RunResult {
   double wall_s = 0.0;
   double images_per_s = 0.0;     // steady: first 10 steps and evaluation excluded
   std::string params_hash;
+  std::int64_t first_step = 0;   // > 0 when resumed from a checkpoint
+  int preempted_signal = 0;      // the signal that stopped the run early (exit code 75), else 0
+  CheckpointStats checkpoints;   // rank 0's numbers (others_wait_* from every rank)
 };
 
 class Trainer {
@@ -76,6 +80,7 @@ class Trainer {
   std::unique_ptr<Model> train_model_, eval_model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<Checkpointer> checkpointer_;  // resume, checkpoints, preemption (checkpointer.hpp)
   std::function<void(int)> on_layer_done_;  // made once: calls reducer_->on_layer_done
   std::unique_ptr<Buffer> accum_;            // sum of the earlier micro-batches' gradients (K > 1)
   std::vector<std::pair<std::int64_t, std::int64_t>> layer_params_;  // (offset, size) per layer

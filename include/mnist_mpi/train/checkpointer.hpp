@@ -1,0 +1,114 @@
+// The trainer's side of checkpoints: which file to resume from (rank 0 reads and verifies it,
+// then broadcasts it), when to write (every --checkpoint-every steps, at each epoch end and at the
+// end of the run; rank 0 alone, atomically, from a snapshot on a background thread), what to keep
+// (the newest --keep-checkpoints plus the best by validation accuracy), and preemption: at every
+// step boundary the ranks agree on a received signal and on rank 0's write errors.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/config/options.hpp"
+#include "mnist_mpi/model/spec.hpp"
+#include "mnist_mpi/train/checkpoint.hpp"
+#include "mnist_mpi/train/optimizer.hpp"
+
+namespace mnist_mpi {
+
+// What the trainer knows about its run, fixed at construction.
+struct CheckpointRun {
+  const ModelSpec* spec = nullptr;
+  std::int64_t global_batch = 0, train_count = 0, steps_per_epoch = 0, total_steps = 0;
+};
+
+// The state after a step, for a checkpoint at that point.
+struct StepEnd {
+  std::int64_t step = 0;       // steps completed
+  bool epoch_end = false, last = false;
+  double lr = 0, next_lr = 0;  // of the step just taken, of the next one
+  double validation_accuracy = 0, validation_loss = 0;  // NaN unless evaluated after this step
+  double train_loss = 0;       // NaN unless known
+  const float* params = nullptr;
+  const Optimizer* optimizer = nullptr;
+};
+
+// Numbers for the final report.
+struct CheckpointStats {
+  std::int64_t written = 0;
+  double bytes = 0;                 // per file
+  double capture_ms = 0;            // rank 0, training thread: copying the state (mean)
+  double write_ms = 0;              // rank 0: checksums + write + fsync + rename (mean; background if async)
+  double wait_previous_ms = 0;      // rank 0: waiting for the previous write to finish (total)
+  double others_wait_ms = 0;        // the other ranks: mean wait at the step boundary after a checkpoint
+  double others_wait_baseline_ms = 0;  // ... and after a step without one
+  std::string last_file;
+};
+
+class Checkpointer {
+ public:
+  // Local work only (errors are agreed on by main): on rank 0 prepares the directory and finds,
+  // reads and verifies the checkpoint to resume from; throws Error(kCheckpoint) when it is
+  // unusable or belongs to another model.
+  Checkpointer(const Options& options, Communicator& comm, const CheckpointRun& run);
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Collective: broadcasts the checkpoint (if any), restores parameters and optimiser on every
+  // rank. Returns the step to continue from (0 for a fresh start).
+  std::int64_t restore(float* params, Optimizer& optimizer);
+  // Collective, after every step: writes a checkpoint when one is due, agrees with the other
+  // ranks on a preemption signal and on write errors (an error: AgreedError on every rank).
+  // Returns true when the run must stop now (a checkpoint has then been written, if there is a
+  // directory).
+  bool after_step(const StepEnd& s);
+  // Collective, after the last step: waits for the last write and agrees on its outcome.
+  void finish();
+
+  int stop_signal() const { return stop_signal_; }
+  bool enabled() const { return !dir_.empty(); }
+  const CheckpointStats& stats() const { return stats_; }
+  std::string resumed_from() const { return resumed_from_; }
+
+ private:
+  void find_resume_checkpoint();
+  // Throws when ck cannot continue this run; returns the options that differ (for a note).
+  std::string check_compatible(const Checkpoint& ck, const std::string& path) const;
+  void write(const StepEnd& s);   // rank 0
+  void wait_idle();               // rank 0: the previous write has finished
+  void write_job();               // rank 0: seal, write, prune (the writer thread, or inline)
+  void prune();
+  void agree_on_errors();         // collective
+  void writer_loop();
+
+  const Options& opt_;
+  Communicator& comm_;
+  CheckpointRun run_;
+  std::string dir_;
+  bool rank0_ = false;
+  std::vector<std::uint8_t> resume_bytes_;  // rank 0: the verified file to resume from
+  std::string resumed_from_;
+  std::int64_t last_written_step_ = -1;
+  int stop_signal_ = 0;
+  std::unique_ptr<CheckpointEncoder> encoder_;  // rank 0
+  std::map<std::string, double> validation_of_;  // file name -> validation accuracy (NaN: none)
+  CheckpointStats stats_;
+  double others_wait_s_ = 0, others_base_s_ = 0;
+  std::int64_t others_n_ = 0, others_base_n_ = 0;
+
+  // The writer thread (rank 0, --checkpoint-async true).
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool job_ = false, quit_ = false;
+  std::string error_;  // the first write error, for the next agreement
+};
+
+}  // namespace mnist_mpi

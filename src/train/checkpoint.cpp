@@ -1,0 +1,511 @@
+// The checkpoint format: encoder, verifying decoder and atomic file write (see
+// include/mnist_mpi/train/checkpoint.hpp and docs/checkpoint.md). Every size read from a file is
+// bounded by the bytes that are really there before anything is allocated.
+#include "mnist_mpi/train/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "mnist_mpi/check.hpp"
+#include "mnist_mpi/crc32c.hpp"
+
+namespace mnist_mpi {
+
+static_assert(std::endian::native == std::endian::little,
+              "the checkpoint writer copies float arrays as they are in memory: little-endian hosts only");
+
+namespace {
+
+constexpr std::size_t kHeaderBytes = 16, kSectionHeaderBytes = 16;
+constexpr std::uint32_t kMaxTensors = 4096, kMaxNameBytes = 256, kMaxDims = 8;
+
+std::size_t pad8(std::size_t n) { return (n + 7) & ~std::size_t{7}; }
+
+// Little-endian stores and loads at a byte offset.
+template <typename T>
+void put(std::uint8_t* at, T v) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  std::memcpy(at, &v, sizeof v);
+}
+template <typename T>
+T get(const std::uint8_t* at) {
+  T v;
+  std::memcpy(&v, at, sizeof v);
+  return v;
+}
+
+// Appends fields to a growing buffer (only for the small, fixed sections).
+struct Appender {
+  std::vector<std::uint8_t>& out;
+  template <typename T>
+  void operator()(T v) {
+    const std::size_t at = out.size();
+    out.resize(at + sizeof v);
+    put(out.data() + at, v);
+  }
+  void bytes(const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::uint8_t*>(p);
+    out.insert(out.end(), b, b + n);
+  }
+};
+
+std::uint32_t section_crc(const std::uint8_t* header, std::span<const std::uint8_t> payload) {
+  std::uint32_t c = crc32c(header, 4);          // tag
+  c = crc32c(header + 8, 8, c);                 // length
+  return crc32c(payload.data(), payload.size(), c);
+}
+
+void encode_meta(std::uint8_t* p, const CheckpointMeta& m) {
+  put<std::int64_t>(p + 0, m.step);
+  put<std::int64_t>(p + 8, m.epoch);
+  put<std::int64_t>(p + 16, m.steps_per_epoch);
+  put<std::int64_t>(p + 24, m.sampler_position);
+  put<std::int64_t>(p + 32, m.global_batch);
+  put<std::int64_t>(p + 40, m.train_count);
+  put<std::int64_t>(p + 48, m.total_steps);
+  put<std::int64_t>(p + 56, m.world_size);
+  put<std::uint64_t>(p + 64, m.seed);
+  put<std::int64_t>(p + 72, m.sampler_epoch);
+  put<std::int64_t>(p + 80, m.dropout_step);
+  put<std::int64_t>(p + 88, m.param_count);
+  put<std::int64_t>(p + 96, m.optimizer_steps);
+  put<std::uint32_t>(p + 104, m.optimizer_kind);
+  put<std::uint32_t>(p + 108, m.nesterov);
+  put<double>(p + 112, m.beta1);
+  put<double>(p + 120, m.beta2);
+  put<double>(p + 128, m.eps);
+  put<double>(p + 136, m.momentum);
+  put<double>(p + 144, m.weight_decay);
+  put<std::uint32_t>(p + 152, m.schedule_kind);
+  put<std::uint32_t>(p + 156, m.reserved);
+  put<double>(p + 160, m.base_lr);
+  put<double>(p + 168, m.gamma);
+  put<double>(p + 176, m.step_epochs);
+  put<double>(p + 184, m.min_lr);
+  put<std::int64_t>(p + 192, m.warmup_steps);
+  put<double>(p + 200, m.last_lr);
+  put<double>(p + 208, m.next_lr);
+  put<double>(p + 216, m.validation_accuracy);
+  put<double>(p + 224, m.validation_loss);
+  put<double>(p + 232, m.train_loss);
+}
+
+CheckpointMeta decode_meta(const std::uint8_t* p) {
+  CheckpointMeta m;
+  m.step = get<std::int64_t>(p + 0);
+  m.epoch = get<std::int64_t>(p + 8);
+  m.steps_per_epoch = get<std::int64_t>(p + 16);
+  m.sampler_position = get<std::int64_t>(p + 24);
+  m.global_batch = get<std::int64_t>(p + 32);
+  m.train_count = get<std::int64_t>(p + 40);
+  m.total_steps = get<std::int64_t>(p + 48);
+  m.world_size = get<std::int64_t>(p + 56);
+  m.seed = get<std::uint64_t>(p + 64);
+  m.sampler_epoch = get<std::int64_t>(p + 72);
+  m.dropout_step = get<std::int64_t>(p + 80);
+  m.param_count = get<std::int64_t>(p + 88);
+  m.optimizer_steps = get<std::int64_t>(p + 96);
+  m.optimizer_kind = get<std::uint32_t>(p + 104);
+  m.nesterov = get<std::uint32_t>(p + 108);
+  m.beta1 = get<double>(p + 112);
+  m.beta2 = get<double>(p + 120);
+  m.eps = get<double>(p + 128);
+  m.momentum = get<double>(p + 136);
+  m.weight_decay = get<double>(p + 144);
+  m.schedule_kind = get<std::uint32_t>(p + 152);
+  m.reserved = get<std::uint32_t>(p + 156);
+  m.base_lr = get<double>(p + 160);
+  m.gamma = get<double>(p + 168);
+  m.step_epochs = get<double>(p + 176);
+  m.min_lr = get<double>(p + 184);
+  m.warmup_steps = get<std::int64_t>(p + 192);
+  m.last_lr = get<double>(p + 200);
+  m.next_lr = get<double>(p + 208);
+  m.validation_accuracy = get<double>(p + 216);
+  m.validation_loss = get<double>(p + 224);
+  m.train_loss = get<double>(p + 232);
+  return m;
+}
+
+[[noreturn]] void corrupt(const std::string& name, const std::string& what) {
+  throw_error(ExitCode::kCheckpoint,
+              "checkpoint '" + name + "' is unusable: " + what +
+                  "; delete or move it away to resume from an older checkpoint (--resume auto takes the newest valid "
+                  "one), or pass another file to --resume");
+}
+
+std::string errno_text(int e) { return std::string(std::strerror(e)); }
+
+}  // namespace
+
+std::vector<CheckpointTensor> checkpoint_tensors(const ModelSpec& spec) {
+  std::vector<CheckpointTensor> out;
+  for (const ParamTensor& p : spec.params) {
+    CheckpointTensor t;
+    t.name = p.name;
+    t.shape.assign(p.shape.begin(), p.shape.end());
+    t.offset = p.offset;
+    t.size = p.size;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::string checkpoint_file_name(std::int64_t step) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "step-%08lld.ckpt", static_cast<long long>(step));
+  return buf;
+}
+
+std::int64_t checkpoint_file_step(const std::string& name) {
+  constexpr std::string_view pre = "step-", post = ".ckpt";
+  if (name.size() < pre.size() + 8 + post.size() || name.compare(0, pre.size(), pre) != 0 ||
+      name.compare(name.size() - post.size(), post.size(), post) != 0)
+    return -1;
+  const std::string digits = name.substr(pre.size(), name.size() - pre.size() - post.size());
+  if (digits.size() > 18) return -1;
+  std::int64_t v = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return -1;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+// ---- encoder ----
+
+CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& config, bool second_moment)
+    : count_(spec.param_count), second_(second_moment) {
+  // The fixed sections, each built as its payload first.
+  std::vector<std::uint8_t> spec_p, conf_p, pidx_p;
+  Appender s{spec_p};
+  s(static_cast<std::uint32_t>(spec.input.c));
+  s(static_cast<std::uint32_t>(spec.input.h));
+  s(static_cast<std::uint32_t>(spec.input.w));
+  s(static_cast<std::uint32_t>(spec.num_classes()));
+  s.bytes(spec.text.data(), spec.text.size());
+  conf_p.assign(config.begin(), config.end());
+  Appender x{pidx_p};
+  x(static_cast<std::uint32_t>(spec.params.size()));
+  for (const ParamTensor& p : spec.params) {
+    x(static_cast<std::uint32_t>(p.name.size()));
+    x.bytes(p.name.data(), p.name.size());
+    x(static_cast<std::uint32_t>(p.shape.size()));
+    for (int d : p.shape) x(static_cast<std::int64_t>(d));
+    x(static_cast<std::int64_t>(p.offset));
+    x(static_cast<std::int64_t>(p.size));
+  }
+  const std::size_t tensor_bytes = static_cast<std::size_t>(count_) * sizeof(float);
+
+  struct Part {
+    const char* tag;
+    std::size_t length;
+    std::size_t* at;
+  };
+  std::size_t spec_at = 0, conf_at = 0, pidx_at = 0, end_at = 0;
+  const Part parts[] = {{"META", kCheckpointMetaBytes, &meta_at_}, {"SPEC", spec_p.size(), &spec_at},
+                        {"CONF", conf_p.size(), &conf_at},         {"PIDX", pidx_p.size(), &pidx_at},
+                        {"PARM", tensor_bytes, &parm_at_},         {"MOM1", tensor_bytes, &mom1_at_},
+                        {"MOM2", second_ ? tensor_bytes : 0, &mom2_at_}, {"END ", 16, &end_at}};
+  std::size_t size = kHeaderBytes;
+  for (const Part& p : parts) {
+    *p.at = size;
+    size += kSectionHeaderBytes + pad8(p.length);
+  }
+  image_.assign(size, 0);  // the one allocation; zeros are also the padding
+  std::uint8_t* b = image_.data();
+  std::memcpy(b, kCheckpointMagic, 8);
+  put<std::uint32_t>(b + 8, kCheckpointVersion);
+  put<std::uint32_t>(b + 12, crc32c(b, 12));
+  for (const Part& p : parts) {
+    std::memcpy(b + *p.at, p.tag, 4);
+    put<std::uint64_t>(b + *p.at + 8, p.length);
+  }
+  std::memcpy(b + spec_at + kSectionHeaderBytes, spec_p.data(), spec_p.size());
+  std::memcpy(b + conf_at + kSectionHeaderBytes, conf_p.data(), conf_p.size());
+  std::memcpy(b + pidx_at + kSectionHeaderBytes, pidx_p.data(), pidx_p.size());
+  put<std::uint64_t>(b + end_at + kSectionHeaderBytes, std::size(parts) - 1);  // sections before END
+  put<std::uint64_t>(b + end_at + kSectionHeaderBytes + 8, size);
+  for (std::size_t at : {spec_at, conf_at, pidx_at, end_at}) {
+    const std::size_t len = get<std::uint64_t>(b + at + 8);
+    put<std::uint32_t>(b + at + 4, section_crc(b + at, {b + at + kSectionHeaderBytes, len}));
+  }
+}
+
+void CheckpointEncoder::capture(const CheckpointMeta& meta, const float* params, const float* m, const float* v) {
+  meta_ = meta;
+  std::uint8_t* b = image_.data();
+  encode_meta(b + meta_at_ + kSectionHeaderBytes, meta);
+  const std::size_t n = static_cast<std::size_t>(count_) * sizeof(float);
+  std::memcpy(b + parm_at_ + kSectionHeaderBytes, params, n);
+  std::memcpy(b + mom1_at_ + kSectionHeaderBytes, m, n);
+  if (second_) std::memcpy(b + mom2_at_ + kSectionHeaderBytes, v, n);
+}
+
+void CheckpointEncoder::seal() {
+  std::uint8_t* b = image_.data();
+  for (std::size_t at : {meta_at_, parm_at_, mom1_at_, mom2_at_}) {
+    const std::size_t len = get<std::uint64_t>(b + at + 8);
+    put<std::uint32_t>(b + at + 4, section_crc(b + at, {b + at + kSectionHeaderBytes, len}));
+  }
+}
+
+// ---- decoder ----
+
+Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::string& name) {
+  const std::uint8_t* b = bytes.data();
+  const std::size_t size = bytes.size();
+  if (size == 0) corrupt(name, "the file is empty (a write that never started?)");
+  if (size < kHeaderBytes || std::memcmp(b, kCheckpointMagic, std::min<std::size_t>(size, 8)) != 0)
+    corrupt(name, "it is not a mnist_mpi checkpoint (no MNISTCKP magic at its start)");
+  if (get<std::uint32_t>(b + 12) != crc32c(b, 12))
+    corrupt(name, "its header fails its CRC32C check (the version field is damaged)");
+  const auto version = get<std::uint32_t>(b + 8);
+  if (version != kCheckpointVersion)
+    throw_error(ExitCode::kCheckpoint, "checkpoint '" + name + "' has format version " + std::to_string(version) +
+                                           "; this mnist_mpi " MNIST_MPI_VERSION " reads version " +
+                                           std::to_string(kCheckpointVersion) +
+                                           " only: use the mnist_mpi that wrote it, or another checkpoint");
+
+  Checkpoint ck;
+  bool seen_meta = false, seen_spec = false, seen_conf = false, seen_pidx = false, seen_parm = false,
+       seen_mom1 = false, seen_mom2 = false, seen_end = false;
+  std::span<const std::uint8_t> parm, mom1, mom2;
+  std::uint64_t sections = 0;
+  std::size_t at = kHeaderBytes;
+  while (!seen_end) {
+    if (size - at < kSectionHeaderBytes)
+      corrupt(name, "it is truncated: it ends after " + std::to_string(size) + " bytes, before its END section");
+    const std::string tag(reinterpret_cast<const char*>(b + at), 4);
+    const auto stored = get<std::uint32_t>(b + at + 4);
+    const auto length = get<std::uint64_t>(b + at + 8);
+    const std::size_t room = size - at - kSectionHeaderBytes;
+    if (length > room || pad8(static_cast<std::size_t>(length)) > room)
+      corrupt(name, "it is truncated or damaged: section '" + tag + "' at byte " + std::to_string(at) + " claims " +
+                        std::to_string(length) + " bytes, only " + std::to_string(room) + " follow");
+    const std::span<const std::uint8_t> payload(b + at + kSectionHeaderBytes, static_cast<std::size_t>(length));
+    const std::uint32_t computed = section_crc(b + at, payload);
+    if (computed != stored) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, " (stored %08x, computed %08x)", stored, computed);
+      corrupt(name, "section '" + tag + "' at byte " + std::to_string(at) + " fails its CRC32C check" + buf);
+    }
+    for (std::size_t i = static_cast<std::size_t>(length); i < pad8(static_cast<std::size_t>(length)); ++i)
+      if (payload.data()[i] != 0) corrupt(name, "the padding after section '" + tag + "' is not zero");
+    auto once = [&](bool& seen) {
+      if (seen) corrupt(name, "section '" + tag + "' appears twice");
+      seen = true;
+    };
+    auto need = [&](bool ok, const std::string& what) {
+      if (!ok) corrupt(name, "section '" + tag + "': " + what);
+    };
+    const std::uint8_t* p = payload.data();
+    if (tag == "META") {
+      once(seen_meta);
+      need(length == kCheckpointMetaBytes, "is " + std::to_string(length) + " bytes, expected 240");
+      ck.meta = decode_meta(p);
+    } else if (tag == "SPEC") {
+      once(seen_spec);
+      need(length >= 16, "too short");
+      const auto c = get<std::uint32_t>(p), h = get<std::uint32_t>(p + 4), w = get<std::uint32_t>(p + 8);
+      const auto k = get<std::uint32_t>(p + 12);
+      need(c > 0 && h > 0 && w > 0 && c <= 65536 && h <= 65536 && w <= 65536 && k > 0 && k <= 65536,
+           "implausible input shape or class count");
+      ck.input = Shape{static_cast<int>(c), static_cast<int>(h), static_cast<int>(w)};
+      ck.num_classes = static_cast<std::int32_t>(k);
+      ck.spec.assign(reinterpret_cast<const char*>(p + 16), static_cast<std::size_t>(length - 16));
+    } else if (tag == "CONF") {
+      once(seen_conf);
+      ck.config.assign(reinterpret_cast<const char*>(p), static_cast<std::size_t>(length));
+    } else if (tag == "PIDX") {
+      once(seen_pidx);
+      std::size_t q = 0;
+      auto take = [&](std::size_t n) {
+        need(length - q >= n, "ends inside a tensor entry");
+        const std::uint8_t* r = p + q;
+        q += n;
+        return r;
+      };
+      const auto count = get<std::uint32_t>(take(4));
+      need(count <= kMaxTensors, "claims " + std::to_string(count) + " tensors (at most 4096)");
+      ck.tensors.resize(count);
+      for (CheckpointTensor& t : ck.tensors) {
+        const auto nl = get<std::uint32_t>(take(4));
+        need(nl > 0 && nl <= kMaxNameBytes, "a tensor name of " + std::to_string(nl) + " bytes");
+        t.name.assign(reinterpret_cast<const char*>(take(nl)), nl);
+        const auto nd = get<std::uint32_t>(take(4));
+        need(nd >= 1 && nd <= kMaxDims, "tensor '" + t.name + "' has " + std::to_string(nd) + " dimensions");
+        t.shape.resize(nd);
+        std::int64_t elems = 1;
+        for (auto& d : t.shape) {
+          d = get<std::int64_t>(take(8));
+          need(d > 0 && d <= (std::int64_t{1} << 31), "tensor '" + t.name + "' has a bad dimension");
+          elems *= d;
+          need(elems <= (std::int64_t{1} << 40), "tensor '" + t.name + "' is implausibly large");
+        }
+        t.offset = get<std::int64_t>(take(8));
+        t.size = get<std::int64_t>(take(8));
+        need(t.size == elems, "tensor '" + t.name + "' size disagrees with its shape");
+      }
+      need(q == length, "has trailing bytes");
+    } else if (tag == "PARM") {
+      once(seen_parm);
+      parm = payload;
+    } else if (tag == "MOM1") {
+      once(seen_mom1);
+      mom1 = payload;
+    } else if (tag == "MOM2") {
+      once(seen_mom2);
+      mom2 = payload;
+    } else if (tag == "END ") {
+      once(seen_end);
+      need(length == 16, "is not 16 bytes");
+      need(get<std::uint64_t>(p) == sections, "counts " + std::to_string(get<std::uint64_t>(p)) +
+                                                  " sections before it, the file has " + std::to_string(sections));
+      need(get<std::uint64_t>(p + 8) == size, "records a file of " + std::to_string(get<std::uint64_t>(p + 8)) +
+                                                  " bytes, the file has " + std::to_string(size));
+    }  // an unknown tag of this version: checksummed and skipped
+    ++sections;
+    at += kSectionHeaderBytes + pad8(static_cast<std::size_t>(length));
+  }
+  if (at != size) corrupt(name, std::to_string(size - at) + " bytes follow the END section");
+  const char* missing = !seen_meta ? "META" : !seen_spec ? "SPEC" : !seen_conf ? "CONF" : !seen_pidx ? "PIDX"
+                        : !seen_parm ? "PARM" : !seen_mom1 ? "MOM1" : !seen_mom2 ? "MOM2" : nullptr;
+  if (missing) corrupt(name, std::string("it has no '") + missing + "' section");
+
+  // The parts must agree with each other.
+  const CheckpointMeta& m = ck.meta;
+  const std::int64_t n = m.param_count;
+  if (n <= 0 || static_cast<std::uint64_t>(n) * sizeof(float) != parm.size())
+    corrupt(name, "META says " + std::to_string(n) + " parameters, PARM holds " + std::to_string(parm.size()) + " bytes");
+  if (mom1.size() != parm.size()) corrupt(name, "MOM1 is not the size of PARM");
+  if (m.optimizer_kind > 1) corrupt(name, "unknown optimiser kind " + std::to_string(m.optimizer_kind));
+  if (mom2.size() != (m.optimizer_kind == 0 ? parm.size() : 0))
+    corrupt(name, "MOM2 does not fit the optimiser (Adam: the size of PARM; SGD: empty)");
+  if (m.schedule_kind > 2) corrupt(name, "unknown learning-rate schedule kind " + std::to_string(m.schedule_kind));
+  if (m.steps_per_epoch <= 0 || m.global_batch <= 0 || m.step < 0 || m.optimizer_steps < 0 ||
+      m.epoch != m.step / m.steps_per_epoch || m.sampler_epoch != m.epoch ||
+      m.sampler_position != (m.step % m.steps_per_epoch) * m.global_batch || m.dropout_step != m.step ||
+      m.steps_per_epoch * m.global_batch > m.train_count)
+    corrupt(name, "its step, epoch, sampler position and RNG counters disagree with each other");
+  std::int64_t expect = 0;
+  for (const CheckpointTensor& t : ck.tensors) {  // contiguous, in order, covering [0, n)
+    if (t.offset != expect) corrupt(name, "tensor '" + t.name + "' is not where the previous one ends");
+    expect += t.size;
+  }
+  if (expect != n) corrupt(name, "its tensors cover " + std::to_string(expect) + " of " + std::to_string(n) + " parameters");
+
+  const auto copy = [](std::span<const std::uint8_t> s, std::vector<float>& out) {
+    out.resize(s.size() / sizeof(float));
+    if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
+  };
+  copy(parm, ck.params);
+  copy(mom1, ck.first_moment);
+  copy(mom2, ck.second_moment);
+  return ck;
+}
+
+// ---- files ----
+
+namespace {
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+std::vector<std::uint8_t> read_checkpoint_bytes(const std::string& path) {
+  Fd f;
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) {
+    const int e = errno;
+    throw_error(ExitCode::kCheckpoint, "cannot open checkpoint '" + path + "': " + errno_text(e) +
+                                           (e == ENOENT ? "; check the path given to --resume / --checkpoint"
+                                                        : "; check its permissions"));
+  }
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode))
+    throw_error(ExitCode::kCheckpoint, "checkpoint '" + path + "' is not a regular file; give a checkpoint file");
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size > kMaxCheckpointBytes)
+    corrupt(path, "it is " + std::to_string(size) + " bytes, more than any checkpoint this program writes");
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(size));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t r = ::read(f.fd, bytes.data() + done, bytes.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw_error(ExitCode::kCheckpoint, "cannot read checkpoint '" + path + "': " + errno_text(errno));
+    if (r == 0) break;  // shrank while reading: the decoder reports it as truncated
+    done += static_cast<std::size_t>(r);
+  }
+  bytes.resize(done);
+  return bytes;
+}
+
+CheckpointMeta read_checkpoint_meta(const std::string& path) {
+  Fd f;
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) throw_error(ExitCode::kCheckpoint, "cannot open checkpoint '" + path + "': " + errno_text(errno));
+  std::uint8_t b[kHeaderBytes + kSectionHeaderBytes + kCheckpointMetaBytes];
+  std::size_t done = 0;
+  while (done < sizeof b) {
+    const ssize_t r = ::read(f.fd, b + done, sizeof b - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    done += static_cast<std::size_t>(r);
+  }
+  if (done < sizeof b || std::memcmp(b, kCheckpointMagic, 8) != 0 || get<std::uint32_t>(b + 12) != crc32c(b, 12) ||
+      get<std::uint32_t>(b + 8) != kCheckpointVersion || std::memcmp(b + kHeaderBytes, "META", 4) != 0 ||
+      get<std::uint64_t>(b + kHeaderBytes + 8) != kCheckpointMetaBytes ||
+      section_crc(b + kHeaderBytes, {b + kHeaderBytes + kSectionHeaderBytes, kCheckpointMetaBytes}) !=
+          get<std::uint32_t>(b + kHeaderBytes + 4))
+    corrupt(path, "its header or META section is damaged");
+  return decode_meta(b + kHeaderBytes + kSectionHeaderBytes);
+}
+
+void write_file_atomically(const std::string& dir, const std::string& name, std::span<const std::uint8_t> bytes) {
+  const std::string final_path = dir + "/" + name, tmp = final_path + kCheckpointTempSuffix;
+  auto fail = [&](const std::string& what, int e) {
+    ::unlink(tmp.c_str());
+    std::string fix = "check the directory";
+    if (e == ENOSPC || e == EDQUOT || e == EFBIG) fix = "free disk space (or raise the quota / file size limit)";
+    else if (e == EACCES || e == EPERM || e == EROFS) fix = "make it writable";
+    throw_error(ExitCode::kCheckpoint, "cannot write checkpoint '" + final_path + "': " + what + ": " + errno_text(e) +
+                                           "; the previous checkpoints in '" + dir + "' are untouched; " + fix +
+                                           " or choose another --checkpoint-dir, then rerun with --resume auto");
+  };
+  Fd f;
+  f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (f.fd < 0) fail("cannot create '" + tmp + "'", errno);
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t r = ::write(f.fd, bytes.data() + done, bytes.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail("write failed after " + std::to_string(done) + " of " + std::to_string(bytes.size()) + " bytes",
+                    errno);
+    done += static_cast<std::size_t>(r);
+  }
+  if (::fsync(f.fd) != 0) fail("fsync failed", errno);
+  const int fd = f.fd;
+  f.fd = -1;
+  if (::close(fd) != 0) fail("close failed", errno);
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) fail("rename failed", errno);
+  Fd d;
+  d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d.fd < 0 || ::fsync(d.fd) != 0)  // the rename is done; only its durability is in doubt
+    throw_error(ExitCode::kCheckpoint, "checkpoint '" + final_path + "' was written but fsync of the directory '" +
+                                           dir + "' failed: " + errno_text(errno) + "; check the file system");
+}
+
+}  // namespace mnist_mpi

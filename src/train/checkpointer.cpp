@@ -1,0 +1,413 @@
+// Checkpointer: resume, periodic atomic writes by rank 0 on a background thread, retention, and
+// the per-step agreement on preemption and write errors (include/mnist_mpi/train/checkpointer.hpp).
+#include "mnist_mpi/train/checkpointer.hpp"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <sstream>
+
+#include "mnist_mpi/check.hpp"
+#include "mnist_mpi/train/preemption.hpp"
+
+namespace fs = std::filesystem;
+
+namespace mnist_mpi {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void warn(const std::string& msg) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "mnist_mpi: warning: %s\n", msg.c_str());
+  std::fflush(stderr);
+}
+
+// The resolved options as they go into CONF: everything but --resume, which says how a run
+// started, not what state it is in.
+std::string config_for_checkpoint(const std::string& resolved) {
+  std::istringstream in(resolved);
+  std::string line, out;
+  while (std::getline(in, line))
+    if (line.rfind("resume = ", 0) != 0) out += line + "\n";
+  return out;
+}
+
+std::map<std::string, std::string> config_map(const std::string& text) {
+  std::map<std::string, std::string> m;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto eq = line.find(" = ");
+    if (eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return m;
+}
+
+std::uint32_t schedule_kind(const std::string& k) { return k == "step" ? 1u : k == "cosine" ? 2u : 0u; }
+
+// Checkpoint files of a directory, newest step first.
+std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::int64_t step = checkpoint_file_step(name);
+    if (step >= 0) out.emplace_back(step, name);
+  }
+  std::sort(out.begin(), out.end(), std::greater<>());
+  return out;
+}
+
+std::vector<std::string> list_temporaries(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  const std::string suffix = kCheckpointTempSuffix;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        checkpoint_file_step(name.substr(0, name.size() - suffix.size())) >= 0)
+      out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const Options& options, Communicator& comm, const CheckpointRun& run)
+    : opt_(options), comm_(comm), run_(run), dir_(options.checkpoint_dir), rank0_(comm.rank() == 0) {
+  if (!rank0_) return;
+  if (!dir_.empty()) {
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec || !fs::is_directory(dir_))
+      throw_error(ExitCode::kCheckpoint, "cannot create the checkpoint directory '" + dir_ + "': " +
+                                             (ec ? ec.message() : std::string("a file of that name exists")) +
+                                             "; choose a writable --checkpoint-dir");
+    // A write that never finished leaves a temporary file: it is never read, so remove it.
+    for (const std::string& t : list_temporaries(dir_)) {
+      fs::remove(fs::path(dir_) / t, ec);
+      if (!opt_.quiet) std::cout << "checkpoint: removed '" << dir_ << "/" << t << "', left by a write that did not finish\n";
+    }
+    // Find out now, not after hours of training, whether the directory takes a file.
+    const std::string probe = ".mnist_mpi-write-test";
+    const std::uint8_t one = 1;
+    try {
+      write_file_atomically(dir_, probe, {&one, 1});
+    } catch (const Error& e) {
+      throw_error(ExitCode::kCheckpoint, "the checkpoint directory '" + dir_ + "' is not writable (" + e.what() + ")");
+    }
+    fs::remove(fs::path(dir_) / probe, ec);
+    encoder_ = std::make_unique<CheckpointEncoder>(*run_.spec, config_for_checkpoint(opt_.resolved),
+                                                   opt_.optimizer.kind == "adam");
+    stats_.bytes = static_cast<double>(encoder_->size());
+    if (opt_.checkpoint_async) thread_ = std::thread(&Checkpointer::writer_loop, this);
+  }
+  if (!opt_.resume.empty()) find_resume_checkpoint();
+}
+
+Checkpointer::~Checkpointer() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    quit_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Checkpointer::find_resume_checkpoint() {
+  auto use = [&](std::vector<std::uint8_t> bytes, const Checkpoint& ck, const std::string& path) {
+    const std::string diff = check_compatible(ck, path);
+    resume_bytes_ = std::move(bytes);
+    resumed_from_ = path;
+    if (!opt_.quiet) {
+      std::cout << "resuming from " << path << ": step " << ck.meta.step << ", epoch " << ck.meta.epoch + 1
+                << ", sample " << ck.meta.sampler_position << " of the epoch's permutation\n";
+      if (!diff.empty())
+        std::cout << "resume: options that differ from the run that wrote the checkpoint (this run's apply): " << diff
+                  << "\n";
+    }
+  };
+  if (opt_.resume != "auto") {
+    std::vector<std::uint8_t> bytes = read_checkpoint_bytes(opt_.resume);
+    const Checkpoint ck = decode_checkpoint(bytes, opt_.resume);
+    use(std::move(bytes), ck, opt_.resume);
+    return;
+  }
+  for (const auto& [step, name] : list_checkpoints(dir_)) {
+    const std::string path = dir_ + "/" + name;
+    std::vector<std::uint8_t> bytes;
+    Checkpoint ck;
+    try {
+      bytes = read_checkpoint_bytes(path);
+      ck = decode_checkpoint(bytes, path);
+    } catch (const Error& e) {
+      warn(std::string(e.what()) + " -- --resume auto skips it and tries the previous checkpoint");
+      continue;
+    }
+    use(std::move(bytes), ck, path);  // another model's checkpoint is an error, not skipped
+    return;
+  }
+  if (!opt_.quiet) std::cout << "--resume auto: no valid checkpoint in '" << dir_ << "'; starting from step 0\n";
+}
+
+std::string Checkpointer::check_compatible(const Checkpoint& ck, const std::string& path) const {
+  const ModelSpec& spec = *run_.spec;
+  const CheckpointMeta& m = ck.meta;
+  const std::string fix = "; resume with the options that wrote it (its config: mnist_mpi evaluate --checkpoint '" +
+                          path + "' --show-config), or use another --checkpoint-dir";
+  if (ck.spec != spec.text || !(ck.input == spec.input) || ck.num_classes != spec.num_classes() ||
+      ck.tensors != checkpoint_tensors(spec))
+    throw_error(ExitCode::kCheckpoint, "checkpoint '" + path + "' holds another model: its spec is '" + ck.spec +
+                                           "', this run's --model is '" + spec.text + "'" + fix);
+  const std::uint32_t kind = opt_.optimizer.kind == "adam" ? 0u : 1u;
+  if (m.optimizer_kind != kind)
+    throw_error(ExitCode::kCheckpoint, "checkpoint '" + path + "' holds " + (m.optimizer_kind == 0 ? "adam" : "sgd") +
+                                           " state, this run's --optimizer is " + opt_.optimizer.kind + fix);
+  if (m.global_batch != run_.global_batch)
+    throw_error(ExitCode::kCheckpoint,
+                "checkpoint '" + path + "' was trained with a global batch of " + std::to_string(m.global_batch) +
+                    " images, this run's is " + std::to_string(run_.global_batch) +
+                    ": the sampler position is counted in global batches; give --global-batch-size " +
+                    std::to_string(m.global_batch) + " (any number of ranks that divides it)");
+  if (m.train_count != run_.train_count)
+    throw_error(ExitCode::kCheckpoint, "checkpoint '" + path + "' was trained on " + std::to_string(m.train_count) +
+                                           " training images, this run has " + std::to_string(run_.train_count) +
+                                           " (--data-dir, --train-limit, --validation-size)" + fix);
+  if (m.step > run_.total_steps)
+    throw_error(ExitCode::kCheckpoint, "checkpoint '" + path + "' is at step " + std::to_string(m.step) +
+                                           ", past the end of this run (" + std::to_string(run_.total_steps) +
+                                           " steps): raise --max-steps or --epochs to train on from it");
+  // Everything else may change on resume; say what did.
+  const auto a = config_map(ck.config), b = config_map(config_for_checkpoint(opt_.resolved));
+  std::string diff;
+  for (const auto& [k, v] : b) {
+    const auto it = a.find(k);
+    const std::string old = it == a.end() ? "(unset)" : it->second;
+    if (old != v) diff += (diff.empty() ? "" : ", ") + k + " " + old + " -> " + v;
+  }
+  return diff;
+}
+
+std::int64_t Checkpointer::restore(float* params, Optimizer& optimizer) {
+  std::uint64_t n = rank0_ ? resume_bytes_.size() : 0;
+  comm_.broadcast(std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(&n), sizeof n), 0);
+  if (n == 0) return 0;
+  if (!rank0_) resume_bytes_.resize(static_cast<std::size_t>(n));
+  constexpr std::size_t kChunk = std::size_t{1} << 30;  // MPI counts are ints
+  for (std::size_t at = 0; at < resume_bytes_.size(); at += kChunk)
+    comm_.broadcast(std::span<std::uint8_t>(resume_bytes_.data() + at, std::min(kChunk, resume_bytes_.size() - at)), 0);
+  const Checkpoint ck = decode_checkpoint(resume_bytes_, rank0_ ? resumed_from_ : "(received from rank 0)");
+  MNIST_CHECK(ck.meta.param_count == run_.spec->param_count, ExitCode::kCheckpoint,
+              "checkpoint from rank 0 does not fit this rank's model");
+  std::copy(ck.params.begin(), ck.params.end(), params);
+  optimizer.restore(ck.first_moment.data(), ck.second_moment.empty() ? nullptr : ck.second_moment.data(),
+                    ck.meta.optimizer_steps);
+  last_written_step_ = ck.meta.step;
+  std::vector<std::uint8_t>().swap(resume_bytes_);
+  return ck.meta.step;
+}
+
+// Note [Agreeing at the step boundary]
+// After every step each rank contributes (the signal it received, 0 if none) and rank 0 adds
+// (1 if a checkpoint write failed) to one allreduce of two int64 (max). All ranks see the same
+// result after the same step, so they stop together: on a signal rank 0 writes a checkpoint,
+// waits for it, and a second allreduce tells everyone whether it was written (exit 75) or not
+// (exit 4); a write error ends every rank with exit 4 and rank 0's message. The allreduce is 16
+// bytes, a few microseconds, next to a step's gradient reduction.
+bool Checkpointer::after_step(const StepEnd& s) {
+  const bool due = !dir_.empty() && (s.last || s.epoch_end ||
+                                     (opt_.checkpoint_every > 0 && s.step % opt_.checkpoint_every == 0));
+  if (rank0_ && due) write(s);
+  std::int64_t flags[2] = {preemption_signal(), 0};
+  if (rank0_) {
+    std::lock_guard<std::mutex> lk(mu_);
+    flags[1] = error_.empty() ? 0 : 1;
+  }
+  const double t0 = now_s();
+  comm_.allreduce_max(std::span<std::int64_t>(flags, 2));
+  const double waited = now_s() - t0;
+  if (due && !s.epoch_end && !s.last) {
+    others_wait_s_ += waited;
+    ++others_n_;
+  } else if (!due) {
+    others_base_s_ += waited;
+    ++others_base_n_;
+  }
+  if (flags[1] != 0) agree_on_errors();  // throws on every rank
+  if (flags[0] == 0) return false;
+  stop_signal_ = static_cast<int>(flags[0]);
+  if (rank0_ && !dir_.empty() && last_written_step_ != s.step) write(s);
+  agree_on_errors();
+  return true;
+}
+
+void Checkpointer::agree_on_errors() {
+  if (rank0_ && !dir_.empty()) wait_idle();
+  std::string msg;
+  if (rank0_) {
+    std::lock_guard<std::mutex> lk(mu_);
+    msg = error_;
+  }
+  std::int64_t failed = msg.empty() ? 0 : 1;
+  comm_.allreduce_max(std::span<std::int64_t>(&failed, 1));
+  if (failed) throw AgreedError(ExitCode::kCheckpoint, msg);
+}
+
+void Checkpointer::finish() {
+  agree_on_errors();
+  // The other ranks' waits, for the report: the worst rank's mean, in microseconds.
+  std::int64_t us[2] = {0, 0};
+  if (!rank0_) {
+    us[0] = others_n_ ? static_cast<std::int64_t>(1e6 * others_wait_s_ / static_cast<double>(others_n_)) : 0;
+    us[1] = others_base_n_ ? static_cast<std::int64_t>(1e6 * others_base_s_ / static_cast<double>(others_base_n_)) : 0;
+  }
+  comm_.allreduce_max(std::span<std::int64_t>(us, 2));
+  stats_.others_wait_ms = static_cast<double>(us[0]) / 1e3;
+  stats_.others_wait_baseline_ms = static_cast<double>(us[1]) / 1e3;
+}
+
+void Checkpointer::wait_idle() {
+  const double t0 = now_s();
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return !job_; });
+  stats_.wait_previous_ms += 1e3 * (now_s() - t0);
+}
+
+void Checkpointer::write(const StepEnd& s) {
+  wait_idle();  // the encoder's image belongs to the writer until its job is done
+  CheckpointMeta m;
+  m.step = s.step;
+  m.steps_per_epoch = run_.steps_per_epoch;
+  m.epoch = s.step / run_.steps_per_epoch;
+  m.sampler_position = (s.step % run_.steps_per_epoch) * run_.global_batch;
+  m.global_batch = run_.global_batch;
+  m.train_count = run_.train_count;
+  m.total_steps = run_.total_steps;
+  m.world_size = comm_.size();
+  m.seed = opt_.seed;
+  m.sampler_epoch = m.epoch;
+  m.dropout_step = s.step;
+  m.param_count = run_.spec->param_count;
+  m.optimizer_steps = s.optimizer->steps_taken();
+  const OptimizerConfig& oc = s.optimizer->config();
+  m.optimizer_kind = oc.kind == "adam" ? 0u : 1u;
+  m.nesterov = oc.nesterov ? 1u : 0u;
+  m.beta1 = oc.beta1;
+  m.beta2 = oc.beta2;
+  m.eps = oc.eps;
+  m.momentum = oc.momentum;
+  m.weight_decay = oc.weight_decay;
+  const ScheduleConfig& sc = opt_.schedule;
+  m.schedule_kind = schedule_kind(sc.kind);
+  m.base_lr = sc.base_lr;
+  m.gamma = sc.gamma;
+  m.step_epochs = sc.step_epochs;
+  m.min_lr = sc.min_lr;
+  m.warmup_steps = sc.warmup_steps;
+  m.last_lr = s.lr;
+  m.next_lr = s.next_lr;
+  m.validation_accuracy = s.validation_accuracy;
+  m.validation_loss = s.validation_loss;
+  m.train_loss = s.train_loss;
+  const double t0 = now_s();
+  const auto& v = s.optimizer->second_moment();
+  encoder_->capture(m, s.params, s.optimizer->first_moment().data(), v.empty() ? nullptr : v.data());
+  stats_.capture_ms += 1e3 * (now_s() - t0);
+  last_written_step_ = s.step;
+  if (!opt_.quiet)
+    std::printf("checkpoint after step %lld: %s/%s\n", static_cast<long long>(s.step), dir_.c_str(),
+                checkpoint_file_name(s.step).c_str());
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      job_ = true;
+    }
+    cv_.notify_all();
+  } else {
+    write_job();
+  }
+}
+
+void Checkpointer::write_job() {
+  const double t0 = now_s();
+  const CheckpointMeta& m = encoder_->meta();
+  const std::string name = checkpoint_file_name(m.step);
+  try {
+    encoder_->seal();
+    write_file_atomically(dir_, name, encoder_->bytes());
+    validation_of_[name] = m.validation_accuracy;
+    prune();
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.written;
+    stats_.last_file = dir_ + "/" + name;
+    stats_.write_ms += 1e3 * (now_s() - t0);
+  } catch (const Error& e) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (error_.empty()) error_ = e.what();
+  }
+}
+
+// Keeps the newest --keep-checkpoints files and the one with the best validation accuracy (the
+// newest of equals); removes the rest. Files this run has not seen are read for their META.
+void Checkpointer::prune() {
+  if (opt_.keep_checkpoints <= 0) return;
+  const auto files = list_checkpoints(dir_);
+  std::string best;
+  double best_acc = -1.0;
+  for (const auto& [step, name] : files) {  // newest first: ">" keeps the newest of equals
+    auto it = validation_of_.find(name);
+    if (it == validation_of_.end()) {
+      double acc = std::numeric_limits<double>::quiet_NaN();
+      try {
+        acc = read_checkpoint_meta(dir_ + "/" + name).validation_accuracy;
+      } catch (const Error&) {
+      }
+      it = validation_of_.emplace(name, acc).first;
+    }
+    if (std::isfinite(it->second) && it->second > best_acc) {
+      best_acc = it->second;
+      best = name;
+    }
+  }
+  for (std::size_t i = static_cast<std::size_t>(opt_.keep_checkpoints); i < files.size(); ++i) {
+    const std::string& name = files[i].second;
+    if (name == best) continue;
+    std::error_code ec;
+    fs::remove(fs::path(dir_) / name, ec);
+    validation_of_.erase(name);
+  }
+}
+
+void Checkpointer::writer_loop() {
+  sigset_t preempt;  // handled by the training threads (Note [The preemption flag])
+  sigemptyset(&preempt);
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaddset(&preempt, sig);
+  pthread_sigmask(SIG_BLOCK, &preempt, nullptr);
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return job_ || quit_; });
+    if (job_) {
+      lk.unlock();
+      write_job();
+      lk.lock();
+      job_ = false;
+      cv_.notify_all();
+      continue;
+    }
+    return;
+  }
+}
+
+}  // namespace mnist_mpi

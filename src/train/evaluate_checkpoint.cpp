@@ -1,0 +1,181 @@
+// The `evaluate` subcommand (include/mnist_mpi/train/evaluate_checkpoint.hpp): the checkpoint's
+// model on the CPU backend, evaluated batch by batch like rank 0's evaluation in the trainer.
+#include "mnist_mpi/train/evaluate_checkpoint.hpp"
+
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/check.hpp"
+#include "mnist_mpi/model/model.hpp"
+#include "mnist_mpi/model/spec.hpp"
+
+namespace po = boost::program_options;
+
+namespace mnist_mpi {
+namespace {
+
+std::string config_value(const std::string& config, const std::string& key, const std::string& fallback) {
+  std::istringstream in(config);
+  std::string line;
+  const std::string prefix = key + " = ";
+  while (std::getline(in, line))
+    if (line.rfind(prefix, 0) == 0) return line.substr(prefix.size());
+  return fallback;
+}
+
+// FILE, or the newest valid checkpoint of a directory (damaged ones are reported and skipped).
+std::string pick_checkpoint(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return path;
+  std::vector<std::pair<std::int64_t, std::string>> files;
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (checkpoint_file_step(name) >= 0) files.emplace_back(checkpoint_file_step(name), name);
+  }
+  std::sort(files.begin(), files.end(), std::greater<>());
+  for (const auto& f : files) {
+    const std::string p = path + "/" + f.second;
+    try {
+      read_checkpoint_meta(p);
+      return p;
+    } catch (const Error& e) {
+      std::fprintf(stderr, "mnist_mpi: warning: %s -- skipped\n", e.what());
+    }
+  }
+  throw_error(ExitCode::kCheckpoint, "no checkpoint in directory '" + path + "'; give a checkpoint file or the --checkpoint-dir of a run");
+}
+
+}  // namespace
+
+CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& split, int batch, int threads) {
+  const ModelSpec spec = parse_model_spec(ck.spec, ck.input, ck.num_classes);
+  MNIST_CHECK(checkpoint_tensors(spec) == ck.tensors, ExitCode::kCheckpoint,
+              "the checkpoint's tensors do not match its own model spec '" + ck.spec + "'");
+  MNIST_CHECK(split.rows == ck.input.h && split.cols == ck.input.w && ck.input.c == 1, ExitCode::kData,
+              "the data's images are " + std::to_string(split.rows) + "x" + std::to_string(split.cols) +
+                  ", the checkpoint's model takes " + std::to_string(ck.input.h) + "x" + std::to_string(ck.input.w));
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto backend = make_cpu_backend(threads);
+  auto params = backend->allocate(spec.param_count);
+  std::copy(ck.params.begin(), ck.params.end(), params->data());
+  const int eb = static_cast<int>(std::clamp<std::int64_t>(split.count, 1, batch));
+  Model model(spec, eb, *backend, params->data(), nullptr);
+  const int classes = spec.num_classes();
+  CheckpointEvaluation r;
+  r.classes = classes;
+  r.count = split.count;
+  r.confusion.assign(static_cast<std::size_t>(classes) * static_cast<std::size_t>(classes), 0);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(eb));
+  const std::int64_t pixels = static_cast<std::int64_t>(split.rows) * split.cols;
+  StepContext ctx;
+  ctx.training = false;
+  double loss = 0.0;
+  std::int64_t correct = 0;
+  for (std::int64_t first = 0; first < split.count; first += eb) {
+    const std::int64_t n = std::min<std::int64_t>(eb, split.count - first);
+    float* x = model.input();  // (eb, 1, 28, 28)
+    const std::uint8_t* src = split.image(first);
+    for (std::int64_t k = 0; k < n * pixels; ++k) x[k] = static_cast<float>(src[k]) * (1.0f / 255.0f);
+    for (std::int64_t i = 0; i < n; ++i) labels[static_cast<std::size_t>(i)] = split.labels[static_cast<std::size_t>(first + i)];
+    model.forward(ctx);
+    const LossStats s = backend->softmax_cross_entropy(model.logits(), labels.data(), static_cast<int>(n), classes,
+                                                       nullptr, 0.0f);
+    loss += s.loss_sum;
+    correct += s.correct;
+    const float* logits = model.logits();  // (eb, classes), host memory on the CPU backend
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float* row = logits + i * classes;
+      const auto pred = static_cast<std::int64_t>(std::max_element(row, row + classes) - row);
+      r.confusion[static_cast<std::size_t>(labels[static_cast<std::size_t>(i)] * classes + pred)] += 1;
+    }
+  }
+  if (split.count > 0) {
+    r.loss = loss / static_cast<double>(split.count);
+    r.accuracy = static_cast<double>(correct) / static_cast<double>(split.count);
+  }
+  return r;
+}
+
+int evaluate_checkpoint_main(int argc, char** argv) {
+  std::string checkpoint, data_dir = "data/mnist", split_name = "test";
+  std::int64_t batch = 250;
+  int threads = 0;
+  po::options_description desc(
+      "mnist_mpi " MNIST_MPI_VERSION " evaluate - accuracy, loss and confusion matrix of a checkpoint.\n"
+      "Usage: mnist_mpi evaluate --checkpoint FILE|DIR [options] (one process, no mpirun)\nOptions");
+  desc.add_options()
+      ("help,h", "print this help and exit")
+      ("checkpoint", po::value(&checkpoint), "checkpoint file, or a --checkpoint-dir (its newest valid checkpoint)")
+      ("data-dir", po::value(&data_dir)->default_value(data_dir), "directory with the four MNIST IDX files")
+      ("split", po::value(&split_name)->default_value(split_name), "test | validation (the validation split of the checkpoint's run)")
+      ("eval-batch-size", po::value(&batch)->default_value(batch), "images per evaluation batch")
+      ("threads", po::value(&threads)->default_value(threads), "threads (0 = all cores)")
+      ("show-config", "print the checkpoint's state and the options of the run that wrote it, then exit");
+  try {
+    po::variables_map vm;
+    try {
+      po::store(po::parse_command_line(argc, argv, desc), vm);
+      po::notify(vm);
+    } catch (const po::error& e) {
+      throw_error(ExitCode::kUsage, std::string(e.what()) + " (see mnist_mpi evaluate --help)");
+    }
+    if (vm.count("help")) {
+      std::cout << desc;
+      return 0;
+    }
+    if (checkpoint.empty()) throw_error(ExitCode::kUsage, "give --checkpoint FILE (see mnist_mpi evaluate --help)");
+    if (split_name != "test" && split_name != "validation")
+      throw_error(ExitCode::kUsage, "--split must be test or validation, got '" + split_name + "'");
+    if (batch <= 0 || threads < 0) throw_error(ExitCode::kUsage, "--eval-batch-size must be > 0 and --threads >= 0");
+    const std::string path = pick_checkpoint(checkpoint);
+    const Checkpoint ck = load_checkpoint(path);
+    const CheckpointMeta& m = ck.meta;
+    std::printf("checkpoint %s: step %lld of %lld (epoch %lld), model %s, %lld parameters\n", path.c_str(),
+                static_cast<long long>(m.step), static_cast<long long>(m.total_steps), static_cast<long long>(m.epoch),
+                ck.spec.c_str(), static_cast<long long>(m.param_count));
+    if (vm.count("show-config")) {
+      std::printf("global batch %lld, seed %llu, %lld ranks, optimiser %s (%lld steps), next lr %.6g, "
+                  "validation accuracy %.4f\noptions of the run that wrote it:\n%s",
+                  static_cast<long long>(m.global_batch), static_cast<unsigned long long>(m.seed),
+                  static_cast<long long>(m.world_size), m.optimizer_kind == 0 ? "adam" : "sgd",
+                  static_cast<long long>(m.optimizer_steps), m.next_lr, m.validation_accuracy, ck.config.c_str());
+      return 0;
+    }
+    const std::int64_t val = std::stoll(config_value(ck.config, "validation-size", "5000"));
+    const std::int64_t limit = std::stoll(config_value(ck.config, "train-limit", "0"));
+    const Mnist data = load_mnist(data_dir, split_name == "test" ? 0 : val, split_name == "test" ? 0 : limit);
+    const Split& split = split_name == "test" ? data.test : data.validation;
+    const CheckpointEvaluation r = evaluate_checkpoint(ck, split, static_cast<int>(batch), threads);
+    std::printf("%s: %lld images, accuracy %.4f, loss %.4f\n", split_name.c_str(), static_cast<long long>(r.count),
+                r.accuracy, r.loss);
+    std::printf("confusion matrix (rows: true label, columns: predicted label):\n      ");
+    for (int c = 0; c < r.classes; ++c) std::printf("%6d", c);
+    std::printf("\n");
+    for (int t = 0; t < r.classes; ++t) {
+      std::printf("%6d", t);
+      for (int c = 0; c < r.classes; ++c)
+        std::printf("%6lld", static_cast<long long>(r.confusion[static_cast<std::size_t>(t * r.classes + c)]));
+      std::printf("\n");
+    }
+    return 0;
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "mnist_mpi: error: %s\n", e.what());
+    return static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "mnist_mpi: error: %s\n", e.what());
+    return static_cast<int>(ExitCode::kRuntime);
+  }
+}
+
+}  // namespace mnist_mpi
