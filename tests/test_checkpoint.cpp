@@ -1,0 +1,260 @@
+// The checkpoint format on its own: round trip, same state -> same bytes, every damaged byte and
+// every truncation detected, foreign / empty / other-version files refused with the file named,
+// a failed write leaves the previous file intact, and the optimiser continues bitwise from its
+// saved state. The trainer's use of it (resume, preemption) is tested end to end in
+// tests/e2e_checkpoint.sh.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "mnist_mpi/check.hpp"
+#include "mnist_mpi/crc32c.hpp"
+#include "mnist_mpi/train/checkpoint.hpp"
+#include "mnist_mpi/train/optimizer.hpp"
+
+namespace mnist_mpi {
+namespace {
+
+// A model small enough that every byte of its file can be flipped: 170 parameters.
+ModelSpec small_spec() { return parse_model_spec("maxpool:7,flatten,fc:10", Shape{1, 28, 28}, 10); }
+
+CheckpointMeta sample_meta(const ModelSpec& spec) {
+  CheckpointMeta m;
+  m.step = 37;
+  m.steps_per_epoch = 10;
+  m.epoch = 3;
+  m.sampler_position = 7 * 20;
+  m.global_batch = 20;
+  m.train_count = 200;
+  m.total_steps = 100;
+  m.world_size = 2;
+  m.seed = 42;
+  m.sampler_epoch = 3;
+  m.dropout_step = 37;
+  m.param_count = spec.param_count;
+  m.optimizer_steps = 37;
+  m.beta1 = 0.9;
+  m.beta2 = 0.999;
+  m.eps = 1e-8;
+  m.schedule_kind = 1;
+  m.base_lr = 0.01;
+  m.gamma = 0.7;
+  m.step_epochs = 1;
+  m.min_lr = 1e-5;
+  m.last_lr = 0.0049;
+  m.next_lr = 0.0049;
+  m.validation_accuracy = std::numeric_limits<double>::quiet_NaN();
+  m.validation_loss = std::numeric_limits<double>::quiet_NaN();
+  m.train_loss = 0.25;
+  return m;
+}
+
+struct State {
+  std::vector<float> p, m, v;
+};
+
+State sample_state(std::int64_t n) {
+  State s{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  for (std::int64_t i = 0; i < n; ++i) {
+    s.p[i] = 0.01f * static_cast<float>(i) - 0.5f;
+    s.m[i] = 1e-3f * static_cast<float>(i % 17);
+    s.v[i] = 1e-6f * static_cast<float>(i % 5 + 1);
+  }
+  return s;
+}
+
+std::vector<std::uint8_t> encode(const ModelSpec& spec, const CheckpointMeta& meta, const State& s) {
+  CheckpointEncoder e(spec, "model = maxpool:7,flatten,fc:10\nseed = 42\n", true);
+  e.capture(meta, s.p.data(), s.m.data(), s.v.data());
+  e.seal();
+  return {e.bytes().begin(), e.bytes().end()};
+}
+
+std::string message_of(const std::vector<std::uint8_t>& bytes, const std::string& name = "x.ckpt") {
+  try {
+    decode_checkpoint(bytes, name);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kCheckpoint);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Checkpoint, RoundTripKeepsEveryField) {
+  const ModelSpec spec = small_spec();
+  const CheckpointMeta meta = sample_meta(spec);
+  const State s = sample_state(spec.param_count);
+  const Checkpoint ck = decode_checkpoint(encode(spec, meta, s), "x.ckpt");
+  EXPECT_EQ(ck.meta.step, 37);
+  EXPECT_EQ(ck.meta.sampler_position, 140);
+  EXPECT_EQ(ck.meta.global_batch, 20);
+  EXPECT_EQ(ck.meta.seed, 42u);
+  EXPECT_EQ(ck.meta.optimizer_steps, 37);
+  EXPECT_EQ(ck.meta.schedule_kind, 1u);
+  EXPECT_EQ(ck.meta.gamma, 0.7);
+  EXPECT_EQ(ck.meta.last_lr, 0.0049);
+  EXPECT_TRUE(std::isnan(ck.meta.validation_accuracy));
+  EXPECT_EQ(ck.meta.train_loss, 0.25);
+  EXPECT_EQ(ck.spec, "maxpool:7,flatten,fc:10");
+  EXPECT_EQ(ck.input, (Shape{1, 28, 28}));
+  EXPECT_EQ(ck.num_classes, 10);
+  EXPECT_EQ(ck.config, "model = maxpool:7,flatten,fc:10\nseed = 42\n");
+  EXPECT_EQ(ck.tensors, checkpoint_tensors(spec));
+  ASSERT_EQ(ck.tensors.size(), 2u);
+  EXPECT_EQ(ck.tensors[0].name, spec.params[0].name);
+  EXPECT_EQ(ck.params, s.p);
+  EXPECT_EQ(ck.first_moment, s.m);
+  EXPECT_EQ(ck.second_moment, s.v);
+}
+
+TEST(Checkpoint, SameStateGivesTheSameBytes) {
+  const ModelSpec spec = small_spec();
+  const State s = sample_state(spec.param_count);
+  const auto a = encode(spec, sample_meta(spec), s);
+  usleep(2000);  // nothing time-dependent may enter the file
+  const auto b = encode(spec, sample_meta(spec), s);
+  EXPECT_EQ(a, b);
+  State t = s;
+  t.p[5] = std::nextafter(t.p[5], 1.0f);  // and a different state gives different bytes
+  EXPECT_NE(a, encode(spec, sample_meta(spec), t));
+}
+
+TEST(Checkpoint, EveryFlippedByteIsDetected) {
+  const ModelSpec spec = small_spec();
+  const auto good = encode(spec, sample_meta(spec), sample_state(spec.param_count));
+  for (std::size_t i = 0; i < good.size(); ++i) {
+    auto bad = good;
+    bad[i] ^= 0x10;
+    const std::string msg = message_of(bad, "dir/step-00000037.ckpt");
+    ASSERT_FALSE(msg.empty()) << "a flipped bit at byte " << i << " of " << good.size() << " went unnoticed";
+    ASSERT_NE(msg.find("dir/step-00000037.ckpt"), std::string::npos) << msg;
+  }
+}
+
+TEST(Checkpoint, EveryTruncationIsDetected) {
+  const ModelSpec spec = small_spec();
+  const auto good = encode(spec, sample_meta(spec), sample_state(spec.param_count));
+  for (std::size_t n = 0; n < good.size(); ++n) {
+    const std::vector<std::uint8_t> cut(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n));
+    ASSERT_FALSE(message_of(cut).empty()) << "a file cut to " << n << " bytes was accepted";
+  }
+  auto longer = good;
+  longer.push_back(0);
+  EXPECT_NE(message_of(longer).find("records a file of"), std::string::npos);  // END holds the file size
+}
+
+TEST(Checkpoint, ForeignEmptyAndOtherVersionFilesAreNamed) {
+  EXPECT_NE(message_of({}, "e.ckpt").find("'e.ckpt' is unusable: the file is empty"), std::string::npos);
+  const std::string text = "model = fc:10\nthis is a config file, not a checkpoint\n";
+  EXPECT_NE(message_of({text.begin(), text.end()}, "c.ini").find("not a mnist_mpi checkpoint"), std::string::npos);
+  const ModelSpec spec = small_spec();
+  auto v2 = encode(spec, sample_meta(spec), sample_state(spec.param_count));
+  const std::uint32_t version = 2;
+  std::memcpy(v2.data() + 8, &version, 4);
+  const std::uint32_t crc = crc32c(v2.data(), 12);  // a real version-2 header, not a damaged one
+  std::memcpy(v2.data() + 12, &crc, 4);
+  const std::string msg = message_of(v2, "new.ckpt");
+  EXPECT_NE(msg.find("'new.ckpt' has format version 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("reads version 1"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, HugeSizesAreRefusedBeforeAllocating) {
+  const ModelSpec spec = small_spec();
+  auto bad = encode(spec, sample_meta(spec), sample_state(spec.param_count));
+  const std::uint64_t huge = std::uint64_t{1} << 60;  // META's length field
+  std::memcpy(bad.data() + 16 + 8, &huge, 8);
+  const std::string msg = message_of(bad);
+  EXPECT_NE(msg.find("section 'META' at byte 16 claims 1152921504606846976 bytes"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, InconsistentCountersAreRefused) {
+  const ModelSpec spec = small_spec();
+  CheckpointMeta meta = sample_meta(spec);
+  meta.sampler_position += 1;  // well-formed, checksummed, but not a state the trainer can be in
+  EXPECT_NE(message_of(encode(spec, meta, sample_state(spec.param_count))).find("disagree"), std::string::npos);
+}
+
+TEST(Checkpoint, FileNames) {
+  EXPECT_EQ(checkpoint_file_name(100), "step-00000100.ckpt");
+  EXPECT_EQ(checkpoint_file_step("step-00000100.ckpt"), 100);
+  EXPECT_EQ(checkpoint_file_step("step-123456789.ckpt"), 123456789);
+  EXPECT_EQ(checkpoint_file_step("step-00000100.ckpt.tmp"), -1);
+  EXPECT_EQ(checkpoint_file_step("step-0000010x.ckpt"), -1);
+  EXPECT_EQ(checkpoint_file_step("step-100.ckpt"), -1);
+}
+
+std::vector<std::uint8_t> slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// A real failing write: the file-size limit (RLIMIT_FSIZE) makes write() fail with EFBIG
+// (SIGXFSZ ignored) in the middle of the file, as a full disk would.
+TEST(Checkpoint, AFailedWriteLeavesThePreviousFileIntact) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("mnist_mpi_ckwrite_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::vector<std::uint8_t> old_bytes(3000, 0xAB), new_bytes(9000, 0xCD);
+  write_file_atomically(dir.string(), "step-00000001.ckpt", old_bytes);
+  ASSERT_EQ(slurp((dir / "step-00000001.ckpt").string()), old_bytes);
+
+  rlimit old_limit{};
+  getrlimit(RLIMIT_FSIZE, &old_limit);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old_limit;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string msg;
+  try {
+    write_file_atomically(dir.string(), "step-00000001.ckpt", new_bytes);
+  } catch (const Error& e) {
+    msg = e.what();
+    EXPECT_EQ(e.code(), ExitCode::kCheckpoint);
+  }
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+
+  EXPECT_NE(msg.find("cannot write checkpoint '" + (dir / "step-00000001.ckpt").string() + "'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("File too large"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("untouched"), std::string::npos) << msg;
+  EXPECT_EQ(slurp((dir / "step-00000001.ckpt").string()), old_bytes);  // the old file, whole
+  EXPECT_FALSE(fs::exists(dir / "step-00000001.ckpt.tmp"));           // and no leftovers
+  fs::remove_all(dir);
+}
+
+// Saving m, v and t and restoring them into a fresh optimiser continues bitwise.
+TEST(Checkpoint, OptimizerContinuesBitwiseFromItsState) {
+  for (const char* kind : {"adam", "sgd"}) {
+    OptimizerConfig cfg;
+    cfg.kind = kind;
+    cfg.momentum = 0.9;
+    const std::int64_t n = 64;
+    std::vector<float> p(n), g(n);
+    for (std::int64_t i = 0; i < n; ++i) p[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
+    auto grads = [&](int step) {
+      for (std::int64_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(step));
+    };
+    Optimizer a(cfg, n);
+    for (int s = 0; s < 5; ++s) grads(s), a.step(p.data(), g.data(), 0.01);
+    std::vector<float> q = p;
+    Optimizer b(cfg, n);
+    b.restore(a.first_moment().data(), a.second_moment().empty() ? nullptr : a.second_moment().data(),
+              a.steps_taken());
+    for (int s = 5; s < 10; ++s) {
+      grads(s);
+      a.step(p.data(), g.data(), 0.01);
+      b.step(q.data(), g.data(), 0.01);
+    }
+    EXPECT_EQ(std::memcmp(p.data(), q.data(), n * sizeof(float)), 0) << kind;
+  }
+}
+
+}  // namespace
+}  // namespace mnist_mpi
