@@ -417,12 +417,13 @@ RunResult Trainer::run() {
       const CheckpointStats& c = res.checkpoints;
       if (c.written > 0) {
         const double n = static_cast<double>(c.written);
-        std::printf("checkpoints: %lld written, %.2f MB each (parameters and optimiser state %.2f MB); rank 0 "
-                    "copied the state in %.2f ms, wrote it in %.1f ms (%s); the other ranks waited %.2f ms at "
-                    "a checkpoint step (%.2f ms at other steps)\n",
-                    static_cast<long long>(c.written), c.bytes / 1048576.0,
-                    static_cast<double>(spec_.param_count) * sizeof(float) *
-                        (opt_.optimizer.kind == "adam" ? 3.0 : 2.0) / 1048576.0,
+        const double state = static_cast<double>(spec_.param_count) * sizeof(float) *
+                             (opt_.optimizer.kind == "adam" ? 3.0 : 2.0);
+        std::printf("checkpoints: %lld written, %.2f MB each (parameters and optimiser state %.2f MB + %.1f KB); "
+                    "rank 0 copied the state in %.2f ms, wrote it in %.1f ms (%s); the other ranks waited %.2f ms "
+                    "at a checkpoint step (%.2f ms at other steps)\n",
+                    static_cast<long long>(c.written), c.bytes / 1048576.0, state / 1048576.0,
+                    (c.bytes - state) / 1024.0,
                     c.capture_ms / n, c.write_ms / n, opt_.checkpoint_async ? "in the background" : "inline",
                     c.others_wait_ms, c.others_wait_baseline_ms);
       }
@@ -440,7 +441,14 @@ RunResult Trainer::run() {
               ",\"backward\":" + json_num(1e3 * timing.backward) + ",\"exposed_comm\":" +
               json_num(1e3 * timing.exposed_comm) + ",\"optimizer\":" + json_num(1e3 * timing.optimizer) +
               "},\"reduced_bytes_per_step\":" + json_num(timing.reduced_bytes) + ",\"buckets\":" +
-              std::to_string(reducer_->buckets().size()) + ",\"params_hash\":\"" + res.params_hash + "\"}");
+              std::to_string(reducer_->buckets().size()) + ",\"params_hash\":\"" + res.params_hash +
+              "\",\"checkpoints\":{\"written\":" + std::to_string(res.checkpoints.written) + ",\"bytes\":" +
+              json_num(res.checkpoints.bytes) + ",\"capture_ms\":" +
+              json_num(res.checkpoints.written ? res.checkpoints.capture_ms / static_cast<double>(res.checkpoints.written) : 0.0) +
+              ",\"write_ms\":" +
+              json_num(res.checkpoints.written ? res.checkpoints.write_ms / static_cast<double>(res.checkpoints.written) : 0.0) +
+              ",\"others_wait_ms\":" + json_num(res.checkpoints.others_wait_ms) + ",\"others_wait_baseline_ms\":" +
+              json_num(res.checkpoints.others_wait_baseline_ms) + "}}");
   }
   return res;
 }
