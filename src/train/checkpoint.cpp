@@ -283,7 +283,9 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
   while (!seen_end) {
     if (size - at < kSectionHeaderBytes)
       corrupt(name, "it is truncated: it ends after " + std::to_string(size) + " bytes, before its END section");
-    const std::string tag(reinterpret_cast<const char*>(b + at), 4);
+    std::string tag(reinterpret_cast<const char*>(b + at), 4);
+    for (char& c : tag)
+      if (c < 0x20 || c > 0x7e) c = '?';  // a damaged tag goes into messages printably
     const auto stored = get<std::uint32_t>(b + at + 4);
     const auto length = get<std::uint64_t>(b + at + 8);
     const std::size_t room = size - at - kSectionHeaderBytes;
