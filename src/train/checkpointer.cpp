@@ -246,7 +246,7 @@ bool Checkpointer::after_step(const StepEnd& s) {
     ++others_base_n_;
   }
   if (flags[1] != 0) agree_on_errors();  // throws on every rank
-  if (flags[0] == 0) return false;
+  if (flags[0] == 0 || s.last) return false;  // a signal during the last step: the run is done anyway
   stop_signal_ = static_cast<int>(flags[0]);
   if (rank0_ && !dir_.empty() && last_written_step_ != s.step) write(s);
   agree_on_errors();
@@ -327,8 +327,8 @@ void Checkpointer::write(const StepEnd& s) {
   stats_.capture_ms += 1e3 * (now_s() - t0);
   last_written_step_ = s.step;
   if (!opt_.quiet)
-    std::printf("checkpoint after step %lld: %s/%s\n", static_cast<long long>(s.step), dir_.c_str(),
-                checkpoint_file_name(s.step).c_str());
+    std::printf("checkpoint after step %lld: %s/step-%08lld.ckpt\n", static_cast<long long>(s.step), dir_.c_str(),
+                static_cast<long long>(s.step));  // as checkpoint_file_name, without allocating
   if (thread_.joinable()) {
     {
       std::lock_guard<std::mutex> lk(mu_);

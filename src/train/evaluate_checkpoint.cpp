@@ -32,10 +32,11 @@ std::string config_value(const std::string& config, const std::string& key, cons
 }
 
 // FILE, or the newest valid checkpoint of a directory (damaged ones are reported and skipped).
-std::string pick_checkpoint(const std::string& path) {
+Checkpoint pick_checkpoint(const std::string& path, std::string& chosen) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::is_directory(path, ec)) return path;
+  chosen = path;
+  if (!fs::is_directory(path, ec)) return load_checkpoint(path);
   std::vector<std::pair<std::int64_t, std::string>> files;
   for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
@@ -43,15 +44,15 @@ std::string pick_checkpoint(const std::string& path) {
   }
   std::sort(files.begin(), files.end(), std::greater<>());
   for (const auto& f : files) {
-    const std::string p = path + "/" + f.second;
+    chosen = path + "/" + f.second;
     try {
-      read_checkpoint_meta(p);
-      return p;
+      return load_checkpoint(chosen);
     } catch (const Error& e) {
       std::fprintf(stderr, "mnist_mpi: warning: %s -- skipped\n", e.what());
     }
   }
-  throw_error(ExitCode::kCheckpoint, "no checkpoint in directory '" + path + "'; give a checkpoint file or the --checkpoint-dir of a run");
+  throw_error(ExitCode::kCheckpoint, "no valid checkpoint in directory '" + path +
+                                         "'; give a checkpoint file or the --checkpoint-dir of a run");
 }
 
 }  // namespace
@@ -136,8 +137,8 @@ int evaluate_checkpoint_main(int argc, char** argv) {
     if (split_name != "test" && split_name != "validation")
       throw_error(ExitCode::kUsage, "--split must be test or validation, got '" + split_name + "'");
     if (batch <= 0 || threads < 0) throw_error(ExitCode::kUsage, "--eval-batch-size must be > 0 and --threads >= 0");
-    const std::string path = pick_checkpoint(checkpoint);
-    const Checkpoint ck = load_checkpoint(path);
+    std::string path;
+    const Checkpoint ck = pick_checkpoint(checkpoint, path);
     const CheckpointMeta& m = ck.meta;
     std::printf("checkpoint %s: step %lld of %lld (epoch %lld), model %s, %lld parameters\n", path.c_str(),
                 static_cast<long long>(m.step), static_cast<long long>(m.total_steps), static_cast<long long>(m.epoch),
