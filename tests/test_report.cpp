@@ -357,7 +357,7 @@ TEST(Progress, BarRedrawsAtMostFourTimesASecondAndEndsEachEpochWithANewline) {
   const std::string first = "\repoch 1 [########################] 10/10 loss - 5000 img/s took 0:00\033[K\n";
   ASSERT_EQ(out.substr(0, first.size()), first);
   EXPECT_NE(out.find("\repoch 2 [##......................] 1/10 loss 1.5000 "), std::string::npos);
-  EXPECT_NE(out.find("\repoch 2 [####....................] 2/10 loss 1.5000 50 img/s ETA 0:12"), std::string::npos);
+  EXPECT_NE(out.find("\repoch 2 [####....................] 2/10 loss 1.5000 34 img/s ETA 0:12"), std::string::npos);
   EXPECT_NE(out.find("\r\033[Kan evaluation\n"), std::string::npos);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\r'), 4);  // epoch end, two redraws, the clear before the line
 }

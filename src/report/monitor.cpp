@@ -135,10 +135,10 @@ void Monitor::finish(Communicator& comm, const FinalFacts& f) {
   time.push_back({"other", std::max(0.0, all_s - known)});
 
   std::printf("where the time went (rank 0, %lld steps, %.2f s from process start):\n", static_cast<long long>(f.steps), all_s);
-  std::printf("  %-22s %9s %7s %10s\n", "phase", "seconds", "share", "ms/step");
+  std::printf("  %-22s %9s %7s %14s\n", "phase", "seconds", "share", "ms/step (all)");
   for (const TimeShare& s : time) {
     const bool per_step = s.name != "start-up" && s.name != "evaluation" && s.name != "other";
-    std::printf("  %-22s %9.3f %6.1f%% %10s\n", s.name.c_str(), s.seconds, all_s > 0 ? 100.0 * s.seconds / all_s : 0.0,
+    std::printf("  %-22s %9.3f %6.1f%% %14s\n", s.name.c_str(), s.seconds, all_s > 0 ? 100.0 * s.seconds / all_s : 0.0,
                 per_step && f.steps > 0 ? fmt("%.3f", 1e3 * s.seconds / static_cast<double>(f.steps)).c_str() : "");
   }
   if (timeline_) {

@@ -54,18 +54,13 @@ Progress::Progress(ProgressMode mode, std::int64_t total_steps, std::int64_t ste
 }
 
 void Progress::start(Clock::time_point t) {
-  epoch_start_ = last_draw_ = rate_t_ = t;
-  rate_step_ = 0;
+  epoch_start_ = last_draw_ = t;
 }
 
 void Progress::step_done(std::int64_t step, Clock::time_point now) {
   if (mode_ != ProgressMode::kBar) return;
   const bool epoch_end = (step + 1) % steps_per_epoch_ == 0 || step + 1 == total_steps_;
   if (!epoch_end && now - last_draw_ < std::chrono::milliseconds(250)) return;
-  const double dt = std::chrono::duration<double>(now - rate_t_).count();
-  if (dt > 0 && step + 1 > rate_step_) rate_ = static_cast<double>((step + 1 - rate_step_) * global_batch_) / dt;
-  rate_t_ = now;
-  rate_step_ = step + 1;
   draw(step, now, epoch_end);
 }
 
@@ -75,6 +70,8 @@ void Progress::draw(std::int64_t step, Clock::time_point now, bool final) {
   const std::int64_t last = std::min(first + steps_per_epoch_, total_steps_);
   const std::int64_t done = step + 1 - first, in_epoch = last - first;
   const double elapsed = std::chrono::duration<double>(now - epoch_start_).count();
+  // images/s over the epoch so far (evaluations excluded): steadier than between two redraws.
+  const double rate = elapsed > 0 ? static_cast<double>(done * global_batch_) / elapsed : 0.0;
   const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(in_epoch - done) : -1.0;
   constexpr int kWidth = 24;
   const int filled = static_cast<int>(kWidth * done / std::max<std::int64_t>(in_epoch, 1));
@@ -86,7 +83,7 @@ void Progress::draw(std::int64_t step, Clock::time_point now, bool final) {
   char text[256];
   std::snprintf(text, sizeof text, "\repoch %lld [%s] %lld/%lld loss %s %.0f img/s %s %s\033[K",
                 static_cast<long long>(epoch + 1), bar, static_cast<long long>(done), static_cast<long long>(in_epoch),
-                loss, rate_, final ? "took" : "ETA", clock_text(final ? elapsed : eta).c_str());
+                loss, rate, final ? "took" : "ETA", clock_text(final ? elapsed : eta).c_str());
   std::fputs(text, stdout);
   if (final) {
     std::fputc('\n', stdout);
@@ -106,10 +103,10 @@ void Progress::log(std::int64_t step, double loss, double lr, double images_per_
   std::fflush(stdout);
 }
 
-void Progress::line(const std::string& text) {
+void Progress::line(const char* text) {
   if (mode_ == ProgressMode::kOff) return;
   if (drawn_) std::fputs("\r\033[K", stdout);
-  std::fputs(text.c_str(), stdout);
+  std::fputs(text, stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
   drawn_ = false;

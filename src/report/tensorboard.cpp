@@ -27,14 +27,12 @@ double unix_seconds() {
 
 }  // namespace
 
-std::string tfrecord_frame(std::string_view payload) {
-  std::string out;
-  out.reserve(payload.size() + 16);
+void tfrecord_frame(std::string_view payload, std::string& out) {
+  out.clear();
   put_le(out, static_cast<std::uint64_t>(payload.size()));
   put_le(out, crc32c_masked(crc32c(out.data(), 8)));
   out.append(payload);
   put_le(out, crc32c_masked(crc32c(payload.data(), payload.size())));
-  return out;
 }
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir, const std::string& host) {
@@ -77,8 +75,8 @@ void TensorBoardWriter::scalars(std::int64_t step, const std::vector<std::pair<s
 }
 
 void TensorBoardWriter::write_event(const ProtoWriter& event) {
-  const std::string rec = tfrecord_frame(event.data());
-  if (std::fwrite(rec.data(), 1, rec.size(), file_) != rec.size() || std::fflush(file_) != 0) {
+  tfrecord_frame(event.data(), record_);
+  if (std::fwrite(record_.data(), 1, record_.size(), file_) != record_.size() || std::fflush(file_) != 0) {
     std::fprintf(stderr, "mnist_mpi: warning: cannot write the TensorBoard file '%s' (%s); no more events go to it\n",
                  path_.c_str(), std::strerror(errno));
     std::fclose(file_);

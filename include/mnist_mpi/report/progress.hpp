@@ -28,9 +28,9 @@ class Progress {
   // At --log-every: the global mean loss of the window, the learning rate, the window's images/s.
   void log(std::int64_t step, double loss, double lr, double images_per_s);
   // A whole line of other output (an evaluation): the bar is cleared first and redrawn later.
-  void line(const std::string& text);
+  void line(const char* text);
   // Time spent outside training (evaluation) so it does not count in images/s or the ETA.
-  void pause(Clock::duration d) { epoch_start_ += d; rate_t_ += d; }
+  void pause(Clock::duration d) { epoch_start_ += d; }
   ProgressMode mode() const { return mode_; }
 
  private:
@@ -39,9 +39,7 @@ class Progress {
   ProgressMode mode_;
   std::int64_t total_steps_, steps_per_epoch_, global_batch_;
   double loss_ = -1.0;  // the last logged loss (none yet: -1)
-  double rate_ = 0.0;   // images/s measured over recent steps
-  Clock::time_point epoch_start_, last_draw_, rate_t_;
-  std::int64_t rate_step_ = 0;
+  Clock::time_point epoch_start_, last_draw_;
   bool drawn_ = false;  // a bar is on the current line
 };
 

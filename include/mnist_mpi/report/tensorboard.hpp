@@ -15,8 +15,14 @@
 
 namespace mnist_mpi {
 
-// One TFRecord: the frame around `payload` (exposed for tests and other record writers).
-std::string tfrecord_frame(std::string_view payload);
+// One TFRecord: the frame around `payload` (exposed for tests and other record writers), into out
+// (cleared first; its capacity is reused).
+void tfrecord_frame(std::string_view payload, std::string& out);
+inline std::string tfrecord_frame(std::string_view payload) {
+  std::string out;
+  tfrecord_frame(payload, out);
+  return out;
+}
 
 class TensorBoardWriter {
  public:
@@ -39,6 +45,7 @@ class TensorBoardWriter {
   std::string path_;
   std::FILE* file_ = nullptr;
   ProtoWriter event_, summary_, value_;  // reused: their buffers grow to the largest event once
+  std::string record_;
 };
 
 }  // namespace mnist_mpi
