@@ -6,8 +6,10 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
 # ocl-icd-opencl-dev: only a Recommends of libdnnl-dev, but dnnl's CMake package fails without OpenCL.
+# python3, python3-protobuf: tests/check_observability.py (JSON, and Google's parser of our event files).
 packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libboost-program-options-dev
-          libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libgtest-dev libgmock-dev googletest)
+          libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libgtest-dev libgmock-dev googletest
+          python3 python3-protobuf)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do

@@ -15,6 +15,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 problems = []
+PAYLOADS = []  # every record's Event bytes, for the cross-check
 
 
 def fail(msg):
@@ -89,6 +90,7 @@ def read_events(path):
         if data_crc != masked(crc32c(payload)):
             fail("%s: bad data CRC at byte %d" % (path, i))
         i += 16 + n
+        PAYLOADS.append(bytes(payload))
         ev = {"values": {}}
         for num, wire, v in fields(payload):
             if num == 1 and wire == 1:
@@ -111,6 +113,59 @@ def read_events(path):
                 fail("%s: unexpected Event field %d" % (path, num))
         events.append(ev)
     return events
+
+
+def protobuf_event_class():
+    """TensorBoard's Event and Summary messages built for Google's protobuf library (Debian's
+    python3-protobuf), as an independent parser of our bytes; None when it is not installed."""
+    try:
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    except ImportError:
+        return None
+    F = descriptor_pb2.FieldDescriptorProto
+    fd = descriptor_pb2.FileDescriptorProto(name="mnist_mpi_check_event.proto", package="check", syntax="proto3")
+    value = descriptor_pb2.DescriptorProto(name="Value")
+    value.field.add(name="tag", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    value.field.add(name="simple_value", number=2, type=F.TYPE_FLOAT, label=F.LABEL_OPTIONAL, oneof_index=0)
+    value.oneof_decl.add(name="value")
+    summary = descriptor_pb2.DescriptorProto(name="Summary")
+    summary.field.add(name="value", number=1, type=F.TYPE_MESSAGE, type_name=".check.Value", label=F.LABEL_REPEATED)
+    event = descriptor_pb2.DescriptorProto(name="Event")
+    event.field.add(name="wall_time", number=1, type=F.TYPE_DOUBLE, label=F.LABEL_OPTIONAL)
+    event.field.add(name="step", number=2, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    event.field.add(name="file_version", number=3, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, oneof_index=0)
+    event.field.add(name="summary", number=5, type=F.TYPE_MESSAGE, type_name=".check.Summary", label=F.LABEL_OPTIONAL,
+                    oneof_index=0)
+    event.oneof_decl.add(name="what")
+    fd.message_type.extend([value, summary, event])
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fd)
+    desc = pool.FindMessageTypeByName("check.Event")
+    if hasattr(message_factory, "GetMessageClass"):
+        return message_factory.GetMessageClass(desc)
+    return message_factory.MessageFactory(pool).GetPrototype(desc)
+
+
+def cross_check_with_protobuf(payloads, events):
+    Event = protobuf_event_class()
+    if Event is None:
+        return "python3-protobuf not installed, no cross-check"
+    for raw, mine in zip(payloads, events):
+        e = Event()
+        try:
+            e.ParseFromString(raw)
+        except Exception as err:  # google.protobuf.message.DecodeError
+            fail("protobuf: the library cannot parse an event: %s" % err)
+            continue
+        if hasattr(e, "UnknownFields") and len(e.UnknownFields()):
+            fail("protobuf: unknown fields in an event")
+        if e.wall_time != mine.get("wall_time") or e.step != mine.get("step", 0) or \
+                e.file_version != mine.get("file_version", ""):
+            fail("protobuf: the library reads %s, our decoder %s" % (e, mine))
+        theirs = {v.tag: v.simple_value for v in e.summary.value}
+        if theirs != mine["values"]:
+            fail("protobuf: the library reads values %s, our decoder %s" % (theirs, mine["values"]))
+    return "Google's protobuf library parses all %d events alike" % len(payloads)
 
 
 def f32(x):
@@ -225,7 +280,8 @@ def main():
                     if got is None or not close(got, f32(m[key]), 1e-6):
                         fail("tensorboard: %s at step %d is %s, the metrics file says %s" % (tag, m["step"], got, m[key]))
                     checked += 1
-            print("tensorboard: %d records, every CRC checked, %d scalars equal to the metrics file" % (len(events), checked))
+            print("tensorboard: %d records, every CRC checked, %d scalars equal to the metrics file; %s"
+                  % (len(events), checked, cross_check_with_protobuf(PAYLOADS, events)))
 
     if a.report:
         html = open(a.report, encoding="utf-8").read()
