@@ -90,7 +90,7 @@ std::string line_chart(const std::string& title, const std::vector<Series>& seri
   std::snprintf(b, sizeof b, "<text x=\"%g\" y=\"%g\">step %.0f</text><text x=\"%g\" y=\"%g\" text-anchor=\"end\">step %.0f</text>",
                 L, H - 12, x0, W - R, H - 12, x1);
   o << b;
-  double legend_x = L + 8;
+  double legend_x = L + 30 + 8.0 * static_cast<double>(title.size());  // the legend follows the title
   for (const Series& s : series) {
     if (s.points.empty()) continue;
     o << "<path fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.6\" d=\"";
@@ -108,8 +108,8 @@ std::string line_chart(const std::string& title, const std::vector<Series>& seri
           std::snprintf(b, sizeof b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>", px(x), py(y), s.color.c_str());
           o << b;
         }
-    std::snprintf(b, sizeof b, "<rect x=\"%.1f\" y=\"%g\" width=\"10\" height=\"10\" fill=\"%s\"/>", legend_x, T + 6, s.color.c_str());
-    o << b << "<text x=\"" << legend_x + 14 << "\" y=\"" << T + 15 << "\">" << esc(s.name) << "</text>";
+    std::snprintf(b, sizeof b, "<rect x=\"%.1f\" y=\"9\" width=\"10\" height=\"10\" fill=\"%s\"/>", legend_x, s.color.c_str());
+    o << b << "<text x=\"" << legend_x + 14 << "\" y=\"18\">" << esc(s.name) << "</text>";
     legend_x += 22 + 7.0 * static_cast<double>(s.name.size());
   }
   o << "</svg>";
@@ -122,7 +122,7 @@ std::string time_bar(const std::vector<TimeShare>& time) {
   for (const TimeShare& t : time) total += std::max(0.0, t.seconds);
   constexpr double W = 640, L = 8;
   std::ostringstream o;
-  const double rows = static_cast<double>((time.size() + 2) / 3);
+  const double rows = static_cast<double>((time.size() + 1) / 2);
   const double H = 60 + 18 * rows;
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W
     << ' ' << H << "\" role=\"img\"><title>where the time went</title>";
@@ -135,7 +135,7 @@ std::string time_bar(const std::vector<TimeShare>& time) {
                   x, w, c, esc(time[i].name).c_str(), time[i].seconds);
     o << b;
     x += w;
-    const double lx = L + static_cast<double>(i % 3) * 210, ly = 56 + 18 * static_cast<double>(i / 3);
+    const double lx = L + static_cast<double>(i % 2) * 310, ly = 56 + 18 * static_cast<double>(i / 2);
     std::snprintf(b, sizeof b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%.1f\" y=\"%.1f\">%s %.2f s (%.1f %%)</text>",
                   lx, ly - 9, c, lx + 14, ly, esc(time[i].name).c_str(), time[i].seconds,
                   total > 0 ? 100.0 * time[i].seconds / total : 0.0);
@@ -190,9 +190,9 @@ std::string render_html_report(const ReportData& d) {
        "table{border-collapse:collapse}td{padding:2px 12px 2px 0;vertical-align:top}td:first-child{color:#666}</style></head>\n"
        "<body><h1>mnist_mpi training report</h1>\n<table>";
   for (const auto& [k, v] : d.facts) o << "<tr><td>" << esc(k) << "</td><td>" << esc(v) << "</td></tr>";
-  o << "</table>\n<h2>Loss</h2>\n" << line_chart("loss (mean softmax cross-entropy)", {train_loss, val_loss, test_loss})
+  o << "</table>\n<h2>Loss</h2>\n" << line_chart("loss", {train_loss, val_loss, test_loss})
     << "\n<h2>Accuracy</h2>\n" << line_chart("accuracy", {val_acc, test_acc})
-    << "\n<h2>Throughput</h2>\n" << line_chart("training images/s (all ranks)", {speed})
+    << "\n<h2>Throughput</h2>\n" << line_chart("images/s", {speed})
     << "\n<h2>Where the time went</h2>\n" << time_bar(d.time)
     << "\n<script type=\"application/json\" id=\"mnist-mpi-report\">\n" << report_json(d) << "\n</script>\n</body></html>\n";
   return o.str();
