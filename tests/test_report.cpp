@@ -262,6 +262,7 @@ TEST(Timeline, CapacityCoversTheRunUpToTheCap) {
   // 100 steps, 1 micro-batch, 5 layers, 2 buckets: (4 + 3 + 7) per step, 2 per evaluation, + 256.
   EXPECT_EQ(timeline_capacity(100, 1, 5, 2, 3), 100u * 14u + 6u + 256u);
   EXPECT_EQ(timeline_capacity(1LL << 40, 1, 5, 2, 3), kTimelineMaxSpans);
+  EXPECT_EQ(timeline_capacity(1LL << 40, 1, 5, 2, 3, 256), kTimelineMaxGathered / 256);  // rank 0 gathers <= 1 GiB
 }
 
 TEST(Timeline, WritesOneFileWithSpansOnRankZerosClock) {

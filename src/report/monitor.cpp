@@ -40,7 +40,8 @@ Monitor::Monitor(const Options& options, MonitorSetup setup)
   if (!opt_.timeline_file.empty())
     timeline_ = std::make_unique<Timeline>(
         setup_.rank,
-        timeline_capacity(setup_.total_steps, setup_.accumulation, setup_.layer_names.size(), setup_.buckets, evaluations),
+        timeline_capacity(setup_.total_steps, setup_.accumulation, setup_.layer_names.size(), setup_.buckets, evaluations,
+                          setup_.world),
         setup_.layer_names);
 }
 

@@ -54,10 +54,12 @@ T read_pod(const std::uint8_t*& p) {
 const char* span_name(SpanKind kind) { return kSpanNames[static_cast<std::size_t>(kind)]; }
 
 std::size_t timeline_capacity(std::int64_t steps, std::int64_t accumulation, std::size_t layers, std::size_t buckets,
-                              std::int64_t evaluations) {
+                              std::int64_t evaluations, int world) {
   const double per_step = 2.0 + 3.0 * static_cast<double>(accumulation) + static_cast<double>(layers + 3 * buckets);
   const double need = per_step * static_cast<double>(steps) + 2.0 * static_cast<double>(evaluations) + 256.0;
-  return static_cast<std::size_t>(std::min(need, static_cast<double>(kTimelineMaxSpans)));
+  const std::size_t per_rank = kTimelineMaxGathered / static_cast<std::size_t>(std::max(world, 1));
+  const double cap = static_cast<double>(std::min(kTimelineMaxSpans, per_rank));
+  return static_cast<std::size_t>(std::min(need, cap));
 }
 
 Timeline::Timeline(int rank, std::size_t capacity, std::vector<std::string> layer_names)
