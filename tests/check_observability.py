@@ -224,11 +224,12 @@ def main():
                 layers = [e for e in by.get(("backward", s), []) if e["args"]["index"] >= 0]
                 if len(layers) != a.layers:
                     fail("timeline: rank %d step %d has %d per-layer backward spans, expected %d" % (r, s, len(layers), a.layers))
-                for cat, want in (("data", a.micro), ("forward", a.micro), ("wait for buckets", 1), ("optimizer", 1)):
+                for cat, want in (("data", a.micro), ("forward", a.micro), ("wait for bucket", a.buckets),
+                                  ("optimizer", a.buckets)):
                     if len(by.get((cat, s), [])) != want:
                         fail("timeline: rank %d step %d has %d '%s' spans, expected %d" % (r, s, len(by.get((cat, s), [])), cat, want))
                 for e in by.get(("data", s), []) + by.get(("forward", s), []) + by.get(("backward", s), []) + \
-                        by.get(("wait for buckets", s), []) + by.get(("optimizer", s), []):
+                        by.get(("wait for bucket", s), []) + by.get(("optimizer", s), []):
                     if e["tid"] != 0 or e["ts"] < b - 0.002 or e["ts"] + e["dur"] > end + 0.002:
                         fail("timeline: rank %d step %d: %s outside its step span" % (r, s, e["name"]))
         # Ranks' clocks agree: a step's allreduce needs every rank, so step s overlaps on all ranks.

@@ -259,8 +259,8 @@ TEST(Timeline, FullBufferKeepsTheFirstSpansAndCountsTheRest) {
 }
 
 TEST(Timeline, CapacityCoversTheRunUpToTheCap) {
-  // 100 steps, 1 micro-batch, 5 layers, 2 buckets: (4 + 3 + 7) per step, 2 per evaluation, + 256.
-  EXPECT_EQ(timeline_capacity(100, 1, 5, 2, 3), 100u * 14u + 6u + 256u);
+  // 100 steps, 1 micro-batch, 5 layers, 2 buckets: (2 + 3 + 5 + 3 * 2) per step, 2 per evaluation, + 256.
+  EXPECT_EQ(timeline_capacity(100, 1, 5, 2, 3), 100u * 16u + 6u + 256u);
   EXPECT_EQ(timeline_capacity(1LL << 40, 1, 5, 2, 3), kTimelineMaxSpans);
   EXPECT_EQ(timeline_capacity(1LL << 40, 1, 5, 2, 3, 256), kTimelineMaxGathered / 256);  // rank 0 gathers <= 1 GiB
 }
@@ -275,7 +275,8 @@ TEST(Timeline, WritesOneFileWithSpansOnRankZerosClock) {
   t.backward_starts(a, 7);
   t.layer_done(1);
   const std::vector<BucketTiming> buckets{{a, a + std::chrono::microseconds(5)}, {a, a + std::chrono::microseconds(9)}};
-  t.step_done(8, a, a, a, a + std::chrono::microseconds(20), buckets);
+  t.bucket_updated(8, 1, a, a + std::chrono::microseconds(10), a + std::chrono::microseconds(12));
+  t.step_done(8, a, a + std::chrono::microseconds(20), buckets);
   const std::string path = (dir / "t.json").string();
   t.gather_and_write(*comm, path, "hostname");
   std::ifstream f(path);
@@ -290,6 +291,11 @@ TEST(Timeline, WritesOneFileWithSpansOnRankZerosClock) {
   // Two buckets in flight at once go to two communication rows.
   EXPECT_NE(s.find("\"name\":\"allreduce bucket 0\",\"cat\":\"allreduce\",\"ph\":\"X\",\"pid\":0,\"tid\":1"), std::string::npos);
   EXPECT_NE(s.find("\"name\":\"allreduce bucket 1\",\"cat\":\"allreduce\",\"ph\":\"X\",\"pid\":0,\"tid\":2"), std::string::npos);
+  EXPECT_NE(s.find("\"name\":\"wait for bucket 1\",\"cat\":\"wait for bucket\",\"ph\":\"X\",\"pid\":0,\"tid\":0"),
+            std::string::npos);
+  const auto opt = s.find("\"name\":\"optimizer bucket 1\",\"cat\":\"optimizer\",\"ph\":\"X\",\"pid\":0,\"tid\":0,");
+  ASSERT_NE(opt, std::string::npos);
+  EXPECT_NE(s.find("\"dur\":2.000,\"args\":{\"step\":8,\"index\":1}", opt), std::string::npos);
   EXPECT_NE(s.find("\"dropped_spans\":[0]"), std::string::npos);
   EXPECT_FALSE(fs::exists(path + ".tmp"));
   fs::remove_all(dir);

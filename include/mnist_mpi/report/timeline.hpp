@@ -104,8 +104,9 @@ class Timeline {
 
 // How many spans a run needs: per step one step span, data + forward (+ backward) per micro-batch,
 // one backward per layer, and per bucket its allreduce, the wait for it and its update; plus
-// evaluations and room for checkpoints. Capped at kTimelineMaxSpans per rank, and at kTimelineMaxGathered over
-// all `world` ranks, so that rank 0's gather stays within MPI's int counts and 1 GiB.
+// evaluations and room for checkpoints. Capped at kTimelineMaxSpans per rank, and at
+// kTimelineMaxGathered over all `world` ranks, so that rank 0's gather stays within MPI's int
+// counts and 1 GiB.
 inline constexpr std::size_t kTimelineMaxSpans = std::size_t{1} << 20;     // 32 MiB per rank
 inline constexpr std::size_t kTimelineMaxGathered = std::size_t{1} << 25;  // 1 GiB on rank 0
 std::size_t timeline_capacity(std::int64_t steps, std::int64_t accumulation, std::size_t layers,
