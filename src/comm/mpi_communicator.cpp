@@ -185,6 +185,23 @@ class MpiCommunicator final : public Communicator {
     MPI_CHECK(MPI_Allgather(&value, 1, MPI_UINT64_T, out.data(), 1, MPI_UINT64_T, comm_));
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
+  void gather(std::span<const std::uint8_t> mine, std::vector<std::uint8_t>& out, std::vector<std::int64_t>& counts,
+              int root) override {
+    const bool me = rank_ == root;
+    auto n = static_cast<std::int64_t>(mine.size());
+    counts.assign(me ? static_cast<std::size_t>(size_) : 0, 0);
+    MPI_CHECK(MPI_Gather(&n, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, root, comm_));
+    std::vector<int> c(counts.size()), displs(counts.size());
+    std::int64_t total = 0;
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      c[r] = checked_count(static_cast<std::size_t>(counts[r]));
+      displs[r] = checked_count(static_cast<std::size_t>(total));
+      total += counts[r];
+    }
+    out.assign(static_cast<std::size_t>(total), 0);
+    MPI_CHECK(MPI_Gatherv(mine.data(), checked_count(mine.size()), MPI_UINT8_T, out.data(), c.data(), displs.data(),
+                          MPI_UINT8_T, root, comm_));
+  }
 
  private:
   struct Op {

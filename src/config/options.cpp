@@ -74,7 +74,11 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       ("eval-batch-size", po::value(&o.eval_batch_size)->default_value(d.eval_batch_size), "images per evaluation batch on rank 0")
       ("check-replicas-every", po::value(&o.check_replicas_every)->default_value(d.check_replicas_every), "steps between checks that all ranks hold identical parameters (0 = never)")
       ("metrics-file", po::value(&o.metrics_file), "write JSON lines of step / eval / final events (rank 0)")
-      ("quiet", po::bool_switch(&o.quiet), "print only errors and the final summary");
+      ("quiet", po::bool_switch(&o.quiet), "print only errors and the final summary")
+      ("progress", po::value(&o.progress)->default_value(d.progress), "auto | bar | lines: rank 0's progress; auto = a live bar on a terminal, else a line every --log-every steps")
+      ("tensorboard-dir", po::value(&o.tensorboard_dir), "write TensorBoard event files (scalars: loss, lr, images/s, accuracy, time split) into this directory (rank 0)")
+      ("timeline", po::value(&o.timeline_file), "write a Chrome trace-event JSON of every rank's steps (data, forward, backward per layer, allreduce per bucket, optimizer, evaluation) to this file")
+      ("report", po::value(&o.report_file), "write a self-contained HTML report (curves, where the time went) to this file at the end");
   po::options_description all("mnist_mpi " MNIST_MPI_VERSION " - data-parallel CNN training on MNIST.\n"
                               "Usage: mpirun -np N mnist_mpi [--config FILE] [options]\nOptions");
   all.add(general).add(data).add(model).add(train).add(red).add(ck).add(sys).add(rep);
@@ -128,6 +132,8 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
     throw_error(ExitCode::kUsage, "--resume auto looks in --checkpoint-dir: give --checkpoint-dir DIR (or --resume FILE)");
   if (o.checkpoint_dir.empty() && o.checkpoint_every > 0)
     throw_error(ExitCode::kUsage, "--checkpoint-every needs --checkpoint-dir DIR to write into");
+  if (o.progress != "auto" && o.progress != "bar" && o.progress != "lines")
+    throw_error(ExitCode::kUsage, "--progress must be auto, bar or lines, got '" + o.progress + "'");
   if (o.threads < 0) throw_error(ExitCode::kUsage, "--threads must be >= 0");
   if ((o.batch_size == 0) == (o.global_batch_size == 0))
     throw_error(ExitCode::kUsage, "give exactly one of --batch-size (per rank) and --global-batch-size");
@@ -143,7 +149,9 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
 
   std::ostringstream res;
   for (const auto& [name, value] : vm) {
-    if (name == "help" || name == "version" || name == "config" || name == "metrics-file") continue;
+    if (name == "help" || name == "version" || name == "config" || name == "metrics-file" ||
+        name == "tensorboard-dir" || name == "timeline" || name == "report")
+      continue;
     const boost::any& a = value.value();
     res << name << " = ";
     if (auto s = boost::any_cast<std::string>(&a)) res << *s;

@@ -116,7 +116,9 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
       const float* a = accum_->data() + begin;
       for (std::int64_t i = 0; i < size; ++i) g[i] += a[i];
     }
+    if (timeline_) timeline_->layer_done(layer);
     reducer_->on_layer_done(layer);
+    if (timeline_) timeline_->backward_resumes();
   };
   checkpointer_ = std::make_unique<Checkpointer>(
       opt_, comm_, CheckpointRun{&spec_, global_batch_, data_.train.count, steps_per_epoch_, total_steps_});
@@ -133,6 +135,11 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
       MNIST_CHECK(metrics_.good(), ExitCode::kUsage, "--metrics-file: cannot write '" + opt_.metrics_file + "'");
     }
   }
+  MonitorSetup ms{comm_.rank(), comm_.size(), comm_.host(), {}, reducer_->buckets().size(), total_steps_,
+                  steps_per_epoch_, global_batch_, accumulation_, start_};
+  for (const LayerSpec& l : spec_.layers) ms.layer_names.push_back(l.text);
+  monitor_ = std::make_unique<Monitor>(opt_, std::move(ms));
+  timeline_ = monitor_->timeline();
   if (rank0_ && !opt_.quiet) {
     if (!opt_.device_note.empty()) std::cout << opt_.device_note << "\n";
     std::cout << "mnist_mpi " MNIST_MPI_VERSION ": " << world << " rank(s), backend " << backend_->name() << ", "
@@ -218,6 +225,7 @@ RunResult Trainer::run() {
   // Rank 0's initial parameters are everyone's (DESIGN.md invariant 1).
   comm_.broadcast(std::span<float>(params_->data(), static_cast<std::size_t>(spec_.param_count)), 0);
   check_replicas(first_step);
+  monitor_->start(comm_);
 
   const auto t_run = std::chrono::steady_clock::now();
   double startup_s = 0.0, steady_s = 0.0, eval_s = 0.0;
@@ -241,6 +249,7 @@ RunResult Trainer::run() {
     // K = 2 sees exactly the samples (and dropout keys) that 2 ranks with K = 1 see.
     using sec = std::chrono::duration<double>;
     double t_data = 0, t_fwd = 0, t_bwd = 0;
+    std::chrono::steady_clock::time_point backward_end;
     double step_loss = 0.0;  // summed over this rank's micro-batches
     for (std::int64_t micro = 0; micro < accumulation_; ++micro) {
       const bool last = micro + 1 == accumulation_;
@@ -255,6 +264,7 @@ RunResult Trainer::run() {
                                                               train_model_->dlogits(), grad_scale);
       step_loss += part.loss_sum;
       const auto m2 = std::chrono::steady_clock::now();
+      if (timeline_) timeline_->backward_starts(m2, step);
       if (last) {
         accumulating_ = accumulation_ > 1;
         train_model_->backward(ctx, on_layer_done_);
@@ -267,6 +277,12 @@ RunResult Trainer::run() {
         else for (std::int64_t i = 0; i < spec_.param_count; ++i) a[i] += g[i];
       }
       const auto m3 = std::chrono::steady_clock::now();
+      if (timeline_) {
+        timeline_->record(SpanKind::kData, m0, m1, step, static_cast<std::int32_t>(micro));
+        timeline_->record(SpanKind::kForward, m1, m2, step, static_cast<std::int32_t>(micro));
+        if (!last) timeline_->record(SpanKind::kBackward, m2, m3, step);
+      }
+      backward_end = m3;
       t_data += sec(m1 - m0).count();
       t_fwd += sec(m2 - m1).count();
       t_bwd += sec(m3 - m2).count();
@@ -276,15 +292,21 @@ RunResult Trainer::run() {
     // bits are those of one pass over the whole buffer).
     double exposed = reducer_->start_remaining(), t_opt = 0.0;
     optimizer_->begin_step();
+    auto waited_from = backward_end;  // for the timeline: when the wait for bucket k began
     for (std::size_t k = 0; k < reducer_->buckets().size(); ++k) {
       exposed += reducer_->wait_bucket(k);
       const Bucket& b = reducer_->buckets()[k];
       const auto o0 = std::chrono::steady_clock::now();
       optimizer_->update(params_->data(), grads_->data(), lr, b.begin, b.end);
-      t_opt += sec(std::chrono::steady_clock::now() - o0).count();
+      const auto o1 = std::chrono::steady_clock::now();
+      t_opt += sec(o1 - o0).count();
+      if (timeline_) timeline_->bucket_updated(step, k, waited_from, o0, o1);
+      waited_from = o1;
     }
     const auto t5 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t5 - t0).count();
+    if (timeline_) timeline_->step_done(step, t0, t5, reducer_->bucket_timings());
+    monitor_->on_step(step, StepPhases{t_data, t_fwd, t_bwd, exposed, t_opt}, t5);
     if (step - first_step >= kWarmup || total_steps_ - first_step <= kWarmup) {
       steady_s += dt;
       ++steady_steps;
@@ -305,11 +327,7 @@ RunResult Trainer::run() {
       logged_loss = res.last_train_loss;
       if (rank0_) {
         const double ips = v[1] / seconds_since(window_t);
-        if (!opt_.quiet)
-          std::printf("epoch %lld step %lld/%lld loss %.4f lr %.3g %.0f img/s\n", static_cast<long long>(epoch + 1),
-                      static_cast<long long>(step + 1), static_cast<long long>(total_steps_), res.last_train_loss, lr,
-                      ips);
-        std::fflush(stdout);
+        monitor_->on_log(step, res.last_train_loss, lr, ips);
         log_event("{\"event\":\"step\",\"step\":" + std::to_string(step + 1) + ",\"epoch\":" +
                   std::to_string(epoch + 1) + ",\"loss\":" + json_num(res.last_train_loss) +
                   ",\"lr\":" + json_num(lr) + ",\"images_per_s\":" + json_num(ips) + "}");
@@ -326,12 +344,10 @@ RunResult Trainer::run() {
     if (rank0_ && (epoch_end || eval_now)) {
       const auto te = std::chrono::steady_clock::now();
       auto report = [&](const char* name, const Split& split) {
+        const auto tb = std::chrono::steady_clock::now();
         const EvalResult e = evaluate(split);
         if (&split == &data_.validation) validation = e;
-        if (!opt_.quiet)
-          std::printf("epoch %lld step %lld: %s accuracy %.4f loss %.4f\n", static_cast<long long>(epoch + 1),
-                      static_cast<long long>(step + 1), name, e.accuracy, e.loss);
-        std::fflush(stdout);
+        monitor_->on_eval(step + 1, epoch, name, e.accuracy, e.loss, tb, std::chrono::steady_clock::now(), true);
         log_event(std::string("{\"event\":\"eval\",\"split\":\"") + name + "\",\"step\":" + std::to_string(step + 1) +
                   ",\"epoch\":" + std::to_string(epoch + 1) + ",\"accuracy\":" + json_num(e.accuracy) +
                   ",\"loss\":" + json_num(e.loss) + "}");
@@ -346,8 +362,12 @@ RunResult Trainer::run() {
                       learning_rate(opt_.schedule, step + 1, (step + 1) / steps_per_epoch_, total_steps_),
                       validation.accuracy, validation.loss, logged_loss, params_->data(), optimizer_.get()};
     const auto tc = std::chrono::steady_clock::now();
+    const std::int64_t written_before = checkpointer_->stats().written;
     const bool stop = checkpointer_->after_step(end);
-    window_t += std::chrono::steady_clock::now() - tc;  // checkpoints are not training time
+    const auto tc1 = std::chrono::steady_clock::now();
+    if (timeline_ && checkpointer_->stats().written != written_before)  // rank 0's copy of the state
+      timeline_->record(SpanKind::kCheckpoint, tc, tc1, step);
+    window_t += tc1 - tc;  // checkpoints are not training time
     if (stop) {
       res.preempted_signal = checkpointer_->stop_signal();
       res.steps = step + 1;
@@ -397,6 +417,8 @@ RunResult Trainer::run() {
   if (rank0_) {
     const auto te = std::chrono::steady_clock::now();
     res.test = evaluate(data_.test);
+    monitor_->on_eval(res.steps, total_steps_ / steps_per_epoch_, "test", res.test.accuracy, res.test.loss, te,
+                      std::chrono::steady_clock::now(), false);
     eval_s += seconds_since(te);
     std::string rss_json = "[";
     for (std::size_t r = 0; r < rss.size(); ++r)
@@ -450,6 +472,8 @@ RunResult Trainer::run() {
               ",\"others_wait_ms\":" + json_num(res.checkpoints.others_wait_ms) + ",\"others_wait_baseline_ms\":" +
               json_num(res.checkpoints.others_wait_baseline_ms) + "}}");
   }
+  monitor_->finish(comm_, FinalFacts{res.steps, res.epochs, startup_s, res.images_per_s, res.test.accuracy,
+                                     res.test.loss, res.params_hash, spec_.text});
   return res;
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace mnist_mpi {
 
@@ -48,6 +49,11 @@ class Communicator {
   // out.size() == size(): out[r] = rank r's value.
   virtual void allgather(std::uint64_t value, std::span<std::uint64_t> out) = 0;
   virtual void barrier() = 0;
+  // Rank root receives every rank's bytes in rank order (out) and each rank's byte count (counts,
+  // size() entries); on other ranks out and counts come back empty. It allocates: for data at the
+  // end of a run (the timeline), not for the step loop.
+  virtual void gather(std::span<const std::uint8_t> mine, std::vector<std::uint8_t>& out,
+                      std::vector<std::int64_t>& counts, int root) = 0;
 };
 
 // Wraps MPI_COMM_WORLD (MPI must be initialised, ideally with MPI_THREAD_MULTIPLE: see

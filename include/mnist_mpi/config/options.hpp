@@ -50,6 +50,10 @@ struct Options {
   std::int64_t check_replicas_every = 100;
   std::string metrics_file;
   bool quiet = false;
+  std::string progress = "auto";  // auto | bar | lines
+  std::string tensorboard_dir;    // empty: no TensorBoard events
+  std::string timeline_file;      // empty: no timeline
+  std::string report_file;        // empty: no HTML report
 
   std::string config_file;
   std::string resolved;  // "key = value" lines of every option, for logs and checkpoints

@@ -19,6 +19,7 @@
 #include "mnist_mpi/data/idx.hpp"
 #include "mnist_mpi/data/sampler.hpp"
 #include "mnist_mpi/model/model.hpp"
+#include "mnist_mpi/report/monitor.hpp"
 #include "mnist_mpi/train/checkpointer.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 #include "mnist_mpi/train/reducer.hpp"
@@ -93,6 +94,8 @@ class Trainer {
   std::vector<std::int32_t> eval_labels_;  // (eval batch)
   std::vector<std::uint64_t> replica_hashes_;  // (world)
   std::ofstream metrics_;
+  std::unique_ptr<Monitor> monitor_;  // progress, TensorBoard, timeline, report (src/report/)
+  Timeline* timeline_ = nullptr;      // null unless --timeline: then every step records spans
   bool rank0_ = false;
 };
 

@@ -1,0 +1,167 @@
+// The run monitor (see include/mnist_mpi/report/monitor.hpp): rank 0 keeps the curves and the
+// time totals; every rank keeps its own timeline.
+#include "mnist_mpi/report/monitor.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "mnist_mpi/check.hpp"
+
+namespace mnist_mpi {
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+}  // namespace
+
+Monitor::Monitor(const Options& options, MonitorSetup setup)
+    : opt_(options),
+      setup_(std::move(setup)),
+      rank0_(setup_.rank == 0),
+      progress_(rank0_ ? resolve_progress_mode(opt_.progress, opt_.quiet) : ProgressMode::kOff, setup_.total_steps,
+                setup_.steps_per_epoch, setup_.global_batch) {
+  const std::int64_t evaluations = setup_.total_steps / std::max<std::int64_t>(setup_.steps_per_epoch, 1) + 2 +
+                                   (opt_.eval_every > 0 ? setup_.total_steps / opt_.eval_every : 0);
+  if (rank0_) {
+    if (!opt_.timeline_file.empty()) check_output_path("--timeline", opt_.timeline_file);
+    if (!opt_.report_file.empty()) check_output_path("--report", opt_.report_file);
+    if (!opt_.tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(opt_.tensorboard_dir, setup_.host);
+    const std::int64_t logs = opt_.log_every > 0 ? setup_.total_steps / opt_.log_every + 1 : 0;
+    report_.train.reserve(static_cast<std::size_t>(logs));
+    report_.evals.reserve(static_cast<std::size_t>(evaluations));
+    scalars_.reserve(8);
+  }
+  if (!opt_.timeline_file.empty())
+    timeline_ = std::make_unique<Timeline>(
+        setup_.rank,
+        timeline_capacity(setup_.total_steps, setup_.accumulation, setup_.layer_names.size(), setup_.buckets, evaluations,
+                          setup_.world),
+        setup_.layer_names);
+}
+
+// A bad path fails at setup (exit 2), not after an hour of training.
+void Monitor::check_output_path(const char* option, const std::string& path) const {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  MNIST_CHECK(fs::is_directory(dir, ec), ExitCode::kUsage,
+              std::string(option) + ": the directory '" + dir.string() + "' of '" + path + "' does not exist; create it first");
+  MNIST_CHECK(!fs::is_directory(p, ec), ExitCode::kUsage,
+              std::string(option) + ": '" + path + "' is a directory; give a file name");
+  MNIST_CHECK(::access(dir.c_str(), W_OK) == 0 && (!fs::exists(p, ec) || ::access(p.c_str(), W_OK) == 0),
+              ExitCode::kUsage, std::string(option) + ": cannot write '" + path + "'; give a writable path");
+}
+
+void Monitor::start(Communicator& comm) {
+  if (timeline_) timeline_->align_clocks(comm);
+  progress_.start(Clock::now());
+}
+
+void Monitor::on_step(std::int64_t step, const StepPhases& p, Clock::time_point end) {
+  for (StepPhases* s : {&total_, &window_}) {
+    s->data += p.data;
+    s->forward += p.forward;
+    s->backward += p.backward;
+    s->exposed_comm += p.exposed_comm;
+    s->optimizer += p.optimizer;
+  }
+  ++window_steps_;
+  last_end_ = end;
+  // On a --log-every step the bar is drawn by on_log, with the new loss.
+  const bool log_step = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == setup_.total_steps);
+  if (!log_step) progress_.step_done(step, end);
+}
+
+void Monitor::on_log(std::int64_t step, double loss, double lr, double images_per_s) {
+  if (!rank0_) return;
+  progress_.log(step, loss, lr, images_per_s);
+  progress_.step_done(step, last_end_);
+  report_.train.push_back(TrainPoint{step + 1, loss, lr, images_per_s});
+  if (tensorboard_) {
+    const double n = static_cast<double>(std::max<std::int64_t>(window_steps_, 1));
+    const StepPhases& w = window_;
+    scalars_.clear();
+    scalars_.emplace_back("train/loss", loss);
+    scalars_.emplace_back("train/learning_rate", lr);
+    scalars_.emplace_back("train/images_per_s", images_per_s);
+    scalars_.emplace_back("time/compute_ms", 1e3 * (w.data + w.forward + w.backward + w.optimizer) / n);
+    scalars_.emplace_back("time/exposed_comm_ms", 1e3 * w.exposed_comm / n);
+    tensorboard_->scalars(step + 1, scalars_);
+  }
+  window_ = StepPhases{};
+  window_steps_ = 0;
+}
+
+void Monitor::on_eval(std::int64_t step, std::int64_t epoch, const char* split, double accuracy, double loss,
+                      Clock::time_point begin, Clock::time_point end, bool print) {
+  if (timeline_) timeline_->record(SpanKind::kEvaluation, begin, end, step, split[0] == 't' ? 1 : 0);
+  if (!rank0_) return;
+  eval_s_ += std::chrono::duration<double>(end - begin).count();
+  progress_.pause(end - begin);
+  if (print) {
+    char b[160];
+    std::snprintf(b, sizeof b, "epoch %lld step %lld: %s accuracy %.4f loss %.4f", static_cast<long long>(epoch + 1),
+                  static_cast<long long>(step), split, accuracy, loss);
+    progress_.line(b);
+  }
+  report_.evals.push_back(EvalPoint{split, step, accuracy, loss});
+  if (tensorboard_) {
+    const bool test = split[0] == 't';
+    scalars_.clear();
+    scalars_.emplace_back(test ? "test/accuracy" : "validation/accuracy", accuracy);
+    scalars_.emplace_back(test ? "test/loss" : "validation/loss", loss);
+    tensorboard_->scalars(step, scalars_);
+  }
+}
+
+void Monitor::finish(Communicator& comm, const FinalFacts& f) {
+  if (timeline_) timeline_->gather_and_write(comm, opt_.timeline_file, setup_.host);
+  if (!rank0_) return;
+  const double all_s = std::chrono::duration<double>(Clock::now() - setup_.process_start).count();
+  const StepPhases& t = total_;
+  std::vector<TimeShare>& time = report_.time;
+  time = {{"start-up", f.startup_s},  {"data", t.data},
+          {"forward", t.forward},     {"backward", t.backward},
+          {"exposed communication", t.exposed_comm}, {"optimizer", t.optimizer},
+          {"evaluation", eval_s_}};
+  double known = 0;
+  for (const TimeShare& s : time) known += s.seconds;
+  time.push_back({"other", std::max(0.0, all_s - known)});
+
+  std::printf("where the time went (rank 0, %lld steps, %.2f s from process start):\n", static_cast<long long>(f.steps), all_s);
+  std::printf("  %-22s %9s %7s %14s\n", "phase", "seconds", "share", "ms/step (all)");
+  for (const TimeShare& s : time) {
+    const bool per_step = s.name != "start-up" && s.name != "evaluation" && s.name != "other";
+    std::printf("  %-22s %9.3f %6.1f%% %14s\n", s.name.c_str(), s.seconds, all_s > 0 ? 100.0 * s.seconds / all_s : 0.0,
+                per_step && f.steps > 0 ? fmt("%.3f", 1e3 * s.seconds / static_cast<double>(f.steps)).c_str() : "");
+  }
+  if (timeline_) {
+    std::printf("timeline: %s (open it in Perfetto or chrome://tracing)\n", opt_.timeline_file.c_str());
+  }
+  if (tensorboard_) std::printf("tensorboard: %s (tensorboard --logdir %s)\n", tensorboard_->path().c_str(), opt_.tensorboard_dir.c_str());
+  std::fflush(stdout);
+
+  if (!opt_.report_file.empty()) {
+    report_.facts = {{"model", f.model},
+                     {"ranks", std::to_string(setup_.world)},
+                     {"global batch", std::to_string(setup_.global_batch)},
+                     {"steps", std::to_string(f.steps) + " (" + fmt("%.2f", f.epochs) + " epochs)"},
+                     {"test accuracy", fmt("%.4f", f.test_accuracy)},
+                     {"test loss", fmt("%.4f", f.test_loss)},
+                     {"images/s (steady)", fmt("%.0f", f.images_per_s)},
+                     {"wall time", fmt("%.2f s", all_s)},
+                     {"params_hash", f.params_hash}};
+    write_html_report(opt_.report_file, report_);
+    std::printf("report: %s\n", opt_.report_file.c_str());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace mnist_mpi

@@ -1,0 +1,203 @@
+// The per-rank timeline and its Chrome trace-event JSON (see include/mnist_mpi/report/timeline.hpp).
+#include "mnist_mpi/report/timeline.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "mnist_mpi/check.hpp"
+
+namespace mnist_mpi {
+namespace {
+
+constexpr const char* kSpanNames[] = {"step", "data", "forward", "backward", "wait for bucket",
+                                      "optimizer", "allreduce", "evaluation", "checkpoint"};
+static_assert(sizeof kSpanNames / sizeof kSpanNames[0] == static_cast<std::size_t>(SpanKind::kCount));
+
+std::uint64_t fnv1a(const std::string& s) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    out += c;
+  }
+  return out;
+}
+
+template <class T>
+void append_pod(std::vector<std::uint8_t>& out, const T& v) {
+  const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
+  out.insert(out.end(), p, p + sizeof(T));
+}
+
+template <class T>
+T read_pod(const std::uint8_t*& p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  p += sizeof(T);
+  return v;
+}
+
+}  // namespace
+
+const char* span_name(SpanKind kind) { return kSpanNames[static_cast<std::size_t>(kind)]; }
+
+std::size_t timeline_capacity(std::int64_t steps, std::int64_t accumulation, std::size_t layers, std::size_t buckets,
+                              std::int64_t evaluations, int world) {
+  const double per_step = 2.0 + 3.0 * static_cast<double>(accumulation) + static_cast<double>(layers + 3 * buckets);
+  const double need = per_step * static_cast<double>(steps) + 2.0 * static_cast<double>(evaluations) + 256.0;
+  const std::size_t per_rank = kTimelineMaxGathered / static_cast<std::size_t>(std::max(world, 1));
+  const double cap = static_cast<double>(std::min(kTimelineMaxSpans, per_rank));
+  return static_cast<std::size_t>(std::min(need, cap));
+}
+
+Timeline::Timeline(int rank, std::size_t capacity, std::vector<std::string> layer_names)
+    : rank_(rank), spans_(capacity), layer_names_(std::move(layer_names)) {}
+
+void Timeline::full() {
+  if (dropped_++ == 0)
+    std::fprintf(stderr,
+                 "mnist_mpi: timeline: rank %d's buffer of %zu spans is full; later spans are not recorded "
+                 "(the timeline file covers the first part of the run)\n",
+                 rank_, spans_.size());
+}
+
+// Note [Timeline clocks]
+// Spans are stamped with each rank's std::chrono::steady_clock, which on Linux is CLOCK_MONOTONIC:
+// one clock for the whole machine (time since boot), so ranks on rank 0's host need no
+// correction at all, and their spans line up to the nanosecond. For ranks on other hosts the
+// offset to rank 0 is measured at the start of the run: five rounds of (barrier, read the clock,
+// allgather the readings); the offset is the median of (my reading - rank 0's reading). Its error
+// is how far apart the ranks leave the barrier (microseconds on one switch, far below a step),
+// and clocks drift apart by parts per million over the run. Time zero of the file is rank 0's
+// clock at the last round.
+void Timeline::align_clocks(Communicator& comm) {
+  const auto world = static_cast<std::size_t>(comm.size());
+  std::vector<std::uint64_t> got(world), hosts(world);
+  comm.allgather(fnv1a(comm.host()), hosts);
+  constexpr int kRounds = 5;
+  std::vector<std::int64_t> diffs;
+  for (int round = 0; round < kRounds; ++round) {
+    comm.barrier();
+    comm.allgather(static_cast<std::uint64_t>(ns(Clock::now())), got);
+    diffs.push_back(static_cast<std::int64_t>(got[static_cast<std::size_t>(rank_)]) - static_cast<std::int64_t>(got[0]));
+    origin_ns_ = static_cast<std::int64_t>(got[0]);
+  }
+  std::sort(diffs.begin(), diffs.end());
+  offset_ns_ = hosts[static_cast<std::size_t>(rank_)] == hosts[0] ? 0 : diffs[kRounds / 2];
+}
+
+void Timeline::gather_and_write(Communicator& comm, const std::string& path, const std::string& host) {
+  // This rank's message: dropped count, host name, then its spans on rank 0's clock.
+  std::vector<std::uint8_t> mine;
+  mine.reserve(64 + host.size() + size_ * sizeof(Span));
+  append_pod(mine, dropped_);
+  append_pod(mine, static_cast<std::int64_t>(host.size()));
+  mine.insert(mine.end(), host.begin(), host.end());
+  for (std::size_t i = 0; i < size_; ++i) {
+    Span s = spans_[i];
+    s.begin_ns -= offset_ns_ + origin_ns_;
+    s.end_ns -= offset_ns_ + origin_ns_;
+    append_pod(mine, s);
+  }
+  std::vector<std::uint8_t> all;
+  std::vector<std::int64_t> counts;
+  comm.gather(mine, all, counts, 0);
+  if (comm.rank() != 0) return;
+
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  MNIST_CHECK(f != nullptr, ExitCode::kRuntime,
+              "--timeline: cannot write '" + tmp + "' (" + std::strerror(errno) + "); give a writable path");
+  std::string dropped_json;
+  std::fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+  bool first = true;
+  auto sep = [&] {
+    if (!first) std::fputs(",\n", f);
+    first = false;
+  };
+  const std::uint8_t* p = all.data();
+  std::vector<std::int64_t> lane_end;  // per communication lane: when its last span ended
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    const std::uint8_t* end = p + counts[r];
+    const auto dropped = read_pod<std::int64_t>(p);
+    const auto host_len = read_pod<std::int64_t>(p);
+    const std::string rank_host(reinterpret_cast<const char*>(p), static_cast<std::size_t>(host_len));
+    p += host_len;
+    if (r) dropped_json += ',';
+    dropped_json += std::to_string(dropped);
+    sep();
+    std::fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":0,\"args\":{\"name\":\"rank %zu (%s)\"}}",
+                 r, r, json_escape(rank_host).c_str());
+    sep();
+    std::fprintf(f, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%zu,\"tid\":0,\"args\":{\"sort_index\":%zu}}", r, r);
+    sep();
+    std::fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":0,\"args\":{\"name\":\"compute\"}}", r);
+    // Allreduce spans of different buckets overlap in time; each goes to the first communication
+    // lane (tid 1, 2, ...) that is free at its start, so spans on one row never overlap.
+    lane_end.clear();
+    for (; p < end; p += sizeof(Span)) {
+      Span s;
+      std::memcpy(&s, p, sizeof(Span));
+      std::size_t tid = 0;
+      if (s.kind == SpanKind::kAllreduce) {
+        std::size_t lane = 0;
+        while (lane < lane_end.size() && lane_end[lane] > s.begin_ns) ++lane;
+        if (lane == lane_end.size()) {
+          lane_end.push_back(0);
+          sep();
+          std::fprintf(f,
+                       "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":%zu,\"args\":{\"name\":\"communication %zu\"}}",
+                       r, lane + 1, lane + 1);
+        }
+        lane_end[lane] = s.end_ns;
+        tid = lane + 1;
+      }
+      char name[192];
+      if (s.kind == SpanKind::kBackward && s.index >= 0)
+        std::snprintf(name, sizeof name, "backward %d %s", s.index,
+                      static_cast<std::size_t>(s.index) < layer_names_.size()
+                          ? layer_names_[static_cast<std::size_t>(s.index)].c_str() : "");
+      else if (s.kind == SpanKind::kAllreduce)
+        std::snprintf(name, sizeof name, "allreduce bucket %d", s.index);
+      else if (s.kind == SpanKind::kWait)
+        std::snprintf(name, sizeof name, "wait for bucket %d", s.index);
+      else if (s.kind == SpanKind::kOptimizer)
+        std::snprintf(name, sizeof name, "optimizer bucket %d", s.index);
+      else if (s.kind == SpanKind::kEvaluation)
+        std::snprintf(name, sizeof name, "evaluation %s", s.index == 1 ? "test" : "validation");
+      else
+        std::snprintf(name, sizeof name, "%s", span_name(s.kind));
+      sep();
+      std::fprintf(f,
+                   "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%zu,\"tid\":%zu,\"ts\":%.3f,\"dur\":%.3f,"
+                   "\"args\":{\"step\":%lld,\"index\":%d}}",
+                   json_escape(name).c_str(), span_name(s.kind), r, tid, static_cast<double>(s.begin_ns) * 1e-3,
+                   static_cast<double>(s.end_ns - s.begin_ns) * 1e-3, static_cast<long long>(s.step), s.index);
+    }
+  }
+  std::fprintf(f,
+               "\n],\"otherData\":{\"producer\":\"mnist_mpi " MNIST_MPI_VERSION "\",\"ranks\":%zu,"
+               "\"clock\":\"steady_clock, offsets to rank 0 measured at start (Note [Timeline clocks])\","
+               "\"dropped_spans\":[%s]}}\n",
+               counts.size(), dropped_json.c_str());
+  const bool ok = std::ferror(f) == 0;
+  const bool closed = std::fclose(f) == 0;
+  MNIST_CHECK(ok && closed, ExitCode::kRuntime, "--timeline: writing '" + tmp + "' failed (disk full?)");
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  MNIST_CHECK(!ec, ExitCode::kRuntime, "--timeline: cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+}
+
+}  // namespace mnist_mpi

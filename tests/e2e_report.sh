@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# End-to-end tests of issue 9 (seeing training): short runs on synthetic data with --tensorboard-dir,
+# --timeline and --report, checked by tests/check_observability.py against the run's metrics file;
+# the progress output on and off a terminal (a pty from util-linux's `script`); bad paths fail at
+# setup with exit 2; and nothing is written that was not asked for.
+# Usage: e2e_report.sh MNIST_MPI MAKE_SYNTHETIC_MNIST REPO_ROOT
+set -uo pipefail
+bin=$(realpath "$1") make_data=$2 root=$3
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$make_data" "$work/data" 600 100 || { echo "cannot write synthetic data"; exit 1; }
+py=python3; [ -x /usr/bin/python3 ] && py=/usr/bin/python3  # Debian's, with python3-protobuf (scripts/setup.sh)
+check_py="$py $root/tests/check_observability.py"
+small="conv:3x3:4:same,relu,maxpool:2,flatten,fc:10"  # 5 layers
+base=(--data-dir "$work/data" --validation-size 100 --model "$small" --threads 1 --epochs 2)
+passed=0 failed=0
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && { echo "---- output:"; tail -20 "$2"; }; }
+buckets_of() { grep -oE "gradients: [0-9]+ bucket" "$1" | grep -oE "[0-9]+"; }
+
+# 1. Everything on, 2 ranks, several buckets in flight at once.
+out=$work/run1
+mkdir -p "$out"
+if timeout 120 mpirun -np 2 --oversubscribe "$bin" "${base[@]}" --batch-size 25 --log-every 5 --eval-every 10 \
+     --bucket-mb 0.005 --first-bucket-mb 0.002 --metrics-file "$out/m.jsonl" \
+     --tensorboard-dir "$out/tb" --timeline "$out/timeline.json" --report "$out/report.html" >"$out/log" 2>&1; then
+  ok "run with --tensorboard-dir --timeline --report"
+  if $check_py --metrics "$out/m.jsonl" --ranks 2 --steps 20 --buckets "$(buckets_of "$out/log")" --layers 5 \
+       --timeline "$out/timeline.json" --tensorboard "$out/tb" --report "$out/report.html" >"$out/check" 2>&1; then
+    ok "$(tr '\n' ';' <"$out/check")"
+  else bad "observability files" "$out/check"; fi
+  if grep -q "where the time went" "$out/log" && grep -qE "^  exposed communication +[0-9.]+ +[0-9.]+%" "$out/log"; then
+    ok "summary table printed"
+  else bad "no summary table" "$out/log"; fi
+  if ! grep -q $'\r' "$out/log" && grep -qE "^epoch 1 step 5/20 loss [0-9.]+ lr 0.001 [0-9]+ img/s$" "$out/log"; then
+    ok "not a terminal: plain lines at --log-every, no bar"
+  else bad "progress lines off a terminal" "$out/log"; fi
+  if ls "$out/timeline.json.tmp" "$out/report.html.tmp" >/dev/null 2>&1; then bad "temporary files left"; else ok "no temporary files left"; fi
+else bad "run with every output" "$out/log"; fi
+
+# 2. 3 ranks, gradient accumulation and one blocking sum: still one allreduce span per bucket per step.
+out=$work/run2
+mkdir -p "$out"
+if timeout 120 mpirun -np 3 --oversubscribe "$bin" "${base[@]}" --batch-size 10 --accumulation-steps 2 --no-overlap \
+     --max-steps 6 --log-every 3 --metrics-file "$out/m.jsonl" --timeline "$out/t.json" >"$out/log" 2>&1 &&
+   $check_py --metrics "$out/m.jsonl" --ranks 3 --steps 6 --buckets "$(buckets_of "$out/log")" --layers 5 --micro 2 \
+     --timeline "$out/t.json" >"$out/check" 2>&1; then
+  ok "3 ranks, --accumulation-steps 2, --no-overlap: $(tr '\n' ';' <"$out/check")"
+else bad "timeline with accumulation and no overlap" "$out/log"; cat "$out/check" 2>/dev/null; fi
+
+# 3. Nothing asked for, nothing written: the working directory stays empty.
+mkdir -p "$work/empty"
+before=$(find "$work/data" -newer "$work/data" | wc -l)
+if (cd "$work/empty" && timeout 120 mpirun -np 2 --oversubscribe "$bin" "${base[@]}" --batch-size 25 --max-steps 4 >"$work/run3.log" 2>&1) &&
+   [ -z "$(ls -A "$work/empty")" ] && [ "$(find "$work/data" -newer "$work/data" | wc -l)" = "$before" ]; then
+  ok "no option, no file: the working directory stays empty"
+else bad "files written without being asked for: $(ls -A "$work/empty")" "$work/run3.log"; fi
+
+# 4. On a terminal (a pty from `script`): a live bar redrawn with \r, ETA, no plain step lines.
+if command -v script >/dev/null; then
+  script -qec "mpirun -np 2 --oversubscribe $bin ${base[*]} --batch-size 25 --log-every 5" /dev/null >"$work/tty.log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q $'\r'"epoch 1 \[" "$work/tty.log" && grep -qE "epoch 2 \[#{24}\] 10/10 loss [0-9.]+ [0-9]+ img/s took" "$work/tty.log" &&
+     grep -q "ETA\|took" "$work/tty.log" && ! grep -qE "step 5/20 loss" "$work/tty.log" &&
+     grep -q "epoch 1 step 10: validation accuracy" "$work/tty.log"; then
+    ok "on a terminal: a progress bar per epoch, evaluation lines below it"
+  else bad "progress bar on a terminal (exit $rc)" "$work/tty.log"; fi
+  # mpirun gives its ranks a pty even when its own output goes to a file: still plain lines.
+  script -qec "mpirun -np 2 --oversubscribe $bin ${base[*]} --batch-size 25 --log-every 5 >$work/redirected.log 2>&1" /dev/null >/dev/null 2>&1
+  if ! grep -q $'\r' "$work/redirected.log" && grep -q "epoch 1 step 5/20 loss" "$work/redirected.log"; then
+    ok "mpirun's output to a file from a terminal: plain lines (Note [Is rank 0 on a terminal?])"
+  else bad "progress with mpirun redirected to a file" "$work/redirected.log"; fi
+else
+  echo "skip terminal tests: no 'script' (util-linux)"
+fi
+
+# 5. Bad paths and values fail at setup: one error line, exit 2 on every rank, nothing left behind.
+touch "$work/a_file"
+check_bad() {  # NAME PATTERN -- options...
+  local name=$1 pattern=$2
+  shift 3
+  timeout 60 mpirun -np 2 --oversubscribe "$bin" "${base[@]}" --batch-size 25 "$@" >"$work/bad.out" 2>"$work/bad.err"
+  local rc=$?
+  if [ $rc -eq 2 ] && [ "$(grep -c "mnist_mpi: error" "$work/bad.err")" = 1 ] && grep -qE -- "$pattern" "$work/bad.err"; then
+    ok "$name (exit 2)"
+  else bad "$name: exit $rc" "$work/bad.err"; fi
+}
+check_bad timeline_dir_missing "--timeline: the directory '$work/nodir' of .* does not exist" -- --timeline "$work/nodir/t.json"
+check_bad report_is_a_directory "--report: '$work' is a directory" -- --report "$work"
+check_bad tensorboard_under_a_file "--tensorboard-dir: cannot create the directory" -- --tensorboard-dir "$work/a_file/tb"
+check_bad progress_value "--progress must be auto, bar or lines" -- --progress fancy
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

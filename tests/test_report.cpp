@@ -1,0 +1,380 @@
+// The observability pieces on their own: the protobuf encoder against hand-encoded bytes, TensorBoard
+// event files read back by a decoder written here (every CRC, every field), the timeline's fixed
+// buffer, the HTML report's embedded data and self-containedness, and the progress output (lines,
+// and the bar's throttled redraws) with a clock the test controls.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mnist_mpi/check.hpp"
+#include "mnist_mpi/comm/mpi_communicator.hpp"
+#include "mnist_mpi/crc32c.hpp"
+#include "mnist_mpi/report/html_report.hpp"
+#include "mnist_mpi/report/progress.hpp"
+#include "mnist_mpi/report/protobuf.hpp"
+#include "mnist_mpi/report/tensorboard.hpp"
+#include "mnist_mpi/report/timeline.hpp"
+
+namespace mnist_mpi {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const std::string& tag) {
+  const fs::path d = fs::temp_directory_path() / ("mnist_mpi_report_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string bytes(std::initializer_list<int> b) {
+  std::string s;
+  for (int v : b) s.push_back(static_cast<char>(v));
+  return s;
+}
+
+TEST(Protobuf, EncodesEachWireTypeAsTheSpecSays) {
+  ProtoWriter w;
+  w.varint(1, 150);  // the protobuf documentation's example: 08 96 01
+  EXPECT_EQ(w.data(), bytes({0x08, 0x96, 0x01}));
+  w.clear();
+  w.int64(2, -1);  // negative int64: ten bytes, two's complement
+  EXPECT_EQ(w.data(), bytes({0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}));
+  w.clear();
+  w.string(2, "testing");  // 12 07 74 65 73 74 69 6e 67
+  EXPECT_EQ(w.data(), bytes({0x12, 0x07, 't', 'e', 's', 't', 'i', 'n', 'g'}));
+  w.clear();
+  w.float32(2, 1.0f);  // tag (2 << 3) | 5, then 0x3f800000 little-endian
+  EXPECT_EQ(w.data(), bytes({0x15, 0x00, 0x00, 0x80, 0x3f}));
+  w.clear();
+  w.float64(1, 2.0);  // tag (1 << 3) | 1, then 0x4000000000000000 little-endian
+  EXPECT_EQ(w.data(), bytes({0x09, 0, 0, 0, 0, 0, 0, 0, 0x40}));
+  w.clear();
+  w.varint(100, 0);  // a field number above 15 needs a two-byte tag: (100 << 3) = 800 = a0 06
+  EXPECT_EQ(w.data(), bytes({0xa0, 0x06, 0x00}));
+}
+
+// ---- a small reader of what TensorBoardWriter writes ----
+
+struct Field {
+  int number = 0, wire = 0;
+  std::uint64_t varint = 0;  // wire 0, 1, 5: the raw bits
+  std::string bytes;         // wire 2
+};
+
+std::uint64_t read_varint(const std::string& s, std::size_t& i) {
+  std::uint64_t v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (i >= s.size()) throw std::runtime_error("truncated varint");
+    const auto b = static_cast<unsigned char>(s[i++]);
+    v |= static_cast<std::uint64_t>(b & 0x7f) << shift;
+    if (!(b & 0x80)) return v;
+  }
+  throw std::runtime_error("varint longer than 10 bytes");
+}
+
+std::uint64_t read_le(const std::string& s, std::size_t& i, int n) {
+  if (i + static_cast<std::size_t>(n) > s.size()) throw std::runtime_error("truncated fixed field");
+  std::uint64_t v = 0;
+  for (int k = 0; k < n; ++k) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[i++])) << (8 * k);
+  return v;
+}
+
+std::vector<Field> parse_message(const std::string& s) {
+  std::vector<Field> out;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const std::uint64_t key = read_varint(s, i);
+    Field f;
+    f.number = static_cast<int>(key >> 3);
+    f.wire = static_cast<int>(key & 7);
+    if (f.wire == 0) f.varint = read_varint(s, i);
+    else if (f.wire == 1) f.varint = read_le(s, i, 8);
+    else if (f.wire == 5) f.varint = read_le(s, i, 4);
+    else if (f.wire == 2) {
+      const std::uint64_t n = read_varint(s, i);
+      if (i + n > s.size()) throw std::runtime_error("truncated length-delimited field");
+      f.bytes = s.substr(i, n);
+      i += n;
+    } else {
+      throw std::runtime_error("unexpected wire type " + std::to_string(f.wire));
+    }
+    out.push_back(f);
+  }
+  return out;
+}
+
+struct Event {
+  double wall_time = 0;
+  std::int64_t step = 0;
+  std::string file_version;
+  std::vector<std::pair<std::string, float>> values;
+};
+
+// Reads every record, checking both masked CRCs; decodes Event and Summary.Value.
+std::vector<Event> read_event_file(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string s = ss.str();
+  std::vector<Event> events;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    if (i + 12 > s.size()) throw std::runtime_error("truncated record header");
+    const std::string len_bytes = s.substr(i, 8);
+    std::size_t j = i;
+    const std::uint64_t len = read_le(s, j, 8);
+    const auto len_crc = static_cast<std::uint32_t>(read_le(s, j, 4));
+    if (len_crc != crc32c_masked(crc32c(len_bytes.data(), 8))) throw std::runtime_error("bad length CRC");
+    if (j + len + 4 > s.size()) throw std::runtime_error("truncated record");
+    const std::string data = s.substr(j, len);
+    j += len;
+    const auto data_crc = static_cast<std::uint32_t>(read_le(s, j, 4));
+    if (data_crc != crc32c_masked(crc32c(data.data(), data.size()))) throw std::runtime_error("bad data CRC");
+    i = j;
+    Event e;
+    for (const Field& fld : parse_message(data)) {
+      if (fld.number == 1 && fld.wire == 1) e.wall_time = std::bit_cast<double>(fld.varint);
+      else if (fld.number == 2 && fld.wire == 0) e.step = static_cast<std::int64_t>(fld.varint);
+      else if (fld.number == 3 && fld.wire == 2) e.file_version = fld.bytes;
+      else if (fld.number == 5 && fld.wire == 2) {
+        for (const Field& v : parse_message(fld.bytes)) {  // Summary: repeated Value value = 1
+          if (v.number != 1 || v.wire != 2) throw std::runtime_error("Summary field other than value");
+          std::string tag;
+          float value = 0;
+          bool has_value = false;
+          for (const Field& x : parse_message(v.bytes)) {
+            if (x.number == 1 && x.wire == 2) tag = x.bytes;
+            else if (x.number == 2 && x.wire == 5) {
+              value = std::bit_cast<float>(static_cast<std::uint32_t>(x.varint));
+              has_value = true;
+            } else throw std::runtime_error("Value field other than tag / simple_value");
+          }
+          if (!has_value) throw std::runtime_error("Value without simple_value");
+          e.values.emplace_back(tag, value);
+        }
+      } else {
+        throw std::runtime_error("unexpected Event field " + std::to_string(fld.number));
+      }
+    }
+    events.push_back(e);
+  }
+  return events;
+}
+
+TEST(TensorBoard, EventFileReadsBackWithEveryCrcAndValue) {
+  const fs::path dir = fresh_dir("tb") / "nested" / "run";  // created with its parents
+  std::string path;
+  {
+    TensorBoardWriter w(dir.string(), "testhost");
+    path = w.path();
+    w.scalars(10, {{"train/loss", 2.5}, {"train/learning_rate", 0.001}, {"train/images_per_s", 12345.0}});
+    w.scalars(20, {{"validation/accuracy", 0.9375}, {"validation/loss", -0.0}});
+    w.scalars(1LL << 40, {{"x", 1e30}});
+  }
+  ASSERT_EQ(fs::path(path).parent_path(), dir);
+  EXPECT_EQ(fs::path(path).filename().string().rfind("events.out.tfevents.", 0), 0u);
+  EXPECT_NE(fs::path(path).filename().string().find(".testhost."), std::string::npos);
+  const std::vector<Event> ev = read_event_file(path);
+  ASSERT_EQ(ev.size(), 4u);
+  EXPECT_EQ(ev[0].file_version, "brain.Event:2");
+  EXPECT_TRUE(ev[0].values.empty());
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (const Event& e : ev) EXPECT_NEAR(e.wall_time, now, 60.0);
+  EXPECT_EQ(ev[1].step, 10);
+  ASSERT_EQ(ev[1].values.size(), 3u);
+  EXPECT_EQ(ev[1].values[0], (std::pair<std::string, float>{"train/loss", 2.5f}));
+  EXPECT_EQ(ev[1].values[1], (std::pair<std::string, float>{"train/learning_rate", 0.001f}));
+  EXPECT_EQ(ev[1].values[2], (std::pair<std::string, float>{"train/images_per_s", 12345.0f}));
+  EXPECT_EQ(ev[2].step, 20);
+  ASSERT_EQ(ev[2].values.size(), 2u);
+  EXPECT_EQ(ev[2].values[0], (std::pair<std::string, float>{"validation/accuracy", 0.9375f}));
+  EXPECT_EQ(ev[2].values[1].first, "validation/loss");
+  EXPECT_TRUE(std::signbit(ev[2].values[1].second));
+  EXPECT_EQ(ev[3].step, 1LL << 40);
+  EXPECT_EQ(ev[3].values[0].second, 1e30f);
+  fs::remove_all(dir.parent_path().parent_path());
+}
+
+TEST(TensorBoard, CorruptionIsCaughtByTheReader) {  // the reader above really checks the CRCs
+  const fs::path dir = fresh_dir("tbc");
+  std::string path;
+  {
+    TensorBoardWriter w(dir.string(), "h");
+    path = w.path();
+    w.scalars(1, {{"a", 1.0}});
+  }
+  ASSERT_NO_THROW(read_event_file(path));
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(-6, std::ios::end);  // inside the last record's float
+  f.put('\x7f');
+  f.close();
+  EXPECT_THROW(read_event_file(path), std::runtime_error);
+  fs::remove_all(dir);
+}
+
+TEST(TensorBoard, UnwritableDirectoryIsAUsageError) {
+  const fs::path dir = fresh_dir("tbbad");
+  std::ofstream(dir / "file") << "x";
+  try {
+    TensorBoardWriter w((dir / "file" / "sub").string(), "h");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("--tensorboard-dir"), std::string::npos);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(TfRecord, FrameLayout) {
+  const std::string rec = tfrecord_frame("abc");
+  ASSERT_EQ(rec.size(), 8u + 4u + 3u + 4u);
+  EXPECT_EQ(rec.substr(0, 8), bytes({3, 0, 0, 0, 0, 0, 0, 0}));
+  std::size_t i = 8;
+  EXPECT_EQ(read_le(rec, i, 4), crc32c_masked(crc32c(rec.data(), 8)));
+  EXPECT_EQ(rec.substr(12, 3), "abc");
+  i = 15;
+  EXPECT_EQ(read_le(rec, i, 4), crc32c_masked(crc32c("abc", 3)));
+}
+
+// ---- timeline ----
+
+TEST(Timeline, FullBufferKeepsTheFirstSpansAndCountsTheRest) {
+  Timeline t(0, 3, {"fc:10"});
+  const auto t0 = Timeline::Clock::now();
+  for (int i = 0; i < 5; ++i) t.record(SpanKind::kData, t0, t0 + std::chrono::microseconds(i), i);
+  EXPECT_EQ(t.size(), 3u);
+  EXPECT_EQ(t.capacity(), 3u);
+  EXPECT_EQ(t.dropped(), 2);
+}
+
+TEST(Timeline, CapacityCoversTheRunUpToTheCap) {
+  // 100 steps, 1 micro-batch, 5 layers, 2 buckets: (2 + 3 + 5 + 3 * 2) per step, 2 per evaluation, + 256.
+  EXPECT_EQ(timeline_capacity(100, 1, 5, 2, 3), 100u * 16u + 6u + 256u);
+  EXPECT_EQ(timeline_capacity(1LL << 40, 1, 5, 2, 3), kTimelineMaxSpans);
+  EXPECT_EQ(timeline_capacity(1LL << 40, 1, 5, 2, 3, 256), kTimelineMaxGathered / 256);  // rank 0 gathers <= 1 GiB
+}
+
+TEST(Timeline, WritesOneFileWithSpansOnRankZerosClock) {
+  auto comm = make_mpi_communicator(MPI_COMM_SELF);
+  const fs::path dir = fresh_dir("tl");
+  Timeline t(0, 16, {"conv:3x3:4", "fc:10"});
+  t.align_clocks(*comm);
+  const auto a = Timeline::Clock::now();
+  t.record(SpanKind::kStep, a, a + std::chrono::microseconds(1500), 7);
+  t.backward_starts(a, 7);
+  t.layer_done(1);
+  const std::vector<BucketTiming> buckets{{a, a + std::chrono::microseconds(5)}, {a, a + std::chrono::microseconds(9)}};
+  t.bucket_updated(8, 1, a, a + std::chrono::microseconds(10), a + std::chrono::microseconds(12));
+  t.step_done(8, a, a + std::chrono::microseconds(20), buckets);
+  const std::string path = (dir / "t.json").string();
+  t.gather_and_write(*comm, path, "hostname");
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string s = ss.str();
+  EXPECT_NE(s.find("\"traceEvents\":["), std::string::npos);
+  EXPECT_NE(s.find("\"name\":\"rank 0 (hostname)\""), std::string::npos);
+  EXPECT_NE(s.find("\"name\":\"backward 1 fc:10\""), std::string::npos);
+  EXPECT_NE(s.find("\"name\":\"step\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":0,\"tid\":0"), std::string::npos);
+  EXPECT_NE(s.find("\"dur\":1500.000,\"args\":{\"step\":7"), std::string::npos);
+  // Two buckets in flight at once go to two communication rows.
+  EXPECT_NE(s.find("\"name\":\"allreduce bucket 0\",\"cat\":\"allreduce\",\"ph\":\"X\",\"pid\":0,\"tid\":1"), std::string::npos);
+  EXPECT_NE(s.find("\"name\":\"allreduce bucket 1\",\"cat\":\"allreduce\",\"ph\":\"X\",\"pid\":0,\"tid\":2"), std::string::npos);
+  EXPECT_NE(s.find("\"name\":\"wait for bucket 1\",\"cat\":\"wait for bucket\",\"ph\":\"X\",\"pid\":0,\"tid\":0"),
+            std::string::npos);
+  const auto opt = s.find("\"name\":\"optimizer bucket 1\",\"cat\":\"optimizer\",\"ph\":\"X\",\"pid\":0,\"tid\":0,");
+  ASSERT_NE(opt, std::string::npos);
+  EXPECT_NE(s.find("\"dur\":2.000,\"args\":{\"step\":8,\"index\":1}", opt), std::string::npos);
+  EXPECT_NE(s.find("\"dropped_spans\":[0]"), std::string::npos);
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  fs::remove_all(dir);
+}
+
+// ---- HTML report ----
+
+TEST(HtmlReport, EmbedsTheCurvesAndNeedsNoNetwork) {
+  ReportData d;
+  d.facts = {{"model", "fc:10 <&>"}, {"ranks", "2"}};
+  d.train = {{5, 2.25, 0.001, 1000}, {10, 1.5, 0.001, 1100}};
+  d.evals = {{"validation", 10, 0.875, 0.5}, {"test", 10, 0.8125, 0.625}};
+  d.time = {{"forward", 1.5}, {"backward", 3.0}};
+  const std::string html = render_html_report(d);
+  const std::string open = "<script type=\"application/json\" id=\"mnist-mpi-report\">\n";
+  const auto b = html.find(open);
+  ASSERT_NE(b, std::string::npos);
+  const auto e = html.find("\n</script>", b);
+  const std::string json = html.substr(b + open.size(), e - b - open.size());
+  EXPECT_EQ(json, report_json(d));
+  EXPECT_NE(json.find("\"train\":[{\"step\":5,\"loss\":2.25,\"lr\":0.001,\"images_per_s\":1000},"
+                      "{\"step\":10,\"loss\":1.5,\"lr\":0.001,\"images_per_s\":1100}]"),
+            std::string::npos);
+  EXPECT_NE(json.find("{\"split\":\"validation\",\"step\":10,\"accuracy\":0.875,\"loss\":0.5}"), std::string::npos);
+  EXPECT_NE(json.find("\"time_s\":{\"forward\":1.5,\"backward\":3}"), std::string::npos);
+  EXPECT_NE(json.find("\"model\":\"fc:10 \\u003c&>\""), std::string::npos);  // no "</script>" can end the block early
+  EXPECT_NE(html.find("fc:10 &lt;&amp;&gt;"), std::string::npos);
+  EXPECT_EQ(html.find("<script src"), std::string::npos);
+  EXPECT_EQ(html.find("<link"), std::string::npos);
+  EXPECT_EQ(html.find("url("), std::string::npos);
+  EXPECT_EQ(html.find("@import"), std::string::npos);
+  // Only the SVG namespace names a URL.
+  std::string rest = html;
+  for (auto p = rest.find("http://www.w3.org/2000/svg"); p != std::string::npos; p = rest.find("http://www.w3.org/2000/svg"))
+    rest.erase(p, 26);
+  EXPECT_EQ(rest.find("http"), std::string::npos);
+  EXPECT_NE(html.find("<path fill=\"none\" stroke=\"#4e79a7\""), std::string::npos);  // the loss curve is drawn
+}
+
+// ---- progress ----
+
+TEST(Progress, LinesModePrintsTheLogLineOnly) {
+  Progress p(ProgressMode::kLines, 20, 10, 50);
+  ::testing::internal::CaptureStdout();
+  const auto t = Progress::Clock::now();
+  for (int s = 0; s < 5; ++s) p.step_done(s, t + std::chrono::seconds(s));
+  p.log(4, 2.25, 0.001, 1234.4);
+  p.line("epoch 1 step 5: validation accuracy 0.5000 loss 1.0000");
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(out, "epoch 1 step 5/20 loss 2.2500 lr 0.001 1234 img/s\n"
+                 "epoch 1 step 5: validation accuracy 0.5000 loss 1.0000\n");
+}
+
+TEST(Progress, BarRedrawsAtMostFourTimesASecondAndEndsEachEpochWithANewline) {
+  Progress p(ProgressMode::kBar, 20, 10, 50);
+  const auto t0 = Progress::Clock::now();
+  p.start(t0);
+  ::testing::internal::CaptureStdout();
+  // Steps 0..9 within 100 ms: no redraw until the epoch's last step.
+  for (int s = 0; s < 10; ++s) p.step_done(s, t0 + std::chrono::milliseconds(10 * (s + 1)));
+  // Epoch 2: one step a second, so each is drawn.
+  p.log(9, 1.5, 0.001, 0);
+  for (int s = 10; s < 12; ++s) p.step_done(s, t0 + std::chrono::seconds(s - 8));
+  p.line("an evaluation");
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  const std::string first = "\repoch 1 [########################] 10/10 loss - 5000 img/s took 0:00\033[K\n";
+  ASSERT_EQ(out.substr(0, first.size()), first);
+  EXPECT_NE(out.find("\repoch 2 [##......................] 1/10 loss 1.5000 "), std::string::npos);
+  EXPECT_NE(out.find("\repoch 2 [####....................] 2/10 loss 1.5000 34 img/s ETA 0:12"), std::string::npos);
+  EXPECT_NE(out.find("\r\033[Kan evaluation\n"), std::string::npos);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\r'), 4);  // epoch end, two redraws, the clear before the line
+}
+
+TEST(Progress, ModeOptionAndQuiet) {
+  EXPECT_EQ(resolve_progress_mode("bar", false), ProgressMode::kBar);
+  EXPECT_EQ(resolve_progress_mode("lines", false), ProgressMode::kLines);
+  EXPECT_EQ(resolve_progress_mode("bar", true), ProgressMode::kOff);
+  EXPECT_THROW(resolve_progress_mode("fancy", false), Error);
+}
+
+}  // namespace
+}  // namespace mnist_mpi
