@@ -93,7 +93,7 @@ struct Rig {
   std::unique_ptr<LayerKernel> k;
 
   Rig(Backend& be, const LayerSpec& spec, int n, std::uint64_t seed, bool with_dx = true, bool training = true,
-      int index = 0)
+      int index = 0, Layout x_layout = Layout::kPlain, Layout y_layout = Layout::kPlain)
       : l(spec), batch(n) {
     const auto in = static_cast<std::size_t>(n * l.in.size()), out = static_cast<std::size_t>(n * l.out.size());
     const auto np = static_cast<std::size_t>(param_size(l));
@@ -107,6 +107,8 @@ struct Rig {
     b.batch = n;
     b.x = x.data();
     b.y = y.data();
+    b.x_layout = x_layout;
+    b.y_layout = y_layout;
     if (training) {
       b.dy = dy.data();
       b.dx = with_dx ? dx.data() : nullptr;
@@ -125,6 +127,25 @@ struct Rig {
     return s;
   }
 };
+
+int block_of(Layout layout) { return layout == Layout::kBlocked8 ? 8 : layout == Layout::kBlocked16 ? 16 : 1; }
+
+// Index of plain (n, c, h, w) in a buffer of `layout` (Note [Activation layouts] in backend.hpp).
+std::size_t at(Layout layout, Shape s, int n, int c, int h, int w) {
+  const int b = block_of(layout);
+  return ((((static_cast<std::size_t>(n) * (s.c / b) + c / b) * s.h + h) * s.w + w) * b) + c % b;
+}
+
+// A plain (N, C, H, W) vector from one in `layout`, or the other way.
+template <typename T>
+std::vector<T> relayout(const std::vector<T>& v, int batch, Shape s, Layout from, Layout to) {
+  std::vector<T> out(v.size());
+  for (int n = 0; n < batch; ++n)
+    for (int c = 0; c < s.c; ++c)
+      for (int h = 0; h < s.h; ++h)
+        for (int w = 0; w < s.w; ++w) out[at(to, s, n, c, h, w)] = v[at(from, s, n, c, h, w)];
+  return out;
+}
 
 // Central differences of rig.loss() with respect to every element of `var` (x or w of the rig),
 // against `analytic`.
@@ -151,12 +172,16 @@ void check_fd(const std::string& what, Rig& rig, std::vector<float>& var, const 
 
 // Forward against the reference, then dx, dw (and db) against finite differences. dw is filled
 // with garbage first: backward must overwrite it, not accumulate into it.
+// x_layout / y_layout: the layouts the kernel is built for; x, y, dy and dx are held in them, the
+// reference works on plain copies.
 void check_layer(const std::string& text, Shape input, int classes, int batch, std::uint64_t seed,
-                 double fwd_atol = 1e-4, double fwd_rtol = 1e-4) {
-  SCOPED_TRACE(text);
+                 double fwd_atol = 1e-4, double fwd_rtol = 1e-4, Layout x_layout = Layout::kPlain,
+                 Layout y_layout = Layout::kPlain) {
+  SCOPED_TRACE(text + " x block " + std::to_string(block_of(x_layout)) + " y block " +
+               std::to_string(block_of(y_layout)));
   auto be = make_cpu_backend(1);
   const LayerSpec l = layer_of(text, input, classes);
-  Rig rig(*be, l, batch, seed);
+  Rig rig(*be, l, batch, seed, true, true, 0, x_layout, y_layout);
   // Copied in place (never assigned): the kernel holds the buffer's address.
   if (l.kind == LayerKind::kMaxPool) {
     const std::vector<float> v = distinct(rig.x.size(), seed, 0.03f);
@@ -170,14 +195,15 @@ void check_layer(const std::string& text, Shape input, int classes, int batch, s
   rig.k->forward(ctx);
 
   std::vector<double> ref;
+  const std::vector<double> x_plain = to_double(relayout(rig.x, batch, l.in, x_layout, Layout::kPlain));
   switch (l.kind) {
-    case LayerKind::kConv: ref = ref::conv2d(l, batch, to_double(rig.x), to_double(rig.w)); break;
-    case LayerKind::kFc: ref = ref::fc(l, batch, to_double(rig.x), to_double(rig.w)); break;
-    case LayerKind::kMaxPool: ref = ref::maxpool(l, batch, to_double(rig.x)); break;
-    case LayerKind::kRelu: ref = ref::relu(to_double(rig.x)); break;
+    case LayerKind::kConv: ref = ref::conv2d(l, batch, x_plain, to_double(rig.w)); break;
+    case LayerKind::kFc: ref = ref::fc(l, batch, x_plain, to_double(rig.w)); break;
+    case LayerKind::kMaxPool: ref = ref::maxpool(l, batch, x_plain); break;
+    case LayerKind::kRelu: ref = ref::relu(x_plain); break;
     default: FAIL() << "not a reference layer";
   }
-  expect_close("forward", rig.y, ref, fwd_atol, fwd_rtol);
+  expect_close("forward", rig.y, relayout(ref, batch, l.out, Layout::kPlain, y_layout), fwd_atol, fwd_rtol);
 
   std::fill(rig.dx.begin(), rig.dx.end(), 7.0f);
   std::fill(rig.dw.begin(), rig.dw.end(), 7.0f);
@@ -191,11 +217,12 @@ void check_layer(const std::string& text, Shape input, int classes, int batch, s
     check_fd("dw and db", rig, rig.w, dw, h, 2e-4, 2e-3);
     // The bias gradient is the sum of dy over the batch and the output positions.
     const int plane = l.out.h * l.out.w;
+    const std::vector<float> dy_plain = relayout(rig.dy, batch, l.out, y_layout, Layout::kPlain);
     std::vector<double> db(static_cast<std::size_t>(l.channels), 0.0);
     for (int n = 0; n < batch; ++n)
       for (int o = 0; o < l.channels; ++o)
         for (int p = 0; p < plane; ++p)
-          db[static_cast<std::size_t>(o)] += rig.dy[(static_cast<std::size_t>(n) * l.channels + o) * plane + p];
+          db[static_cast<std::size_t>(o)] += dy_plain[(static_cast<std::size_t>(n) * l.channels + o) * plane + p];
     expect_close("db = sum dy", std::vector<float>(dw.begin() + static_cast<std::ptrdiff_t>(nw), dw.end()), db,
                  1e-4, 1e-4);
   }
@@ -276,6 +303,59 @@ TEST(Layers, MaxPoolOverlappingWindows) {
 }
 
 TEST(Layers, Relu) { check_layer("relu,fc:10", {2, 7, 7}, 10, 2, 31, 0.0, 0.0); }
+
+// Blocked activations (Note [Activation layouts]): every kernel that may be given them, in each
+// combination the CPU backend can choose, against the same reference and finite differences.
+TEST(BlockedLayouts, Conv) {
+  // Small shapes: the finite differences run one forward per element of x and w.
+  for (Layout b : {Layout::kBlocked8, Layout::kBlocked16}) {
+    const std::string c = std::to_string(block_of(b));  // channels: one block
+    // A first convolution (one input channel, plain) writing blocked output.
+    check_layer("conv:5x5:" + c + ":same,fc:10", {1, 6, 6}, 10, 2, 81, 1e-4, 1e-4, Layout::kPlain, b);
+    // Blocked to blocked, odd sizes and a stride.
+    check_layer("conv:3x3:" + c + ":same,fc:10", {block_of(b), 5, 5}, 10, 1, 82, 1e-4, 1e-4, b, b);
+    check_layer("conv:3x3:" + c + ":valid:s2,fc:10", {block_of(b), 5, 5}, 10, 2, 83, 1e-4, 1e-4, b, b);
+    // Blocked to plain, and plain to blocked.
+    check_layer("conv:3x3:4:same,fc:10", {block_of(b), 4, 4}, 10, 1, 84, 1e-4, 1e-4, b, Layout::kPlain);
+    check_layer("conv:3x3:" + c + ":same,fc:10", {4, 4, 4}, 10, 1, 85, 1e-4, 1e-4, Layout::kPlain, b);
+  }
+}
+
+TEST(BlockedLayouts, MaxPool) {
+  for (Layout b : {Layout::kBlocked8, Layout::kBlocked16}) {
+    check_layer("maxpool:2,fc:10", {16, 7, 7}, 10, 2, 86, 0.0, 0.0, b, b);
+    check_layer("maxpool:2,fc:10", {32, 4, 4}, 10, 2, 87, 0.0, 0.0, b, Layout::kPlain);  // before flatten
+    check_layer("maxpool:3:2,fc:10", {16, 7, 7}, 10, 1, 88, 0.0, 0.0, b, b);           // overlapping
+  }
+}
+
+TEST(BlockedLayouts, Relu) {
+  for (Layout b : {Layout::kBlocked8, Layout::kBlocked16})
+    check_layer("relu,fc:10", {16, 5, 5}, 10, 2, 89, 0.0, 0.0, b, b);
+}
+
+TEST(BlockedLayouts, BackendKeepsInnerActivationsBlocked) {
+  auto be = make_cpu_backend(1);
+  const ModelSpec lenet = parse_model_spec(
+      "conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10",
+      {1, 28, 28}, 10);
+  const std::vector<Layout> l = be->activation_layouts(lenet);
+  ASSERT_EQ(l.size(), lenet.layers.size() + 1);
+  const Layout b = l[1];
+  EXPECT_NE(b, Layout::kPlain);
+  for (std::size_t i = 1; i <= 5; ++i) EXPECT_EQ(l[i], b) << i;  // conv .. the last pool's input
+  for (std::size_t i : {0, 6, 7, 8, 9, 10, 11}) EXPECT_EQ(l[i], Layout::kPlain) << i;  // input, flatten, fc, logits
+  // Channels that no block divides, and a ReLU between a conv and an fc, stay plain.
+  const ModelSpec odd = parse_model_spec("conv:3x3:6:same,relu,maxpool:2,conv:3x3:16:same,relu,flatten,fc:10",
+                                         {1, 8, 8}, 10);
+  for (Layout x : be->activation_layouts(odd)) EXPECT_EQ(x, Layout::kPlain);
+  // tiny: 8 channels, then 16; one block size for the whole model, so 8.
+  const ModelSpec tiny = parse_model_spec("conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10",
+                                          {1, 28, 28}, 10);
+  EXPECT_EQ(be->activation_layouts(tiny),
+            (std::vector<Layout>{Layout::kPlain, Layout::kBlocked8, Layout::kBlocked8, Layout::kBlocked8,
+                                 Layout::kPlain, Layout::kPlain, Layout::kPlain}));
+}
 
 TEST(Layers, Fc) { check_layer("fc:12,fc:10", {18, 1, 1}, 10, 3, 41); }
 
@@ -515,6 +595,53 @@ std::vector<double> ref_model(const ModelSpec& spec, int batch, const std::vecto
         }
   const std::vector<double> p = ref::maxpool(pool, batch, a);
   return ref::fc(spec.layers[4], batch, p, slice(4));
+}
+
+// The CPU backend with every activation plain: the layouts every kernel was first written for.
+class PlainLayouts final : public Backend {
+ public:
+  std::string name() const override { return "cpu (plain layouts)"; }
+  std::unique_ptr<Buffer> allocate(std::int64_t count) override { return be_->allocate(count); }
+  std::unique_ptr<LayerKernel> make_layer(const LayerSpec& spec, int index, const LayerBuffers& buffers,
+                                          bool training) override {
+    return be_->make_layer(spec, index, buffers, training);
+  }
+  LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes,
+                                  float* dlogits, float grad_scale) override {
+    return be_->softmax_cross_entropy(logits, labels, batch, classes, dlogits, grad_scale);
+  }
+
+ private:
+  std::unique_ptr<Backend> be_ = make_cpu_backend(1);
+};
+
+TEST(BlockedLayouts, ModelMatchesThePlainOne) {
+  // Two convs, ReLUs and pools with blocked activations between them (the last pool writes plain
+  // for flatten), against the same model with every activation plain.
+  auto be = make_cpu_backend(1);
+  PlainLayouts plain_be;
+  const ModelSpec spec = parse_model_spec(
+      "conv:3x3:16:same,relu,maxpool:2,conv:3x3:16:same,relu,maxpool:2,flatten,fc:10", {1, 12, 12}, 10);
+  ASSERT_NE(be->activation_layouts(spec)[1], Layout::kPlain);
+  const int batch = 4;
+  std::vector<float> params(static_cast<std::size_t>(spec.param_count));
+  init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 5, params.data());
+  std::vector<float> g_blocked(params.size(), 7.0f), g_plain(params.size(), 7.0f);
+  Model blocked(spec, batch, *be, params.data(), g_blocked.data());
+  Model plain(spec, batch, plain_be, params.data(), g_plain.data());
+  const std::vector<float> x = uniform(static_cast<std::size_t>(batch * 144), 6);
+  const std::vector<std::int32_t> labels{1, 4, 9, 0};
+  StepContext ctx;
+  for (Model* m : {&blocked, &plain}) {
+    std::copy(x.begin(), x.end(), m->input());
+    m->forward(ctx);
+    be->softmax_cross_entropy(m->logits(), labels.data(), batch, 10, m->dlogits(), 1.0f / batch);
+    m->backward(ctx);
+  }
+  const std::vector<float> lb(blocked.logits(), blocked.logits() + batch * 10);
+  const std::vector<float> lp(plain.logits(), plain.logits() + batch * 10);
+  expect_close("logits", lb, to_double(lp), 1e-5, 1e-4);
+  expect_close("gradients", g_blocked, to_double(g_plain), 1e-5, 1e-4);
 }
 
 TEST(Model, GradientOfEveryParameterTensor) {

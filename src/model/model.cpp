@@ -5,6 +5,8 @@
 
 #include <sstream>
 
+#include "mnist_mpi/check.hpp"
+
 namespace mnist_mpi {
 
 Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads)
@@ -28,6 +30,10 @@ Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* pa
       dact_ptr_[i] = dacts_.back()->data();
     }
   }
+  // Note [Activation layouts] in backend.hpp: the backend may keep inner activations blocked.
+  const std::vector<Layout> layouts = backend.activation_layouts(spec);
+  MNIST_CHECK(layouts.size() == L + 1 && layouts.front() == Layout::kPlain && layouts.back() == Layout::kPlain,
+                  ExitCode::kRuntime, "backend '" + backend.name() + "' chose invalid activation layouts");
   std::vector<std::int64_t> param_offset(L, -1);
   for (const ParamTensor& p : spec.params)
     if (!p.is_bias) param_offset[static_cast<std::size_t>(p.layer)] = p.offset;
@@ -36,6 +42,8 @@ Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* pa
     b.batch = batch;
     b.x = act_ptr_[i];
     b.y = act_ptr_[i + 1];
+    b.x_layout = layouts[i];
+    b.y_layout = layouts[i + 1];
     if (training_) {
       b.dy = dact_ptr_[i + 1];
       b.dx = dact_ptr_[i];  // null for i == 0: the first layer computes no input gradient

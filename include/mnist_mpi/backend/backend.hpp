@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mnist_mpi/model/spec.hpp"
 
@@ -20,6 +21,15 @@ struct StepContext {
   std::int64_t first_sample = 0;  // position of this batch's row 0 within the global batch
 };
 
+// Note [Activation layouts]
+// How one activation buffer holds its (N, C, H, W) values. kPlain is NCHW. kBlockedB is oneDNN's
+// nChwBc: (N, C/B, H, W, B), channels in blocks of B, only where B divides C (so the buffer has
+// the plain size). A backend may keep activations between its own layers blocked so that no
+// layer converts per step; the model's input, its logits and anything a flatten or fc reads stay
+// plain. The backend chooses (Backend::activation_layouts) and every kernel is told the layouts of
+// its x / dx and y / dy.
+enum class Layout { kPlain, kBlocked8, kBlocked16 };
+
 // Buffers of one layer, fixed for the model's lifetime (kernels bind them once, at build).
 struct LayerBuffers {
   int batch = 0;
@@ -29,6 +39,8 @@ struct LayerBuffers {
   float* dx = nullptr;       // like x; null when no input gradient is needed (the first layer)
   const float* w = nullptr;  // this layer's weight, then bias, in the flat parameter buffer
   float* dw = nullptr;       // the same range of the flat gradient buffer; null for inference
+  Layout x_layout = Layout::kPlain;  // of x and dx
+  Layout y_layout = Layout::kPlain;  // of y and dy
 };
 
 class LayerKernel {
@@ -59,6 +71,11 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual std::unique_ptr<Buffer> allocate(std::int64_t count) = 0;  // zero-filled
+  // The layout of every activation of the model (layers.size() + 1 entries: entry i is layer i's
+  // input; the first and the last must be kPlain). Default: all plain.
+  virtual std::vector<Layout> activation_layouts(const ModelSpec& spec) const {
+    return std::vector<Layout>(spec.layers.size() + 1, Layout::kPlain);
+  }
   // index: the layer's position in the spec (dropout key). training=false builds inference only.
   virtual std::unique_ptr<LayerKernel> make_layer(const LayerSpec& spec, int index,
                                                   const LayerBuffers& buffers, bool training) = 0;

@@ -29,6 +29,42 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   std::unique_ptr<Buffer> allocate(std::int64_t count) override { return std::make_unique<HostBuffer>(count); }
 
+  // Note [Which activations are blocked]
+  // An activation is kept blocked (nChw16c on AVX-512 machines when 16 divides every such
+  // activation's channels, else nChw8c) when the layer writing it and the layer reading it are
+  // both a convolution, a ReLU or a max pool: oneDNN's direct convolutions read and write blocked
+  // tensors, ReLU is elementwise (any layout, as long as its input and output agree), and the
+  // pooling loops read blocked and write either (src/backend/cpu/pool.cpp). So the last pool
+  // before flatten turns blocked into plain, and no layer reorders an activation.
+  std::vector<Layout> activation_layouts(const ModelSpec& spec) const override {
+    const std::size_t L = spec.layers.size();
+    std::vector<bool> blocked(L + 1, false);
+    const auto speaks_blocked = [](LayerKind k) {
+      return k == LayerKind::kConv || k == LayerKind::kRelu || k == LayerKind::kMaxPool;
+    };
+    const auto shape = [&](std::size_t i) { return i == 0 ? spec.input : spec.layers[i - 1].out; };
+    for (std::size_t i = 1; i < L; ++i)
+      blocked[i] = speaks_blocked(spec.layers[i - 1].kind) && speaks_blocked(spec.layers[i].kind) &&
+                   shape(i).c % 8 == 0 && shape(i).h * shape(i).w > 1;
+    for (bool changed = true; changed;) {  // ReLU keeps its layout; a pool never turns plain into blocked
+      changed = false;
+      for (std::size_t i = 0; i < L; ++i) {
+        const LayerKind k = spec.layers[i].kind;
+        if ((k == LayerKind::kRelu && blocked[i] != blocked[i + 1]) ||
+            (k == LayerKind::kMaxPool && !blocked[i] && blocked[i + 1])) {
+          changed = changed || blocked[i] || blocked[i + 1];
+          blocked[i] = blocked[i + 1] = false;
+        }
+      }
+    }
+    bool all16 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
+    for (std::size_t i = 0; i <= L; ++i) all16 = all16 && (!blocked[i] || shape(i).c % 16 == 0);
+    std::vector<Layout> out(L + 1, Layout::kPlain);
+    for (std::size_t i = 0; i <= L; ++i)
+      if (blocked[i]) out[i] = all16 ? Layout::kBlocked16 : Layout::kBlocked8;
+    return out;
+  }
+
   std::unique_ptr<LayerKernel> make_layer(const LayerSpec& l, int index, const LayerBuffers& b,
                                           bool training) override {
     try {

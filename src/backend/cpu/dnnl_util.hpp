@@ -24,6 +24,16 @@ inline dnnl::memory wrap(const Context& c, const dnnl::memory::dims& dims, tag t
   return dnnl::memory({dims, dt::f32, t}, c.engine, const_cast<float*>(p));
 }
 
+// The oneDNN format tag of a 4-D activation in `layout` (Note [Activation layouts]).
+inline tag tag_of(Layout layout) {
+  switch (layout) {
+    case Layout::kBlocked8: return tag::nChw8c;
+    case Layout::kBlocked16: return tag::nChw16c;
+    case Layout::kPlain: break;
+  }
+  return tag::nchw;
+}
+
 inline dnnl::primitive_attr user_scratchpad() {
   dnnl::primitive_attr a;
   a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -46,6 +56,28 @@ Bound bind(const Context& c, const PD& pd, std::unordered_map<int, dnnl::memory>
 template <typename PD>
 std::string impl(const PD& pd) {
   return pd.impl_info_str();
+}
+
+// A reorder between a user buffer in its fixed layout and a primitive's preferred layout of the same
+// tensor, made once at build; absent when the two layouts are the same (then `mem` is the user's).
+// Used for weights and weight gradients only, which are small; activations are never reordered.
+struct MaybeReorder {
+  dnnl::memory mem;  // what the primitive reads or writes
+  std::optional<Bound> reorder;
+  void run(const Context& c) {
+    if (reorder) reorder->run(c);
+  }
+};
+
+// to_primitive: user -> primitive's layout (before a primitive reads it); otherwise the way back.
+inline MaybeReorder maybe_reorder(const Context& c, const dnnl::memory& user, const dnnl::memory::desc& prim,
+                                  bool to_primitive) {
+  if (user.get_desc() == prim) return {user, std::nullopt};
+  dnnl::memory m(prim, c.engine);  // allocated once, here
+  const dnnl::memory& from = to_primitive ? user : m;
+  const dnnl::memory& to = to_primitive ? m : user;
+  dnnl::reorder::primitive_desc pd(from, to, user_scratchpad());
+  return {m, bind<dnnl::reorder>(c, pd, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}})};
 }
 
 // A layer made of bound primitives: forward, and for training an optional backward-data

@@ -1,4 +1,7 @@
 // ReLU on oneDNN's eltwise primitives; backward reads the layer's input (x), as PyTorch does.
+// Elementwise, so the buffers are seen as flat (N, C*H*W) whatever their layout, as long as x and
+// y share it (Note [Activation layouts]).
+#include "mnist_mpi/check.hpp"
 #include "src/backend/cpu/kernels.hpp"
 
 namespace mnist_mpi::cpu {
@@ -7,6 +10,7 @@ namespace {
 class Relu final : public BoundLayer {
  public:
   Relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : BoundLayer(c) {
+    MNIST_CHECK(b.x_layout == b.y_layout, ExitCode::kRuntime, "relu: input and output layouts differ");
     const dnnl::memory::dims d{b.batch, static_cast<dnnl::memory::dim>(l.in.size())};  // (N, C*H*W)
     const dnnl::memory::desc md(d, dt::f32, tag::nc);
     dnnl::eltwise_forward::primitive_desc fwd(
