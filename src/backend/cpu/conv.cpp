@@ -2,6 +2,9 @@
 // made once for the layer's shapes and buffers. Activations come in the layouts the backend chose
 // (Note [Activation layouts]); weights are OIHW in the flat buffers and the checkpoint, reordered
 // into the kernel's preferred layout once per step. See Note [Blocked convolutions].
+#include <algorithm>
+#include <vector>
+
 #include "src/backend/cpu/kernels.hpp"
 
 namespace mnist_mpi::cpu {
@@ -17,6 +20,54 @@ namespace {
 // a forward and its backward), and the weight gradient is reordered back into the flat gradient
 // buffer after backward-weights. These reorders touch the weights only (lenet conv2: 51,200 floats),
 // never the activations.
+// Note [Weight gradient of a plain-input convolution]
+// oneDNN 2.6 has no jit backward-weights for a plain NCHW source with an nChw8c gradient (it falls
+// back to `ref:any`, measured ~600 ms per tiny step for conv 1 -> 8); the first convolution of a
+// model has exactly that (one input channel, so its input is plain). This loop computes it
+// instead: for every output position the B output channels of a block are contiguous in dy, so the
+// innermost loop is a B-wide multiply-add into dW laid out (O/B, I, KH, KW, B), then transposed
+// into OIHW. Fixed summation order (n, h, w), so it is deterministic like the oneDNN kernels.
+template <int B>
+void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, const float* dy, float* acc,
+                             float* dw, float* db) {
+  const int C = l.in.c, H = l.in.h, W = l.in.w, O = l.out.c, OH = l.out.h, OW = l.out.w, KH = l.kernel_h,
+            KW = l.kernel_w, s = l.stride;
+  const std::int64_t wsize = static_cast<std::int64_t>(O) * C * KH * KW;
+  std::fill(acc, acc + wsize, 0.0f);  // (O/B, C, KH, KW, B)
+  float bsum[B];
+  for (int ob = 0; ob < O / B; ++ob) {
+    std::fill(bsum, bsum + B, 0.0f);
+    float* a = acc + static_cast<std::int64_t>(ob) * C * KH * KW * B;
+    for (int n = 0; n < batch; ++n) {
+      const float* dyp = dy + ((static_cast<std::int64_t>(n) * (O / B) + ob) * OH * OW) * B;  // (OH, OW, B)
+      const float* xs = x + static_cast<std::int64_t>(n) * C * H * W;                          // (C, H, W)
+      for (int h = 0; h < OH; ++h)
+        for (int w = 0; w < OW; ++w) {
+          const float* g = dyp + (static_cast<std::int64_t>(h) * OW + w) * B;
+          for (int b = 0; b < B; ++b) bsum[b] += g[b];
+          for (int c = 0; c < C; ++c)
+            for (int kh = 0; kh < KH; ++kh) {
+              const int ih = h * s + kh - l.pad_top;
+              if (ih < 0 || ih >= H) continue;
+              for (int kw = 0; kw < KW; ++kw) {
+                const int iw = w * s + kw - l.pad_left;
+                if (iw < 0 || iw >= W) continue;
+                const float v = xs[(static_cast<std::int64_t>(c) * H + ih) * W + iw];
+                float* t = a + ((static_cast<std::int64_t>(c) * KH + kh) * KW + kw) * B;
+                for (int b = 0; b < B; ++b) t[b] += v * g[b];
+              }
+            }
+        }
+    }
+    for (int b = 0; b < B; ++b) db[ob * B + b] = bsum[b];
+  }
+  for (int o = 0; o < O; ++o)
+    for (std::int64_t k = 0; k < static_cast<std::int64_t>(C) * KH * KW; ++k)
+      dw[o * static_cast<std::int64_t>(C) * KH * KW + k] = acc[((o / B) * static_cast<std::int64_t>(C) * KH * KW + k) * B + o % B];
+}
+
+bool is_ref(const std::string& impl_name) { return impl_name.rfind("ref", 0) == 0; }
+
 class Conv final : public LayerKernel {
  public:
   Conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : c_(c) {
@@ -65,6 +116,14 @@ class Conv final : public LayerKernel {
         dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md, wei_any,
                                                  bia_md, dst_md, strides, pad_l, pad_r),
         user_scratchpad(), c.engine, fwd);
+    if (is_ref(impl(bw)) && b.x_layout == Layout::kPlain && b.y_layout != Layout::kPlain) {
+      // Note [Weight gradient of a plain-input convolution]
+      desc_ += ", bwd-weights own loop (plain x, blocked dy)";
+      l_ = l;
+      b_ = b;
+      own_acc_.assign(static_cast<std::size_t>(l.channels * l.in.c * l.kernel_h * l.kernel_w), 0.0f);
+      return;
+    }
     desc_ += ", bwd-weights " + impl(bw);
     dw_ = maybe_reorder(c, wrap(c, wei, tag::oihw, b.dw), bw.diff_weights_desc(), false);
     bwd_weights_ = bind<dnnl::convolution_backward_weights>(
@@ -83,8 +142,16 @@ class Conv final : public LayerKernel {
       w_bwd_.run(c_);
       bwd_data_->run(c_);
     }
-    bwd_weights_->run(c_);
-    dw_.run(c_);
+    if (bwd_weights_) {
+      bwd_weights_->run(c_);
+      dw_.run(c_);
+      return;
+    }
+    float* db = b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w;
+    if (b_.y_layout == Layout::kBlocked8)
+      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, own_acc_.data(), b_.dw, db);
+    else
+      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, own_acc_.data(), b_.dw, db);
   }
   std::string describe() const override { return desc_; }
 
@@ -94,9 +161,45 @@ class Conv final : public LayerKernel {
   Bound fwd_;
   std::optional<Bound> bwd_data_, bwd_weights_;
   std::string desc_;
+  LayerSpec l_;                 // for the own weight-gradient loop, when used
+  LayerBuffers b_;
+  std::vector<float> own_acc_;  // (O/B, I, KH, KW, B)
 };
 
 }  // namespace
+
+bool conv_has_fast_kernels(const Context& c, const LayerSpec& l, Layout x_layout, Layout y_layout, bool with_dx) {
+  using dims = dnnl::memory::dims;
+  const dnnl::memory::dim batch = 32;  // a probe: the implementation does not depend on it here
+  const dims src{batch, l.in.c, l.in.h, l.in.w}, wei{l.channels, l.in.c, l.kernel_h, l.kernel_w},
+      bia{l.channels}, dst{batch, l.out.c, l.out.h, l.out.w};
+  const dims strides{l.stride, l.stride}, pad_l{l.pad_top, l.pad_left}, pad_r{l.pad_bottom, l.pad_right};
+  const dnnl::memory::desc src_md(src, dt::f32, tag_of(x_layout)), wei_any(wei, dt::f32, tag::any),
+      bia_md(bia, dt::f32, tag::x), dst_md(dst, dt::f32, tag_of(y_layout));
+  const auto fast = [](const std::string& name) { return !is_ref(name); };
+  try {
+  dnnl::convolution_forward::primitive_desc fwd(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                                      src_md, wei_any, bia_md, dst_md, strides, pad_l, pad_r),
+      c.engine);
+  dnnl::convolution_backward_weights::primitive_desc bw(
+      dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md, wei_any, bia_md,
+                                               dst_md, strides, pad_l, pad_r),
+      c.engine, fwd);
+  const bool own_bw = x_layout == Layout::kPlain && y_layout != Layout::kPlain;  // Note [Weight gradient ...]
+  bool ok = fast(impl(fwd)) && (own_bw || fast(impl(bw)));
+  if (with_dx) {
+    dnnl::convolution_backward_data::primitive_desc bd(
+        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_md, wei_any, dst_md,
+                                              strides, pad_l, pad_r),
+        c.engine, fwd);
+    ok = ok && fast(impl(bd));
+  }
+  return ok;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
 
 std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) {
   return std::make_unique<Conv>(c, l, b, training);

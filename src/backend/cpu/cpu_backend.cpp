@@ -46,22 +46,32 @@ class CpuBackend final : public Backend {
     for (std::size_t i = 1; i < L; ++i)
       blocked[i] = speaks_blocked(spec.layers[i - 1].kind) && speaks_blocked(spec.layers[i].kind) &&
                    shape(i).c % 8 == 0 && shape(i).h * shape(i).w > 1;
-    for (bool changed = true; changed;) {  // ReLU keeps its layout; a pool never turns plain into blocked
+    bool all16 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
+    for (std::size_t i = 0; i <= L; ++i) all16 = all16 && (!blocked[i] || shape(i).c % 16 == 0);
+    const Layout block = all16 ? Layout::kBlocked16 : Layout::kBlocked8;
+    const auto layout = [&](std::size_t i) { return blocked[i] ? block : Layout::kPlain; };
+    for (bool changed = true; changed;) {
       changed = false;
       for (std::size_t i = 0; i < L; ++i) {
         const LayerKind k = spec.layers[i].kind;
+        // ReLU keeps its layout; a pool never turns plain into blocked.
         if ((k == LayerKind::kRelu && blocked[i] != blocked[i + 1]) ||
             (k == LayerKind::kMaxPool && !blocked[i] && blocked[i + 1])) {
           changed = changed || blocked[i] || blocked[i + 1];
           blocked[i] = blocked[i + 1] = false;
         }
+        // A convolution whose blocked kernels would be oneDNN's reference ones (e.g. backward-weights
+        // of one input channel into nChw8c) gets a plain output, or failing that a plain input.
+        if (k == LayerKind::kConv && (blocked[i] || blocked[i + 1]) &&
+            !cpu::conv_has_fast_kernels(ctx_, spec.layers[i], layout(i), layout(i + 1), i > 0)) {
+          blocked[blocked[i + 1] ? i + 1 : i] = false;
+          changed = true;
+        }
       }
     }
-    bool all16 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
-    for (std::size_t i = 0; i <= L; ++i) all16 = all16 && (!blocked[i] || shape(i).c % 16 == 0);
     std::vector<Layout> out(L + 1, Layout::kPlain);
     for (std::size_t i = 0; i <= L; ++i)
-      if (blocked[i]) out[i] = all16 ? Layout::kBlocked16 : Layout::kBlocked8;
+      out[i] = layout(i);
     return out;
   }
 

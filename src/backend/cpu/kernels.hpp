@@ -7,6 +7,9 @@
 namespace mnist_mpi::cpu {
 
 std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
+// Whether oneDNN has non-reference convolution kernels for these activation layouts (a probe for
+// Note [Which activations are blocked]; with_dx: backward-data too).
+bool conv_has_fast_kernels(const Context& c, const LayerSpec& l, Layout x_layout, Layout y_layout, bool with_dx);
 std::unique_ptr<LayerKernel> make_fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_maxpool(const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
