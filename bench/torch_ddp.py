@@ -60,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--json", action="store_true", help="print one final JSON line (last line of stdout)")
     p.add_argument("--json-file", default=None, help="also write the final JSON object to this file")
     p.add_argument("--val", action="store_true", help="also evaluate the 5000 validation images at the end")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="rank 0 evaluates the test set every N steps (not counted as training time; 0 = only at the end)")
     a = p.parse_args(argv)
     d = MODEL_DEFAULTS[a.model]
     if a.ranks < 1 or a.threads < 1:
@@ -222,6 +224,7 @@ def worker(rank, args, port, t_launcher):
     last_loss = float("nan")
     lr = d["lr"]
     epoch = 0
+    evals = []  # [step, test accuracy] every --eval-every steps (rank 0)
     done = total_steps == 0
     while not done:
         perm = epoch_permutation(args.seed, epoch, N_TRAIN)
@@ -244,6 +247,8 @@ def worker(rank, args, port, t_launcher):
             if step >= WARMUP_STEPS or total_steps <= WARMUP_STEPS:
                 train_time += t1 - t0
             step += 1
+            if args.eval_every > 0 and step % args.eval_every == 0 and rank == 0 and step < total_steps:
+                evals.append([step, round(evaluate(model, *data["test"])[0], 6)])
         else:
             epoch += 1
             lr = max(lr * d["lr_decay"], d["lr_floor"])
@@ -259,6 +264,7 @@ def worker(rank, args, port, t_launcher):
         t_eval = time.perf_counter()
         test_acc, test_loss = evaluate(model, *data["test"])
         t_eval = time.perf_counter() - t_eval
+        evals.append([step, round(test_acc, 6)])
         val_acc, val_loss = evaluate(model, *data["val"]) if args.val else (None, None)
         ips = timed_steps * args.global_batch / train_time if train_time > 0 else 0.0
         result = {
@@ -281,6 +287,7 @@ def worker(rank, args, port, t_launcher):
             "timed_steps": timed_steps,
             "train_time_s": round(train_time, 3),
             "test_eval_s": round(t_eval, 3),
+            "evals": evals,
             "seed": args.seed,
             "torch": torch.__version__,
             "blas": blas_library(),

@@ -26,19 +26,23 @@ namespace {
 // model has exactly that (one input channel, so its input is plain). This loop computes it
 // instead: for every output position the B output channels of a block are contiguous in dy, so the
 // innermost loop is a B-wide multiply-add into dW laid out (O/B, I, KH, KW, B), then transposed
-// into OIHW. Fixed summation order (n, h, w), so it is deterministic like the oneDNN kernels.
+// into OIHW. Each image's sum (OH * OW terms) is kept in float and the batch's sum of those in
+// double: one float sum over the whole batch (100,352 terms for tiny) would lose digits that
+// oneDNN's gemm-based kernel, summing per image, keeps. Fixed order, so deterministic.
 template <int B>
-void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, const float* dy, float* acc,
-                             float* dw, float* db) {
+void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, const float* dy, float* part,
+                             double* acc, float* dw, float* db) {
   const int C = l.in.c, H = l.in.h, W = l.in.w, O = l.out.c, OH = l.out.h, OW = l.out.w, KH = l.kernel_h,
             KW = l.kernel_w, s = l.stride;
-  const std::int64_t wsize = static_cast<std::int64_t>(O) * C * KH * KW;
-  std::fill(acc, acc + wsize, 0.0f);  // (O/B, C, KH, KW, B)
-  float bsum[B];
+  const std::int64_t per_block = static_cast<std::int64_t>(C) * KH * KW * B;  // (C, KH, KW, B)
   for (int ob = 0; ob < O / B; ++ob) {
-    std::fill(bsum, bsum + B, 0.0f);
-    float* a = acc + static_cast<std::int64_t>(ob) * C * KH * KW * B;
+    double* a = acc + ob * per_block;
+    double bias_sum[B] = {};
+    std::fill(a, a + per_block, 0.0);
     for (int n = 0; n < batch; ++n) {
+      // One image's sum in float (OH * OW terms), added to the batch's sum in double.
+      std::fill(part, part + per_block, 0.0f);
+      float bsum[B] = {};
       const float* dyp = dy + ((static_cast<std::int64_t>(n) * (O / B) + ob) * OH * OW) * B;  // (OH, OW, B)
       const float* xs = x + static_cast<std::int64_t>(n) * C * H * W;                          // (C, H, W)
       for (int h = 0; h < OH; ++h)
@@ -53,17 +57,20 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
                 const int iw = w * s + kw - l.pad_left;
                 if (iw < 0 || iw >= W) continue;
                 const float v = xs[(static_cast<std::int64_t>(c) * H + ih) * W + iw];
-                float* t = a + ((static_cast<std::int64_t>(c) * KH + kh) * KW + kw) * B;
+                float* t = part + ((static_cast<std::int64_t>(c) * KH + kh) * KW + kw) * B;
                 for (int b = 0; b < B; ++b) t[b] += v * g[b];
               }
             }
         }
+      for (std::int64_t k = 0; k < per_block; ++k) a[k] += part[k];
+      for (int b = 0; b < B; ++b) bias_sum[b] += bsum[b];
     }
-    for (int b = 0; b < B; ++b) db[ob * B + b] = bsum[b];
+    for (int b = 0; b < B; ++b) db[ob * B + b] = static_cast<float>(bias_sum[b]);
   }
+  const std::int64_t k_count = static_cast<std::int64_t>(C) * KH * KW;
   for (int o = 0; o < O; ++o)
-    for (std::int64_t k = 0; k < static_cast<std::int64_t>(C) * KH * KW; ++k)
-      dw[o * static_cast<std::int64_t>(C) * KH * KW + k] = acc[((o / B) * static_cast<std::int64_t>(C) * KH * KW + k) * B + o % B];
+    for (std::int64_t k = 0; k < k_count; ++k)
+      dw[o * k_count + k] = static_cast<float>(acc[((o / B) * k_count + k) * B + o % B]);
 }
 
 bool is_ref(const std::string& impl_name) { return impl_name.rfind("ref", 0) == 0; }
@@ -121,7 +128,8 @@ class Conv final : public LayerKernel {
       desc_ += ", bwd-weights own loop (plain x, blocked dy)";
       l_ = l;
       b_ = b;
-      own_acc_.assign(static_cast<std::size_t>(l.channels * l.in.c * l.kernel_h * l.kernel_w), 0.0f);
+      own_part_.assign(static_cast<std::size_t>(l.channels * l.in.c * l.kernel_h * l.kernel_w), 0.0f);
+      own_acc_.assign(own_part_.size(), 0.0);
       return;
     }
     desc_ += ", bwd-weights " + impl(bw);
@@ -149,9 +157,9 @@ class Conv final : public LayerKernel {
     }
     float* db = b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w;
     if (b_.y_layout == Layout::kBlocked8)
-      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, own_acc_.data(), b_.dw, db);
+      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, own_part_.data(), own_acc_.data(), b_.dw, db);
     else
-      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, own_acc_.data(), b_.dw, db);
+      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, own_part_.data(), own_acc_.data(), b_.dw, db);
   }
   std::string describe() const override { return desc_; }
 
@@ -163,7 +171,8 @@ class Conv final : public LayerKernel {
   std::string desc_;
   LayerSpec l_;                 // for the own weight-gradient loop, when used
   LayerBuffers b_;
-  std::vector<float> own_acc_;  // (O/B, I, KH, KW, B)
+  std::vector<float> own_part_;  // one image's sum, (O/B, I, KH, KW, B) (only B-wide slices used)
+  std::vector<double> own_acc_;  // the batch's sum, (O/B, I, KH, KW, B)
 };
 
 }  // namespace
