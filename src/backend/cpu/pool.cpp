@@ -119,10 +119,13 @@ class MaxPool final : public LayerKernel {
             for (int u = 0; u < k_h; ++u)
               for (int v = 0; v < k_w; ++v) {
                 const int at = ((i * s + u) * iw + j * s + v) * B;
+                // Branch-free so that it vectorises B wide; the first maximum wins ties.
+#pragma omp simd
                 for (int c = 0; c < B; ++c) {
-                  const bool more = x[at + c] > best[c];  // the first maximum wins ties
-                  best[c] = more ? x[at + c] : best[c];
-                  best_at[c] = more ? at + c : best_at[c];
+                  const float xv = x[at + c];
+                  const std::int32_t more = -static_cast<std::int32_t>(xv > best[c]);  // all ones or zero
+                  best_at[c] = (best_at[c] & ~more) | ((at + c) & more);
+                  best[c] = xv > best[c] ? xv : best[c];
                 }
               }
             for (int c = 0; c < B; ++c) {
