@@ -3,7 +3,7 @@
 #
 #   bench/compare.sh [--model tiny|lenet|all] [--setups "2x1 1x2"] [--ranks R --threads T]
 #                    [--repeat K] [--max-steps S] [--epochs E] [--eval-every N] [--target-acc A]
-#                    [--seed N] [--out DIR] [--timeout SEC] [--ours-only | --pytorch-only]
+#                    [--seed N] [--data-dir DIR] [--out DIR] [--timeout SEC] [--ours-only | --pytorch-only]
 #
 # Run from the repository root. For each model and setup (RANKSxTHREADS: 2 ranks of 1 thread,
 # 1 rank of 2 threads) it alternates K times between our program and PyTorch (ours, pytorch,
@@ -26,6 +26,7 @@ THREADS=""
 EVAL_EVERY=""
 TARGET_ACC=""
 SEED=""
+DATA_DIR=data/mnist
 OUT=""
 TIMEOUT=0
 RUN_OURS=1
@@ -46,6 +47,7 @@ while [[ $# -gt 0 ]]; do
     --epochs) EPOCHS="$2"; shift 2 ;;
     --threads) THREADS="$2"; shift 2 ;;
     --seed) SEED="$2"; shift 2 ;;
+    --data-dir) DATA_DIR="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --ours-only) RUN_TORCH=0; shift ;;
@@ -66,8 +68,8 @@ for su in $SETUPS; do [[ "$su" =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || die "setup '$s
 [[ -z "$EPOCHS" || "$EPOCHS" =~ ^[0-9]+$ ]] || die "--epochs must be a non-negative integer"
 [[ -d bench && -f bench/torch_ddp.py ]] || die "run me from the repository root (bench/torch_ddp.py not found)"
 [[ -x "$PY" ]] || die "$PY not found (install Debian's python3-torch and python3-numpy)"
-[[ -f data/mnist/train-images-idx3-ubyte || -f data/mnist/train-images-idx3-ubyte.gz ]] \
-  || die "data/mnist/train-images-idx3-ubyte not found"
+[[ -f "$DATA_DIR/train-images-idx3-ubyte" || -f "$DATA_DIR/train-images-idx3-ubyte.gz" ]] \
+  || die "$DATA_DIR/train-images-idx3-ubyte not found (fetch it with scripts/fetch_mnist.sh or give --data-dir)"
 
 if [[ "$RUN_OURS" == 1 ]]; then
   if [[ ! -x "$BIN" ]]; then
@@ -179,7 +181,7 @@ for MODEL in $MODELS; do
       LOG="$OUT/ours_${MODEL}_${SETUP}_${rep}.log"
       rm -f "$MF"
       args=(--config "configs/$MODEL.ini" --threads "$T" --max-steps "$MAX_STEPS" --metrics-file "$MF"
-            --eval-every "$EV")
+            --eval-every "$EV" --data-dir "$DATA_DIR")
       [[ "$MAX_STEPS" == 0 ]] && args+=(--epochs "$E")
       [[ -n "$SEED" ]] && args+=(--seed "$SEED")
       echo "== [$rep/$REPEAT] ours    $MODEL ${R}x${T}: mpirun -np $R ${bind[*]} $BIN ${args[*]}" >&2
@@ -205,7 +207,7 @@ for MODEL in $MODELS; do
       LOG="$OUT/pytorch_${MODEL}_${SETUP}_${rep}.log"
       rm -f "$JF"
       targs=(--model "$MODEL" --ranks "$R" --threads "$T" --epochs "$E" --max-steps "$MAX_STEPS"
-             --eval-every "$EV" --json-file "$JF")
+             --eval-every "$EV" --data-dir "$DATA_DIR" --json-file "$JF")
       [[ -n "$S" ]] && targs+=(--seed "$S")
       [[ -n "$GB" ]] && targs+=(--global-batch-size "$GB")
       echo "== [$rep/$REPEAT] pytorch $MODEL ${R}x${T}: $PY bench/torch_ddp.py ${targs[*]}" >&2
