@@ -56,7 +56,7 @@ check device_auto_falls_back 0 "device auto: (this build has no CUDA backend|no 
 check cuda_unavailable 6 "error on rank 0 .*--device cuda: (no usable GPU on [^:]+: [a-z ]+|this build has no CUDA backend).*use --device cpu" -- "${nogpu[@]}" "${base[@]}" --batch-size 10 --device cuda
 if grep -qE "cuda[A-Z][A-Za-z]+|CUDA call failed|error [0-9]+" "$work/err"; then
   failed=$((failed + 1)); echo "FAIL cuda_unavailable: the message shows CUDA error codes:"; cat "$work/err"
-else passed=$((passed + 1)); echo "ok   cuda_unavailable message is in words: $(cat "$work/err")"; fi
+else passed=$((passed + 1)); echo "ok   cuda_unavailable message is in words: $(grep "mnist_mpi: error" "$work/err")"; fi
 check bad_precision 2 "--precision must be fp32 or tf32" -- "${run2[@]}" "${base[@]}" --batch-size 10 --precision fp16
 check missing_config 2 "cannot open '$work/nope.ini'" -- "${run2[@]}" --config "$work/nope.ini"
 check missing_data_dir 3 "$work/missing.*fetch_mnist.sh" -- "${run2[@]}" --data-dir "$work/missing" --batch-size 10

@@ -82,8 +82,9 @@ class Conv final : public LayerKernel {
     const int pad_h = padded_ ? 0 : l.pad_top, pad_w = padded_ ? 0 : l.pad_left;
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, pad_h, pad_w, l.stride, l.stride, 1, 1,
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    // fp32: FMA math only, no tensor-core TF32; tf32: tensor cores allowed (cuDNN then uses TF32).
-    CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, c.tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    // fp32: FMA kernels only, no TF32 tensor cores; tf32: cuDNN's default math, which on sm_80 and
+    // later lets float convolutions use TF32 tensor cores.
+    CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, c.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
     int n = 0, oc = 0, oh = 0, ow = 0;
     CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv_, x_.d, w_, &n, &oc, &oh, &ow));
     MNIST_CHECK(n == b.batch && oc == l.channels && oh == l.out.h && ow == l.out.w, ExitCode::kRuntime,

@@ -5,6 +5,7 @@
 // stream (Note [One compute stream] in src/backend/cuda/cuda_backend.hpp).
 #include "src/backend/cuda/cuda_backend.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -14,10 +15,14 @@ namespace cuda {
 
 void Context::wait_for_stream() {
   CUDA_CHECK(cudaEventRecord(sync_event, stream));
+  wait_for_event(sync_event);
+}
+
+void Context::wait_for_event(cudaEvent_t e) {
   // Poll rather than cudaEventSynchronize: between polls the wait hook checks NCCL for
   // asynchronous errors, which would otherwise leave this rank blocked forever.
   for (int spins = 0;; ++spins) {
-    const cudaError_t rc = cudaEventQuery(sync_event);
+    const cudaError_t rc = cudaEventQuery(e);
     if (rc == cudaSuccess) return;
     if (rc != cudaErrorNotReady) CUDA_CHECK(rc);
     if (wait_hook) wait_hook();
@@ -43,6 +48,7 @@ class DeviceLossMeter final : public LossMeter {
   explicit DeviceLossMeter(Context& c) : c_(c), sums_(2) {}
   LossStats read() override {
     double host[2] = {0.0, 0.0};
+    c_.wait_for_stream();  // first poll (Note [One compute stream]); the copy then waits for nothing
     CUDA_CHECK(cudaMemcpyAsync(host, sums_.get(), sizeof host, cudaMemcpyDeviceToHost, c_.stream));
     c_.wait_for_stream();
     LossStats s;
@@ -75,12 +81,23 @@ class DeviceDataSource final : public DataSource {
     if (!split.labels.empty())
       CUDA_CHECK(cudaMemcpy(labels_in_.get(), split.labels.data(), split.labels.size(), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaDeviceSynchronize());  // the copies ran on the legacy stream: done before any use
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_), static_cast<std::size_t>(count_) * sizeof(std::int64_t) + 1));
+    CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+  }
+  ~DeviceDataSource() override {
+    if (copied_) cudaEventDestroy(copied_);
+    if (staging_) cudaFreeHost(staging_);
   }
   void set_order(std::span<const std::int64_t> order) override {
     MNIST_CHECK(static_cast<std::int64_t>(order.size()) <= count_, ExitCode::kRuntime, "order longer than the split");
-    // On the compute stream: gathers of the previous epoch, queued before, still read the old
-    // order. The source is pageable, so the copy has read it when the call returns.
-    CUDA_CHECK(cudaMemcpyAsync(order_.get(), order.data(), order.size_bytes(), cudaMemcpyHostToDevice, c_.stream));
+    // Once per epoch, through pinned memory (a pageable copy could block inside the CUDA call):
+    // the previous epoch's copy must have read the staging buffer before it is refilled, and on
+    // the compute stream the gathers queued before still read the old order, the later ones the
+    // new one.
+    c_.wait_for_event(copied_);
+    std::copy(order.begin(), order.end(), staging_);
+    CUDA_CHECK(cudaMemcpyAsync(order_.get(), staging_, order.size_bytes(), cudaMemcpyHostToDevice, c_.stream));
+    CUDA_CHECK(cudaEventRecord(copied_, c_.stream));
   }
   void gather(std::int64_t position, std::int64_t n, float* x) override {
     check(n);
@@ -103,6 +120,8 @@ class DeviceDataSource final : public DataSource {
   DeviceArray<std::uint8_t> labels_in_;  // (count)
   DeviceArray<std::int64_t> order_;      // (count): this epoch's permutation
   DeviceArray<std::int32_t> labels_;     // (batch)
+  std::int64_t* staging_ = nullptr;      // (count), pinned: the order on its way
+  cudaEvent_t copied_ = nullptr;         // recorded after the last order copy
 };
 
 class CudaBackend final : public Backend {
@@ -117,8 +136,8 @@ class CudaBackend final : public Backend {
     CUDNN_CHECK(cudnnSetStream(c_.cudnn, c_.stream));
     CUBLAS_CHECK(cublasCreate(&c_.cublas));
     CUBLAS_CHECK(cublasSetStream(c_.cublas, c_.stream));
-    // fp32: no TF32 (cuBLAS's default math, pedantic about it); tf32: tensor cores for float GEMMs.
-    CUBLAS_CHECK(cublasSetMathMode(c_.cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+    // fp32: cuBLAS's default math, which keeps float GEMMs in float (no TF32); tf32: tensor cores.
+    CUBLAS_CHECK(cublasSetMathMode(c_.cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   }
   ~CudaBackend() override {
     // No checks while tearing down (a destructor must not throw); errors here change nothing.
@@ -166,11 +185,16 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice,
                                c_.stream));
   }
+  // Copies between pageable host memory and the device may block the host inside the CUDA call,
+  // where no NCCL error can be polled; so the stream is drained by polling first, and the copy
+  // then waits for nothing queued before it.
   void upload(std::span<const float> host, float* dst) override {
+    c_.wait_for_stream();
     CUDA_CHECK(cudaMemcpyAsync(dst, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, c_.stream));
     c_.wait_for_stream();
   }
   void download(const float* src, std::span<float> host) override {
+    c_.wait_for_stream();
     CUDA_CHECK(cudaMemcpyAsync(host.data(), src, host.size_bytes(), cudaMemcpyDeviceToHost, c_.stream));
     c_.wait_for_stream();
   }

@@ -35,7 +35,8 @@ struct Context {
   cudaEvent_t sync_event = nullptr;  // recorded by wait_for()
   std::function<void()> wait_hook;
 
-  void wait_for_stream();  // returns once everything queued on `stream` has finished
+  void wait_for_stream();           // returns once everything queued on `stream` has finished
+  void wait_for_event(cudaEvent_t e);  // returns once e has completed (polling, with the hook)
 };
 
 // An owned device allocation (cudaMalloc at build, cudaFree at destruction).
