@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
@@ -61,6 +62,9 @@ class NcclCommunicator final : public Communicator {
   int local_size() const override { return host_.local_size(); }
   std::string host() const override { return host_.host(); }
   bool device_buffers() const override { return true; }
+  std::string progress_mode() const override {
+    return "summed by NCCL on a communication stream, ordered against backward and the optimiser by events";
+  }
 
   void connect() override {
     ncclUniqueId id{};
@@ -72,7 +76,7 @@ class NcclCommunicator final : public Communicator {
 
   void allreduce_sum(std::span<float> d) override {
     CommRequest r = start_allreduce_sum(d);
-    wait(r);
+    wait(r, nullptr);
   }
   void allreduce_sum(std::span<double> d) override { host_.allreduce_sum(d); }
   void allreduce_max(std::span<std::int64_t> d) override { host_.allreduce_max(d); }
@@ -106,12 +110,15 @@ class NcclCommunicator final : public Communicator {
     return true;
   }
 
-  void wait(CommRequest& req) override {
+  // Does not block the host: the compute stream waits for the sum (completed: when the wait was
+  // queued, the host does not know when the device finishes).
+  void wait(CommRequest& req, std::chrono::steady_clock::time_point* completed) override {
     Slot& s = checked(req);
     poll();
     CUDA_CHECK(cudaStreamWaitEvent(compute_, s.done, 0));
     s.busy = false;
     req.id = -1;
+    if (completed) *completed = std::chrono::steady_clock::now();
   }
 
   void broadcast(std::span<float> d, int root) override {
@@ -177,6 +184,9 @@ class StagedCommunicator final : public Communicator {
   int local_size() const override { return host_.local_size(); }
   std::string host() const override { return host_.host(); }
   bool device_buffers() const override { return true; }
+  std::string progress_mode() const override {
+    return "copied to host memory and summed by MPI as each bucket is ready (ranks share GPUs)";
+  }
 
   void allreduce_sum(std::span<float> d) override {
     std::span<float> h = stage(d);
@@ -191,7 +201,10 @@ class StagedCommunicator final : public Communicator {
     return CommRequest{0};
   }
   bool test(CommRequest&) override { return true; }
-  void wait(CommRequest& req) override { req.id = -1; }
+  void wait(CommRequest& req, std::chrono::steady_clock::time_point* completed) override {
+    req.id = -1;
+    if (completed) *completed = std::chrono::steady_clock::now();
+  }
   void broadcast(std::span<float> d, int root) override {
     std::span<float> h = stage(d);
     host_.broadcast(h, root);

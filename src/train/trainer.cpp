@@ -159,7 +159,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
               << steps_per_epoch_ << " steps per epoch, " << total_steps_ << " steps\n"
               << "gradients: " << reducer_->buckets().size() << " bucket(s) of at most " << opt_.bucket_mb
               << " MB (first " << opt_.first_bucket_mb << " MB), "
-              << (opt_.no_overlap ? "one blocking sum after backward" : comm_.progress_mode()) << "\n"
+              << (opt_.no_overlap ? "one blocking sum after backward" : grad_comm_->progress_mode()) << "\n"
               << std::flush;
   }
 }
