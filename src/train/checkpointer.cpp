@@ -322,8 +322,8 @@ void Checkpointer::write(const StepEnd& s) {
   m.validation_loss = s.validation_loss;
   m.train_loss = s.train_loss;
   const double t0 = now_s();
-  const auto& v = s.optimizer->second_moment();
-  encoder_->capture(m, s.params, s.optimizer->first_moment().data(), v.empty() ? nullptr : v.data());
+  if (s.to_host && *s.to_host) (*s.to_host)();
+  encoder_->capture(m, s.params, s.first_moment, s.second_moment);
   stats_.capture_ms += 1e3 * (now_s() - t0);
   last_written_step_ = s.step;
   if (!opt_.quiet)

@@ -40,8 +40,9 @@ struct Options {
   std::string resume;                  // "", "auto" or a file
   bool checkpoint_async = true;        // rank 0 writes from a snapshot on a background thread
   // system
-  std::string device = "cpu";
-  std::string device_note;  // how --device auto was resolved, printed by rank 0
+  std::string device = "cpu";     // auto | cpu | cuda (resolved per rank: include/mnist_mpi/backend/device.hpp)
+  std::string precision = "fp32";  // fp32 | tf32 (CUDA: TF32 tensor cores in cuDNN and cuBLAS)
+  bool allow_gpu_sharing = false;  // more ranks on a node than GPUs
   int threads = 0;  // 0: auto
   // reporting
   std::int64_t log_every = 100;
