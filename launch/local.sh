@@ -57,7 +57,7 @@ device=$(arg_given device || true)
 
 if [ "$device" = cuda ]; then
   gpus=0
-  if [ -n "${CUDA_VISIBLE_DEVICES-}" ]; then
+  if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then  # set, even empty: CUDA sees only these
     gpus=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c '^[0-9A-Za-z]' || true)
   elif command -v nvidia-smi >/dev/null 2>&1; then
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)

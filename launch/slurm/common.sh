@@ -51,8 +51,8 @@ mm_pick_launcher() {
 # How many GPUs this node shows the job: Slurm's CUDA_VISIBLE_DEVICES when it allocated GPUs,
 # else nvidia-smi's list.
 mm_visible_gpus() {
-  if [ -n "${CUDA_VISIBLE_DEVICES-}" ]; then
-    case $CUDA_VISIBLE_DEVICES in NoDevFiles | -1) echo 0 ;; *) echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c . ;; esac
+  if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then  # set, even empty: CUDA sees only these
+    case $CUDA_VISIBLE_DEVICES in NoDevFiles | -1) echo 0 ;; *) echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c . || true ;; esac
   elif command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true
   else
@@ -125,7 +125,8 @@ mm_job() {
 
   # One checkpoint directory per job name, so that a requeued job (same id) and a resubmitted one
   # (same name) both resume where the last one stopped.
-  local ckpt=${MNIST_MPI_CHECKPOINT_ROOT:-$SLURM_SUBMIT_DIR/checkpoints}/${SLURM_JOB_NAME}
+  # Relative to the job's working directory (sbatch -D, else where sbatch ran).
+  local ckpt=${MNIST_MPI_CHECKPOINT_ROOT:-$PWD/checkpoints}/${SLURM_JOB_NAME}
   if "$prog" --help 2>/dev/null | grep -q -- '--checkpoint-dir'; then
     mkdir -p "$ckpt" || mm_die 4 "cannot create the checkpoint directory $ckpt: set MNIST_MPI_CHECKPOINT_ROOT to a writable shared directory"
     mm_arg checkpoint-dir "${args[@]}" >/dev/null || args=(--checkpoint-dir "$ckpt" "${args[@]}")
