@@ -133,7 +133,7 @@ mm_job() {
     mm_arg resume "${args[@]}" >/dev/null || args=(--resume auto "${args[@]}")
   else
     ckpt=""
-    mm_say "warning: $prog has no --checkpoint-dir (a build before checkpoints): a preempted job starts again from step 0"
+    mm_say "warning: ${prog#"$PWD"/} has no --checkpoint-dir (a build before checkpoints): a preempted job starts again from step 0"
   fi
   mm_arg threads "${args[@]}" >/dev/null || args=(--threads "$cpt" "${args[@]}")
   export OMP_NUM_THREADS=$cpt OMP_PLACES=cores OMP_PROC_BIND=close
@@ -148,14 +148,14 @@ mm_job() {
     [ "$(id -u)" -eq 0 ] && cmd+=(--allow-run-as-root)
     cmd+=("$prog" "${args[@]}")
   fi
-  mm_say "job $SLURM_JOB_ID '$SLURM_JOB_NAME' (requeued ${SLURM_RESTART_COUNT:-0} time(s)) on ${SLURM_JOB_NODELIST-?}: $tasks task(s) x $cpt CPU(s)${ckpt:+, checkpoints in $ckpt}"
-  mm_say "running: ${cmd[*]}"
+  mm_say "job $SLURM_JOB_ID '$SLURM_JOB_NAME' (requeued ${SLURM_RESTART_COUNT:-0} time(s)) on ${SLURM_JOB_NODELIST-?}: $tasks task(s) x $cpt CPU(s)${ckpt:+, checkpoints in ${ckpt#"$PWD"/}}"
+  mm_say "running: ${cmd[*]//"$PWD"\//}"
   mm_run_step "${cmd[@]}"
 
   case $MM_RC in
     0) mm_say "finished"; exit 0 ;;
     75)
-      mm_say "the ranks wrote a checkpoint and stopped (exit 75)${MM_SIGNALLED:+ after SIG$MM_SIGNALLED}: requeueing job $SLURM_JOB_ID; it resumes from ${ckpt:-step 0}"
+      mm_say "the ranks wrote a checkpoint and stopped (exit 75)${MM_SIGNALLED:+ after SIG$MM_SIGNALLED}: requeueing job $SLURM_JOB_ID; it resumes from ${ckpt:+${ckpt#"$PWD"/}}${ckpt:-step 0}"
       if scontrol requeue "$SLURM_JOB_ID"; then
         sleep 60  # Slurm ends this shell as it requeues the job
         exit 75

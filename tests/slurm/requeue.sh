@@ -86,7 +86,7 @@ if [ "$rc" -eq 0 ]; then ok "sbatch --wait: the job ended with exit 0"; else bad
 expect_n "the batch shell forwarded SIGUSR1 once" "$log" "^cpu.sbatch: .* got SIGUSR1: asking the ranks to write a checkpoint" 1
 expect_n "the ranks stopped with exit 75 twice and the script requeued" "$log" "^cpu.sbatch: the ranks wrote a checkpoint and stopped \(exit 75\).*requeueing job $id" 2
 expect_n "three runs of the job" "$log" "^cpu.sbatch: job $id 'slurm-rq' \(requeued [0-2] time\(s\)\)" 3
-expect_n "each run resumes with --resume auto from checkpoints/slurm-rq" "$log" "running: srun .* --resume auto --checkpoint-dir $run/checkpoints/slurm-rq " 3
+expect_n "each run resumes with --resume auto from checkpoints/slurm-rq" "$log" "running: srun .* --resume auto --checkpoint-dir checkpoints/slurm-rq " 3
 expect_n "two runs resumed from a checkpoint" "$log" "[Rr]esum(ed|ing) .*step [1-9][0-9]*" 2
 if grep -qE '"event":"final".*"steps":120,.*"slurm_job_id":"'"$id"'","slurm_job_name":"slurm-rq","slurm_restart_count":2' "$run/m.jsonl"; then
   ok "final metrics: 120 steps, job $id, requeued twice"
