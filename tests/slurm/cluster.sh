@@ -1,8 +1,9 @@
 # shellcheck shell=bash
-# A throw-away one-node Slurm cluster on localhost for the slurm-labelled tests (sourced): installs
-# Debian's slurm-wlm and munge when missing (or skips the test LOUDLY, exit 77, when it cannot),
-# starts munged, slurmctld and slurmd with a private key, socket, ports and state under one temp
-# dir, and takes everything down again (slurm_down, run from the caller's EXIT trap).
+# A throw-away Slurm cluster on localhost (one node, or several emulated ones) for the slurm-
+# labelled tests (sourced): installs Debian's slurm-wlm and munge when missing (or skips the test
+# LOUDLY, exit 77, when it cannot), starts munged, slurmctld and slurmd with a private key, socket,
+# ports and state under one temp dir, and takes everything down again (slurm_down, run from the
+# caller's EXIT trap).
 # Processes are tracked by proctrack/linuxproc and bound by task/affinity, which need nothing from
 # the host; the cgroup plugins depend on how the host mounts and delegates cgroups (v1 or v2), which
 # varies between CI containers (proctrack/cgroup did work in the container this was written in).
@@ -45,11 +46,13 @@ slurm_free_port() {
   return 1
 }
 
-# slurm_up DIR CPUS: a cluster whose files are all under DIR; exports SLURM_CONF for the caller.
+# slurm_up DIR CPUS [NODES]: a cluster whose files are all under DIR; exports SLURM_CONF for the
+# caller. One node: this host's name, CPUS CPUs. NODES > 1: nodes n1..nN of CPUS CPUs each, all on
+# this host, one slurmd each on its own port (jobs across them work with mpirun; srun --mpi=pmix
+# cannot, as its per-step PMIx directory in /tmp is the same path for every node of one host).
 slurm_up() {
   SLURM_DIR=$1
-  local cpus=$2 node ctld_port slurmd_port
-  node=$(hostname -s)
+  local cpus=$2 nodes=${3:-1} node ctld_port port i names=() lines=""
   mkdir -p "$SLURM_DIR"/{state,spool,log}
   dd if=/dev/urandom of="$SLURM_DIR/munge.key" bs=1024 count=1 status=none
   chmod 400 "$SLURM_DIR/munge.key"
@@ -57,24 +60,28 @@ slurm_up() {
     --log-file="$SLURM_DIR/log/munged.log" --pid-file="$SLURM_DIR/munged.pid" --seed-file="$SLURM_DIR/munged.seed" ||
     { echo "munged did not start"; return 1; }
   ctld_port=$(slurm_free_port) || { echo "no free TCP port"; return 1; }
-  slurmd_port=$(slurm_free_port) || { echo "no free TCP port"; return 1; }
+  if [ "$nodes" -eq 1 ]; then names=("$(hostname -s)"); else for i in $(seq "$nodes"); do names+=("n$i"); done; fi
+  for node in "${names[@]}"; do
+    port=$(slurm_free_port) || { echo "no free TCP port"; return 1; }
+    mkdir -p "$SLURM_DIR/spool/$node"
+    lines+="NodeName=$node NodeHostname=$(hostname -s) NodeAddr=127.0.0.1 Port=$port CPUs=$cpus State=UNKNOWN"$'\n'
+  done
   # MinJobAge=4 keeps sbatch --wait polling every 2 s (it backs off to 32 s when MinJobAge is large).
   cat >"$SLURM_DIR/slurm.conf" <<CONF
 ClusterName=mnistci
-SlurmctldHost=$node(127.0.0.1)
+SlurmctldHost=$(hostname -s)(127.0.0.1)
 SlurmctldPort=$ctld_port
-SlurmdPort=$slurmd_port
 SlurmUser=$(id -un)
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$SLURM_DIR/munge.sock
 StateSaveLocation=$SLURM_DIR/state
-SlurmdSpoolDir=$SLURM_DIR/spool
+SlurmdSpoolDir=$SLURM_DIR/spool/%n
 SlurmctldPidFile=$SLURM_DIR/slurmctld.pid
-SlurmdPidFile=$SLURM_DIR/slurmd.pid
+SlurmdPidFile=$SLURM_DIR/slurmd-%n.pid
 SlurmctldLogFile=$SLURM_DIR/log/slurmctld.log
-SlurmdLogFile=$SLURM_DIR/log/slurmd.log
+SlurmdLogFile=$SLURM_DIR/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/affinity
 SelectType=select/cons_tres
@@ -89,18 +96,17 @@ MailProg=/bin/true
 SchedulerType=sched/builtin
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
-PartitionName=ci Nodes=$node Default=YES MaxTime=INFINITE State=UP
+${lines}PartitionName=ci Nodes=$(IFS=,; echo "${names[*]}") Default=YES MaxTime=INFINITE State=UP
 CONF
   export SLURM_CONF="$SLURM_DIR/slurm.conf"
   slurmctld -c -f "$SLURM_CONF" || { echo "slurmctld did not start"; return 1; }
-  slurmd -f "$SLURM_CONF" || { echo "slurmd did not start"; return 1; }
+  for node in "${names[@]}"; do slurmd -N "$node" -f "$SLURM_CONF" || { echo "slurmd for $node did not start"; return 1; }; done
   local i
   for i in $(seq 60); do
-    [ "$(sinfo -h -o %T 2>/dev/null)" = idle ] && { echo "slurm: one-node cluster up ($node, $cpus CPUs, port $ctld_port)"; return 0; }
+    [ "$(sinfo -h -o %T 2>/dev/null)" = idle ] && { echo "slurm: cluster up: ${names[*]}, $cpus CPU(s) each, controller port $ctld_port"; return 0; }
     sleep 0.5
   done
-  echo "the node did not become idle in 30 s: sinfo says '$(sinfo -h -o '%T %E' 2>&1)'"
+  echo "the nodes did not become idle in 30 s: sinfo says '$(sinfo -h -o '%T %E' 2>&1)'"
   return 1
 }
 
@@ -120,10 +126,10 @@ slurm_down() {
     for i in $(seq 30); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.5; done
     scontrol shutdown >/dev/null 2>&1
   fi
-  for f in slurmctld slurmd munged; do
-    pid=$(cat "$SLURM_DIR/$f.pid" 2>/dev/null) || continue
+  for f in "$SLURM_DIR"/slurmctld.pid "$SLURM_DIR"/slurmd-*.pid "$SLURM_DIR"/munged.pid; do
+    pid=$(cat "$f" 2>/dev/null) || continue
     for i in $(seq 20); do kill -0 "$pid" 2>/dev/null || break; [ "$i" -eq 1 ] && kill "$pid" 2>/dev/null; sleep 0.25; done
-    kill -0 "$pid" 2>/dev/null && { kill -9 "$pid" 2>/dev/null; left="$left $f($pid)"; }
+    kill -0 "$pid" 2>/dev/null && { kill -9 "$pid" 2>/dev/null; left="$left $(basename "$f" .pid)($pid)"; }
   done
   # Job processes: batch shells run from spool/, ranks work in SLURM_SCAN_DIR.
   for pid in $( { find /proc -mindepth 2 -maxdepth 2 -name cwd -lname "${SLURM_SCAN_DIR:-$SLURM_DIR}*" |
