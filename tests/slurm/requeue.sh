@@ -87,7 +87,7 @@ expect_n "the batch shell forwarded SIGUSR1 once" "$log" "^cpu.sbatch: .* got SI
 expect_n "the ranks stopped with exit 75 twice and the script requeued" "$log" "^cpu.sbatch: the ranks wrote a checkpoint and stopped \(exit 75\).*requeueing job $id" 2
 expect_n "three runs of the job" "$log" "^cpu.sbatch: job $id 'slurm-rq' \(requeued [0-2] time\(s\)\)" 3
 expect_n "each run resumes with --resume auto from checkpoints/slurm-rq" "$log" "running: srun .* --resume auto --checkpoint-dir checkpoints/slurm-rq " 3
-expect_n "two runs resumed from a checkpoint" "$log" "[Rr]esum(ed|ing) .*step [1-9][0-9]*" 2
+expect_n "two runs resumed from a checkpoint" "$log" "^resuming from .*slurm-rq.*: step [1-9][0-9]*" 2
 if grep -qE '"event":"final".*"steps":120,.*"slurm_job_id":"'"$id"'","slurm_job_name":"slurm-rq","slurm_restart_count":2' "$run/m.jsonl"; then
   ok "final metrics: 120 steps, job $id, requeued twice"
 else bad "final metrics event lacks 120 steps / restart count 2"; cat "$run/m.jsonl"; fi
