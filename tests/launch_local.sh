@@ -39,7 +39,7 @@ check oversubscribed_run_works 0 "^mnist_mpi [0-9.]+: $((cores + 1)) rank\(s\)" 
 check program_errors_come_through 2 "mnist_mpi: error on rank 0 .*unrecognised option '--bogus'" -- -n 2 --bogus 1
 check bad_rank_count 2 "^local.sh: error: -n and -t take a whole number >= 1, not '0'" -- -n 0
 MNIST_MPI=$work/nope check missing_program 2 "^local.sh: error: no program at $work/nope: build it" -- --dry-run
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+if command -v nvidia-smi >/dev/null 2>&1 && [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -gt 0 ]; then
   echo "=== NOTE: this machine has GPUs: the no-GPU case is not checked here ==="
 else
   CUDA_VISIBLE_DEVICES='' check gpu_ranks_without_gpus 6 "^local.sh: error: --device cuda but this machine shows no GPU" -- --device cuda

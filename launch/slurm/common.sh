@@ -36,11 +36,15 @@ mm_arg() {
 # fallback where Slurm has no pmix plugin, and MNIST_MPI_LAUNCHER=srun|mpirun forces one.
 mm_pick_launcher() {
   MM_LAUNCHER=${MNIST_MPI_LAUNCHER:-auto}
+  # Whole outputs are captured before matching: under pipefail, 'cmd | grep -q' fails when grep
+  # stops reading early and cmd dies of SIGPIPE.
+  local plugins
+  plugins=$(srun --mpi=list 2>&1)
   if [ "$MM_LAUNCHER" = auto ]; then
-    if srun --mpi=list 2>&1 | grep -qw pmix; then MM_LAUNCHER=srun; else MM_LAUNCHER=mpirun; fi
+    if grep -qw pmix <<<"$plugins"; then MM_LAUNCHER=srun; else MM_LAUNCHER=mpirun; fi
   fi
   case $MM_LAUNCHER in
-    srun) srun --mpi=list 2>&1 | grep -qw pmix ||
+    srun) grep -qw pmix <<<"$plugins" ||
             mm_die 2 "MNIST_MPI_LAUNCHER=srun but this Slurm has no pmix MPI plugin ('srun --mpi=list'); unset MNIST_MPI_LAUNCHER to use mpirun" ;;
     mpirun) command -v mpirun >/dev/null ||
               mm_die 2 "no mpirun on $(hostname) and no pmix plugin in Slurm: install Open MPI (openmpi-bin) on the nodes" ;;
@@ -127,7 +131,9 @@ mm_job() {
   # (same name) both resume where the last one stopped.
   # Relative to the job's working directory (sbatch -D, else where sbatch ran).
   local ckpt=${MNIST_MPI_CHECKPOINT_ROOT:-$PWD/checkpoints}/${SLURM_JOB_NAME}
-  if "$prog" --help 2>/dev/null | grep -q -- '--checkpoint-dir'; then
+  local help
+  help=$("$prog" --help 2>/dev/null)
+  if grep -q -- '--checkpoint-dir' <<<"$help"; then
     mkdir -p "$ckpt" || mm_die 4 "cannot create the checkpoint directory $ckpt: set MNIST_MPI_CHECKPOINT_ROOT to a writable shared directory"
     mm_arg checkpoint-dir "${args[@]}" >/dev/null || args=(--checkpoint-dir "$ckpt" "${args[@]}")
     mm_arg resume "${args[@]}" >/dev/null || args=(--resume auto "${args[@]}")
@@ -155,12 +161,16 @@ mm_job() {
   case $MM_RC in
     0) mm_say "finished"; exit 0 ;;
     75)
-      mm_say "the ranks wrote a checkpoint and stopped (exit 75)${MM_SIGNALLED:+ after SIG$MM_SIGNALLED}: requeueing job $SLURM_JOB_ID; it resumes from ${ckpt:+${ckpt#"$PWD"/}}${ckpt:-step 0}"
+      local from=${ckpt#"$PWD"/}
+      from=${from:-step 0}
+      mm_say "the ranks wrote a checkpoint and stopped (exit 75)${MM_SIGNALLED:+ after SIG$MM_SIGNALLED}: requeueing job $SLURM_JOB_ID; it resumes from $from"
       if scontrol requeue "$SLURM_JOB_ID"; then
-        sleep 60  # Slurm ends this shell as it requeues the job
+        # Slurm ends this shell as it requeues the job. Short sleeps: a long one outlives the
+        # killed shell where Slurm tracks processes by ancestry (proctrack/linuxproc, measured).
+        for _ in $(seq 60); do sleep 1; done
         exit 75
       fi
-      mm_die 75 "could not requeue job $SLURM_JOB_ID (was it submitted with --no-requeue?): submit the same script again with --job-name=$SLURM_JOB_NAME, it resumes from ${ckpt:-step 0}" ;;
+      mm_die 75 "could not requeue job $SLURM_JOB_ID (was it submitted with --no-requeue?): submit the same script again with --job-name=$SLURM_JOB_NAME, it resumes from $from" ;;
     *) mm_die "$MM_RC" "mnist_mpi ended with exit code $MM_RC (its message is above; codes in README.md): not requeued" ;;
   esac
 }

@@ -39,10 +39,12 @@ run=$work/run
 mkdir -p "$run"
 export MNIST_MPI=$bin MNIST_MPI_ROOT=$root
 ckpt_opts=()
-"$bin" --help | grep -q -- --checkpoint-every && ckpt_opts=(--checkpoint-every 20)
+help=$("$bin" --help)  # captured: under pipefail 'bin --help | grep -q' can fail by SIGPIPE
+grep -q -- --checkpoint-every <<<"$help" && ckpt_opts=(--checkpoint-every 20)
 data=(--data-dir "$root/data/mnist" --train-limit 6000 --validation-size 500)
 small=(--config "$root/configs/tiny.ini" "${data[@]}" --batch-size 50 --max-steps 60 --log-every 20
        --metrics-file "$run/m.jsonl" "${ckpt_opts[@]}")
+# shellcheck disable=SC2054  # the commas are the model spec's
 other=("${data[@]}" --model conv:3x3:4:same,relu,maxpool:2,flatten,fc:10 --max-steps 5)
 
 # 1. The real thing: 2 tasks, sbatch --wait.
