@@ -133,7 +133,7 @@ slurm_down() {
   done
   # Job processes: batch shells run from spool/, ranks work in SLURM_SCAN_DIR.
   for pid in $( { find /proc -mindepth 2 -maxdepth 2 -name cwd -lname "${SLURM_SCAN_DIR:-$SLURM_DIR}*" |
-                  cut -d/ -f3; pgrep -f -- "$SLURM_DIR/spool"; } 2>/dev/null | sort -u); do
+                  cut -d/ -f3; grep -lsF -- "$SLURM_DIR/spool" /proc/[0-9]*/cmdline | cut -d/ -f3; } 2>/dev/null | sort -u); do
     [ "$pid" = $$ ] && continue
     cmd=$( { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null) || continue
     kill -9 "$pid" 2>/dev/null && left="$left ${cmd:0:60}($pid)"
