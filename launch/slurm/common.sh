@@ -131,16 +131,9 @@ mm_job() {
   # (same name) both resume where the last one stopped.
   # Relative to the job's working directory (sbatch -D, else where sbatch ran).
   local ckpt=${MNIST_MPI_CHECKPOINT_ROOT:-$PWD/checkpoints}/${SLURM_JOB_NAME}
-  local help
-  help=$("$prog" --help 2>/dev/null)
-  if grep -q -- '--checkpoint-dir' <<<"$help"; then
-    mkdir -p "$ckpt" || mm_die 4 "cannot create the checkpoint directory $ckpt: set MNIST_MPI_CHECKPOINT_ROOT to a writable shared directory"
-    mm_arg checkpoint-dir "${args[@]}" >/dev/null || args=(--checkpoint-dir "$ckpt" "${args[@]}")
-    mm_arg resume "${args[@]}" >/dev/null || args=(--resume auto "${args[@]}")
-  else
-    ckpt=""
-    mm_say "warning: ${prog#"$PWD"/} has no --checkpoint-dir (a build before checkpoints): a preempted job starts again from step 0"
-  fi
+  mkdir -p "$ckpt" || mm_die 4 "cannot create the checkpoint directory $ckpt: set MNIST_MPI_CHECKPOINT_ROOT to a writable shared directory"
+  mm_arg checkpoint-dir "${args[@]}" >/dev/null || args=(--checkpoint-dir "$ckpt" "${args[@]}")
+  mm_arg resume "${args[@]}" >/dev/null || args=(--resume auto "${args[@]}")
   mm_arg threads "${args[@]}" >/dev/null || args=(--threads "$cpt" "${args[@]}")
   export OMP_NUM_THREADS=$cpt OMP_PLACES=cores OMP_PROC_BIND=close
 

@@ -11,9 +11,6 @@ bin=$1 root=$2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=cluster.sh
 . "$here/cluster.sh"
-help=$("$bin" --help)  # captured: under pipefail 'bin --help | grep -q' can fail by SIGPIPE
-grep -q -- --checkpoint-dir <<<"$help" ||
-  slurm_skip "$bin has no --checkpoint-dir: this build predates checkpoints (issue 4), nothing to resume"
 [ -f "$root/data/mnist/train-images-idx3-ubyte" ] || [ -f "$root/data/mnist/train-images-idx3-ubyte.gz" ] ||
   { echo "FAIL: no MNIST in $root/data/mnist: run scripts/fetch_mnist.sh"; exit 1; }
 slurm_install
