@@ -10,7 +10,8 @@ cd "$root"
 # python3, python3-protobuf: tests/check_observability.py (JSON, and Google's parser of our event files).
 packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libboost-program-options-dev
           libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libgtest-dev libgmock-dev googletest python3-numpy
-          python3 python3-protobuf)
+          python3 python3-protobuf
+          slurm-wlm munge)  # Slurm: the slurm-labelled tests start a private one-node cluster
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do

@@ -129,6 +129,10 @@ class NcclCommunicator final : public Communicator {
   void broadcast(std::span<std::uint8_t> d, int root) override { host_.broadcast(d, root); }
   void allgather(std::uint64_t value, std::span<std::uint64_t> out) override { host_.allgather(value, out); }
   void barrier() override { host_.barrier(); }
+  void gather(std::span<const std::uint8_t> mine, std::vector<std::uint8_t>& out,
+              std::vector<std::int64_t>& counts, int root) override {  // host bytes: MPI's
+    host_.gather(mine, out, counts, root);
+  }
 
  private:
   struct Slot {
@@ -213,6 +217,10 @@ class StagedCommunicator final : public Communicator {
   void broadcast(std::span<std::uint8_t> d, int root) override { host_.broadcast(d, root); }
   void allgather(std::uint64_t value, std::span<std::uint64_t> out) override { host_.allgather(value, out); }
   void barrier() override { host_.barrier(); }
+  void gather(std::span<const std::uint8_t> mine, std::vector<std::uint8_t>& out,
+              std::vector<std::int64_t>& counts, int root) override {  // host bytes: MPI's
+    host_.gather(mine, out, counts, root);
+  }
 
  private:
   std::span<float> stage(std::span<float> d) {

@@ -57,6 +57,8 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   device_ = choose_device(opt_.device, cuda_built(), gpus, comm_.local_rank(), comm_.local_size(),
                           opt_.allow_gpu_sharing, comm_.host());
   const std::int64_t world = comm_.size();
+  launch_ = read_launch_env();
+  launch_.check_world_size(static_cast<int>(world));
   accumulation_ = opt_.accumulation_steps;
   const std::int64_t parts = world * accumulation_;  // micro-batches per global batch
   if (opt_.global_batch_size > 0) {
@@ -166,6 +168,8 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
     if (!opt_.metrics_file.empty()) {
       metrics_.open(opt_.metrics_file, std::ios::out | std::ios::trunc);
       MNIST_CHECK(metrics_.good(), ExitCode::kUsage, "--metrics-file: cannot write '" + opt_.metrics_file + "'");
+      log_event("{\"event\":\"start\",\"world_size\":" + std::to_string(world) + ",\"global_batch\":" +
+                std::to_string(global_batch_) + ",\"launcher\":\"" + launch_.launcher + "\"" + launch_.json_fields() + "}");
     }
   }
   MonitorSetup ms{comm_.rank(), comm_.size(), comm_.host(), {}, reducer_->buckets().size(), total_steps_,
@@ -179,6 +183,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
     if (device_.cuda && !shared_gpus_) std::cout << "one GPU per rank, gradients summed by NCCL\n";
     else if (device_.cuda) std::cout << "ranks share GPUs (--allow-gpu-sharing): gradients summed through host memory by MPI, as NCCL needs one GPU per rank\n";
     else std::cout << threads << " thread(s) per rank\n";
+    if (!launch_.describe().empty()) std::cout << launch_.describe() << "\n";
     std::cout
               << "data: " << data_.train.count << " train, " << data_.validation.count << " validation, "
               << data_.test.count << " test images from " << opt_.data_dir << "\n"
@@ -445,7 +450,7 @@ RunResult Trainer::run() {
                      static_cast<long long>(total_steps_), where.c_str());
         std::fflush(stderr);
         log_event("{\"event\":\"preempted\",\"signal\":\"" + std::string(signal_name(res.preempted_signal)) +
-                  "\",\"step\":" + std::to_string(step + 1) + ",\"checkpoint\":\"" + res.checkpoints.last_file + "\"}");
+                  "\",\"step\":" + std::to_string(step + 1) + ",\"checkpoint\":\"" + res.checkpoints.last_file + "\"" + launch_.json_fields() + "}");
       }
       return res;
     }
@@ -538,7 +543,7 @@ RunResult Trainer::run() {
               ",\"write_ms\":" +
               json_num(res.checkpoints.written ? res.checkpoints.write_ms / static_cast<double>(res.checkpoints.written) : 0.0) +
               ",\"others_wait_ms\":" + json_num(res.checkpoints.others_wait_ms) + ",\"others_wait_baseline_ms\":" +
-              json_num(res.checkpoints.others_wait_baseline_ms) + "}}");
+              json_num(res.checkpoints.others_wait_baseline_ms) + "}" + launch_.json_fields() + "}");
   }
   monitor_->finish(comm_, FinalFacts{res.steps, res.epochs, startup_s, res.images_per_s, res.test.accuracy,
                                      res.test.loss, res.params_hash, spec_.text});

@@ -19,6 +19,7 @@
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/data/idx.hpp"
 #include "mnist_mpi/data/sampler.hpp"
+#include "mnist_mpi/launch/launch_env.hpp"
 #include "mnist_mpi/model/model.hpp"
 #include "mnist_mpi/report/monitor.hpp"
 #include "mnist_mpi/train/checkpointer.hpp"
@@ -114,6 +115,7 @@ class Trainer {
   std::ofstream metrics_;
   std::unique_ptr<Monitor> monitor_;  // progress, TensorBoard, timeline, report (src/report/)
   Timeline* timeline_ = nullptr;      // null unless --timeline: then every step records spans
+  LaunchEnv launch_;  // Slurm job, launcher (src/launch/launch_env.cpp)
   bool rank0_ = false;
 };
 
