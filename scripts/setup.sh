@@ -8,7 +8,8 @@ cd "$root"
 # ocl-icd-opencl-dev: only a Recommends of libdnnl-dev, but dnnl's CMake package fails without OpenCL.
 # python3-numpy: scripts/read_checkpoint.py, used by tests/e2e_checkpoint.sh.
 packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libboost-program-options-dev
-          libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libgtest-dev libgmock-dev googletest python3-numpy)
+          libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libgtest-dev libgmock-dev googletest python3-numpy
+          clang libclang-rt-14-dev)  # clang + its runtime: libFuzzer targets (tests/fuzz)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do

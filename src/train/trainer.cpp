@@ -11,10 +11,14 @@
 #include <iomanip>
 #include <limits>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/comm/watchdog.hpp"
+#include "mnist_mpi/train/consistency.hpp"
+#include "mnist_mpi/train/finite.hpp"
 #include "mnist_mpi/train/preemption.hpp"
 
 namespace mnist_mpi {
@@ -59,6 +63,10 @@ void to_unit_float(const std::uint8_t* src, std::int64_t n, float* dst) {
 Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady_clock::time_point start)
     : opt_(options), comm_(comm), start_(start), rank0_(comm.rank() == 0) {
   const std::int64_t world = comm_.size();
+  fault_ = fault_from_env();
+  MNIST_CHECK(fault_.kind == FaultKind::kNone || fault_.rank < world, ExitCode::kUsage,
+              "MNIST_MPI_FAULT names rank " + std::to_string(fault_.rank) + " but the job has " +
+                  std::to_string(world) + " rank(s)");
   accumulation_ = opt_.accumulation_steps;
   const std::int64_t parts = world * accumulation_;  // micro-batches per global batch
   if (opt_.global_batch_size > 0) {
@@ -149,6 +157,14 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   }
 }
 
+std::string Trainer::job_description() const {
+  return "version = " MNIST_MPI_VERSION "\n" + agreed_options(opt_.resolved) + "model spec = " + spec_.text + " (" +
+         std::to_string(spec_.param_count) + " parameters)\n" + "data = " + std::to_string(data_.train.count) +
+         " train, " + std::to_string(data_.validation.count) + " validation, " + std::to_string(data_.test.count) +
+         " test images of " + std::to_string(data_.train.rows) + "x" + std::to_string(data_.train.cols) + "\n" +
+         "world size = " + std::to_string(comm_.size()) + "\n";
+}
+
 void Trainer::log_event(const std::string& json) {
   if (metrics_.is_open()) metrics_ << json << '\n' << std::flush;
 }
@@ -234,6 +250,8 @@ RunResult Trainer::run() {
   for (std::int64_t step = first_step; step < total_steps_; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     if (step == first_step) startup_s = seconds_since(start_);
+    watch_set_step(step);  // for the collective watchdog's message (src/comm/watchdog.cpp)
+    if (fault_.armed_for(comm_.rank(), step) && fault_.kind != FaultKind::kNan) fire_fault(fault_);
     const std::int64_t epoch = step / steps_per_epoch_;
     const double lr = learning_rate(opt_.schedule, step, epoch, total_steps_);
     // Note [Micro-batches and positions]
@@ -250,9 +268,19 @@ RunResult Trainer::run() {
       const auto m1 = std::chrono::steady_clock::now();
       StepContext ctx{true, opt_.seed, step, first};
       train_model_->forward(ctx);
-      const LossStats part = backend_->softmax_cross_entropy(train_model_->logits(), labels_.data(),
+      LossStats part = backend_->softmax_cross_entropy(train_model_->logits(), labels_.data(),
                                                               static_cast<int>(batch_), spec_.num_classes(),
                                                               train_model_->dlogits(), grad_scale);
+      if (last && fault_.kind == FaultKind::kNan && fault_.armed_for(comm_.rank(), step))
+        part.loss_sum = std::numeric_limits<double>::quiet_NaN();  // the testing hook's NaN
+      // Note [One verdict on every rank]
+      // A non-finite step must be stopped (or skipped) on every rank alike, without a collective
+      // of its own. The reduced gradient is bitwise the same on every rank (Note [Sums in rank
+      // order]) and a NaN or inf in any rank's contribution makes the sum non-finite; so each rank
+      // checks the reduced gradient and all reach the same verdict. A rank whose own loss is not
+      // finite makes sure its gradient shows it: a NaN in dlogits reaches the last layer's bias
+      // gradient (the sum over the batch of dlogits) before backward hands any bucket to the reducer.
+      if (!std::isfinite(part.loss_sum)) train_model_->dlogits()[0] = std::numeric_limits<float>::quiet_NaN();
       step_loss += part.loss_sum;
       const auto m2 = std::chrono::steady_clock::now();
       if (last) {
@@ -273,15 +301,58 @@ RunResult Trainer::run() {
     }
     // The optimiser waits only for what it needs: bucket k's parameters are updated as soon as its
     // sum is in, while the later buckets are still being summed (the update is elementwise, so the
-    // bits are those of one pass over the whole buffer).
+    // bits are those of one pass over the whole buffer). Each bucket is checked for NaN and inf
+    // before it is applied (Note [One verdict on every rank]). With --skip-nonfinite-steps every
+    // bucket is waited for and checked before the first is applied, so that a skipped step
+    // changes nothing; without it a non-finite bucket stops the run before it is applied.
     double exposed = reducer_->start_remaining(), t_opt = 0.0;
-    optimizer_->begin_step();
-    for (std::size_t k = 0; k < reducer_->buckets().size(); ++k) {
-      exposed += reducer_->wait_bucket(k);
+    const std::size_t n_buckets = reducer_->buckets().size();
+    const auto bucket_finite = [&](std::size_t k) {
       const Bucket& b = reducer_->buckets()[k];
-      const auto o0 = std::chrono::steady_clock::now();
-      optimizer_->update(params_->data(), grads_->data(), lr, b.begin, b.end);
-      t_opt += sec(std::chrono::steady_clock::now() - o0).count();
+      return all_finite(grads_->data() + b.begin, b.end - b.begin);
+    };
+    bool finite = true;
+    std::size_t waited = 0;  // buckets whose sums are in
+    if (opt_.skip_nonfinite_steps)
+      for (; waited < n_buckets; ++waited) {
+        exposed += reducer_->wait_bucket(waited);
+        finite = finite && bucket_finite(waited);
+      }
+    if (finite) {
+      optimizer_->begin_step();
+      for (std::size_t k = 0; k < n_buckets; ++k) {
+        if (k >= waited) {
+          exposed += reducer_->wait_bucket(k);
+          waited = k + 1;
+          if (!bucket_finite(k)) {
+            finite = false;
+            break;
+          }
+        }
+        const Bucket& b = reducer_->buckets()[k];
+        const auto o0 = std::chrono::steady_clock::now();
+        optimizer_->update(params_->data(), grads_->data(), lr, b.begin, b.end);
+        t_opt += sec(std::chrono::steady_clock::now() - o0).count();
+      }
+    }
+    if (!finite) {
+      for (; waited < n_buckets; ++waited) exposed += reducer_->wait_bucket(waited);  // no sum left in flight
+      // Every rank is here: one more collective finds the first rank whose own loss was not finite.
+      std::int64_t bad_rank = std::isfinite(step_loss) ? std::numeric_limits<std::int64_t>::max() : comm_.rank();
+      comm_.allreduce_min(std::span<std::int64_t>(&bad_rank, 1));
+      const std::string where =
+          bad_rank == std::numeric_limits<std::int64_t>::max()
+              ? "every rank's loss was finite: the gradient overflowed"
+              : "the loss was not finite on rank " + std::to_string(bad_rank);
+      if (!opt_.skip_nonfinite_steps)
+        throw AgreedError(ExitCode::kNumerical, !rank0_ ? std::string() :  // main prints the one message
+                          "non-finite gradient in step " + std::to_string(step + 1) + " (" + where +
+                              "); training diverged or the data holds NaN: lower --lr, add --warmup-steps, or pass "
+                              "--skip-nonfinite-steps to skip such steps (no non-finite value reached the parameters)");
+      ++res.skipped_steps;
+      if (rank0_ && !opt_.quiet)
+        std::printf("epoch %lld step %lld/%lld skipped: non-finite gradient (%s)\n", static_cast<long long>(epoch + 1),
+                    static_cast<long long>(step + 1), static_cast<long long>(total_steps_), where.c_str());
     }
     const auto t5 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t5 - t0).count();
@@ -294,14 +365,16 @@ RunResult Trainer::run() {
       timing.exposed_comm += exposed;
       timing.optimizer += t_opt;
     }
-    window_loss += step_loss;
-    window_n += batch_ * accumulation_;
+    if (finite) {  // a skipped step's loss would make the window's mean NaN
+      window_loss += step_loss;
+      window_n += batch_ * accumulation_;
+    }
 
     const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);
     if (log_now) {
       double v[2] = {window_loss, static_cast<double>(window_n)};
       comm_.allreduce_sum(std::span<double>(v, 2));
-      res.last_train_loss = v[0] / v[1];
+      res.last_train_loss = v[1] > 0 ? v[0] / v[1] : std::numeric_limits<double>::quiet_NaN();
       logged_loss = res.last_train_loss;
       if (rank0_) {
         const double ips = v[1] / seconds_since(window_t);
@@ -427,6 +500,8 @@ RunResult Trainer::run() {
                     c.capture_ms / n, c.write_ms / n, opt_.checkpoint_async ? "in the background" : "inline",
                     c.others_wait_ms, c.others_wait_baseline_ms);
       }
+      if (opt_.skip_nonfinite_steps || res.skipped_steps > 0)
+        std::printf("%lld non-finite step(s) skipped\n", static_cast<long long>(res.skipped_steps));
       std::printf("params_hash %s\n", res.params_hash.c_str());
     }
     std::fflush(stdout);
@@ -441,7 +516,8 @@ RunResult Trainer::run() {
               ",\"backward\":" + json_num(1e3 * timing.backward) + ",\"exposed_comm\":" +
               json_num(1e3 * timing.exposed_comm) + ",\"optimizer\":" + json_num(1e3 * timing.optimizer) +
               "},\"reduced_bytes_per_step\":" + json_num(timing.reduced_bytes) + ",\"buckets\":" +
-              std::to_string(reducer_->buckets().size()) + ",\"params_hash\":\"" + res.params_hash +
+              std::to_string(reducer_->buckets().size()) + ",\"skipped_steps\":" + std::to_string(res.skipped_steps) +
+              ",\"params_hash\":\"" + res.params_hash +
               "\",\"checkpoints\":{\"written\":" + std::to_string(res.checkpoints.written) + ",\"bytes\":" +
               json_num(res.checkpoints.bytes) + ",\"capture_ms\":" +
               json_num(res.checkpoints.written ? res.checkpoints.capture_ms / static_cast<double>(res.checkpoints.written) : 0.0) +
