@@ -11,7 +11,8 @@ cd "$root"
 packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libboost-program-options-dev
           libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libgtest-dev libgmock-dev googletest python3-numpy
           python3 python3-protobuf
-          slurm-wlm munge)  # Slurm: the slurm-labelled tests start a private one-node cluster
+          slurm-wlm munge  # Slurm: the slurm-labelled tests start a private one-node cluster
+          clang libclang-rt-14-dev)  # clang + its runtime: libFuzzer targets (tests/fuzz)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do

@@ -11,10 +11,14 @@
 #include <iomanip>
 #include <limits>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/comm/watchdog.hpp"
+#include "mnist_mpi/train/consistency.hpp"
+#include "mnist_mpi/train/finite.hpp"
 #include "mnist_mpi/train/preemption.hpp"
 
 namespace mnist_mpi {
@@ -59,6 +63,10 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   const std::int64_t world = comm_.size();
   launch_ = read_launch_env();
   launch_.check_world_size(static_cast<int>(world));
+  fault_ = fault_from_env();
+  MNIST_CHECK(fault_.kind == FaultKind::kNone || fault_.rank < world, ExitCode::kUsage,
+              "MNIST_MPI_FAULT names rank " + std::to_string(fault_.rank) + " but the job has " +
+                  std::to_string(world) + " rank(s)");
   accumulation_ = opt_.accumulation_steps;
   const std::int64_t parts = world * accumulation_;  // micro-batches per global batch
   if (opt_.global_batch_size > 0) {
@@ -197,6 +205,14 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   }
 }
 
+std::string Trainer::job_description() const {
+  return "version = " MNIST_MPI_VERSION "\n" + agreed_options(opt_.resolved) + "model spec = " + spec_.text + " (" +
+         std::to_string(spec_.param_count) + " parameters)\n" + "data = " + std::to_string(data_.train.count) +
+         " train, " + std::to_string(data_.validation.count) + " validation, " + std::to_string(data_.test.count) +
+         " test images of " + std::to_string(data_.train.rows) + "x" + std::to_string(data_.train.cols) + "\n" +
+         "world size = " + std::to_string(comm_.size()) + "\n";
+}
+
 void Trainer::log_event(const std::string& json) {
   if (metrics_.is_open()) metrics_ << json << '\n' << std::flush;
 }
@@ -313,6 +329,8 @@ RunResult Trainer::run() {
     }
     const auto t0 = std::chrono::steady_clock::now();
     if (step == first_step) startup_s = seconds_since(start_);
+    watch_set_step(step);  // for the collective watchdog's message (src/comm/watchdog.cpp)
+    if (fault_.armed_for(comm_.rank(), step) && fault_.kind != FaultKind::kNan) fire_fault(fault_);
     const std::int64_t epoch = step / steps_per_epoch_;
     const double lr = learning_rate(opt_.schedule, step, epoch, total_steps_);
     // Note [Micro-batches and positions]
@@ -321,6 +339,7 @@ RunResult Trainer::run() {
     using sec = std::chrono::duration<double>;
     double t_data = 0, t_fwd = 0, t_bwd = 0;
     std::chrono::steady_clock::time_point backward_end;
+    bool loss_finite = true;  // this rank's loss in this step (CPU ranks; Note [One verdict on every rank])
     for (std::int64_t micro = 0; micro < accumulation_; ++micro) {
       const bool last = micro + 1 == accumulation_;
       const std::int64_t first = (comm_.rank() * accumulation_ + micro) * batch_;
@@ -331,6 +350,19 @@ RunResult Trainer::run() {
       train_model_->forward(ctx);
       backend_->softmax_cross_entropy(train_model_->logits(), train_data_->labels(), static_cast<int>(batch_),
                                       spec_.num_classes(), train_model_->dlogits(), grad_scale, *train_loss_);
+      if (!device) {  // the checks below read host memory; a GPU has no non-finite check yet
+        if (last && fault_.kind == FaultKind::kNan && fault_.armed_for(comm_.rank(), step)) loss_finite = false;
+        if (!std::isfinite(train_loss_->read().loss_sum)) loss_finite = false;  // CPU: a plain read
+        // Note [One verdict on every rank]
+        // A non-finite step must be stopped (or skipped) on every rank alike, without a collective
+        // of its own. The reduced gradient is bitwise the same on every rank (Note [Sums in rank
+        // order]) and a NaN or inf in any rank's contribution makes the sum non-finite; so each rank
+        // checks the reduced gradient and all reach the same verdict. A rank whose own loss is not
+        // finite (or that the testing hook marks) makes sure its gradient shows it: a NaN in dlogits
+        // reaches the last layer's bias gradient (the sum over the batch of dlogits) before backward
+        // hands any bucket to the reducer.
+        if (!loss_finite) train_model_->dlogits()[0] = std::numeric_limits<float>::quiet_NaN();
+      }
       const auto m2 = std::chrono::steady_clock::now();
       if (timeline_) timeline_->backward_starts(m2, step);
       if (last) {
@@ -355,19 +387,62 @@ RunResult Trainer::run() {
     }
     // The optimiser waits only for what it needs: bucket k's parameters are updated as soon as its
     // sum is in, while the later buckets are still being summed (the update is elementwise, so the
-    // bits are those of one pass over the whole buffer).
+    // bits are those of one pass over the whole buffer). Each bucket is checked for NaN and inf
+    // before it is applied (Note [One verdict on every rank]). With --skip-nonfinite-steps every
+    // bucket is waited for and checked before the first is applied, so that a skipped step
+    // changes nothing; without it a non-finite bucket stops the run before it is applied.
     double exposed = reducer_->start_remaining(), t_opt = 0.0;
-    optimizer_->begin_step();
-    auto waited_from = backward_end;  // for the timeline: when the wait for bucket k began
-    for (std::size_t k = 0; k < reducer_->buckets().size(); ++k) {
-      exposed += reducer_->wait_bucket(k);
+    const std::size_t n_buckets = reducer_->buckets().size();
+    const auto bucket_finite = [&](std::size_t k) {
       const Bucket& b = reducer_->buckets()[k];
-      const auto o0 = std::chrono::steady_clock::now();
-      optimizer_->update(params_->data(), grads_->data(), lr, b.begin, b.end);
-      const auto o1 = std::chrono::steady_clock::now();
-      t_opt += sec(o1 - o0).count();
-      if (timeline_) timeline_->bucket_updated(step, k, waited_from, o0, o1);
-      waited_from = o1;
+      return device || all_finite(grads_->data() + b.begin, b.end - b.begin);
+    };
+    bool finite = true;
+    std::size_t waited = 0;  // buckets whose sums are in
+    if (opt_.skip_nonfinite_steps)
+      for (; waited < n_buckets; ++waited) {
+        exposed += reducer_->wait_bucket(waited);
+        finite = finite && bucket_finite(waited);
+      }
+    if (finite) {
+      optimizer_->begin_step();
+      auto waited_from = backward_end;  // for the timeline: when the wait for bucket k began
+      for (std::size_t k = 0; k < n_buckets; ++k) {
+        if (k >= waited) {
+          exposed += reducer_->wait_bucket(k);
+          waited = k + 1;
+          if (!bucket_finite(k)) {
+            finite = false;
+            break;
+          }
+        }
+        const Bucket& b = reducer_->buckets()[k];
+        const auto o0 = std::chrono::steady_clock::now();
+        optimizer_->update(params_->data(), grads_->data(), lr, b.begin, b.end);
+        const auto o1 = std::chrono::steady_clock::now();
+        t_opt += sec(o1 - o0).count();
+        if (timeline_) timeline_->bucket_updated(step, k, waited_from, o0, o1);
+        waited_from = o1;
+      }
+    }
+    if (!finite) {
+      for (; waited < n_buckets; ++waited) exposed += reducer_->wait_bucket(waited);  // no sum left in flight
+      // Every rank is here: one more collective finds the first rank whose own loss was not finite.
+      std::int64_t bad_rank = loss_finite ? std::numeric_limits<std::int64_t>::max() : comm_.rank();
+      comm_.allreduce_min(std::span<std::int64_t>(&bad_rank, 1));
+      const std::string where =
+          bad_rank == std::numeric_limits<std::int64_t>::max()
+              ? "every rank's loss was finite: the gradient overflowed"
+              : "the loss was not finite on rank " + std::to_string(bad_rank);
+      if (!opt_.skip_nonfinite_steps)
+        throw AgreedError(ExitCode::kNumerical, !rank0_ ? std::string() :  // main prints the one message
+                          "non-finite gradient in step " + std::to_string(step + 1) + " (" + where +
+                              "); training diverged or the data holds NaN: lower --lr, add --warmup-steps, or pass "
+                              "--skip-nonfinite-steps to skip such steps (no non-finite value reached the parameters)");
+      ++res.skipped_steps;
+      if (rank0_ && !opt_.quiet)
+        std::printf("epoch %lld step %lld/%lld skipped: non-finite gradient (%s)\n", static_cast<long long>(epoch + 1),
+                    static_cast<long long>(step + 1), static_cast<long long>(total_steps_), where.c_str());
     }
     const auto t5 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t5 - t0).count();
@@ -382,14 +457,19 @@ RunResult Trainer::run() {
       timing.exposed_comm += exposed;
       timing.optimizer += t_opt;
     }
-    window_n += batch_ * accumulation_;
+    if (finite) {
+      window_n += batch_ * accumulation_;
+    } else {  // a skipped step's loss would make the window's mean NaN: the window starts again
+      train_loss_->reset();
+      window_n = 0;
+    }
 
     const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);
     if (log_now) {
       double v[2] = {train_loss_->read().loss_sum, static_cast<double>(window_n)};  // a GPU syncs here
       train_loss_->reset();
       comm_.allreduce_sum(std::span<double>(v, 2));
-      res.last_train_loss = v[0] / v[1];
+      res.last_train_loss = v[1] > 0 ? v[0] / v[1] : std::numeric_limits<double>::quiet_NaN();
       logged_loss = res.last_train_loss;
       if (rank0_) {
         const double ips = v[1] / seconds_since(window_t);
@@ -522,6 +602,8 @@ RunResult Trainer::run() {
                     c.capture_ms / n, c.write_ms / n, opt_.checkpoint_async ? "in the background" : "inline",
                     c.others_wait_ms, c.others_wait_baseline_ms);
       }
+      if (opt_.skip_nonfinite_steps || res.skipped_steps > 0)
+        std::printf("%lld non-finite step(s) skipped\n", static_cast<long long>(res.skipped_steps));
       std::printf("params_hash %s\n", res.params_hash.c_str());
     }
     std::fflush(stdout);
@@ -536,7 +618,8 @@ RunResult Trainer::run() {
               ",\"backward\":" + json_num(1e3 * timing.backward) + ",\"exposed_comm\":" +
               json_num(1e3 * timing.exposed_comm) + ",\"optimizer\":" + json_num(1e3 * timing.optimizer) +
               "},\"reduced_bytes_per_step\":" + json_num(timing.reduced_bytes) + ",\"buckets\":" +
-              std::to_string(reducer_->buckets().size()) + ",\"params_hash\":\"" + res.params_hash +
+              std::to_string(reducer_->buckets().size()) + ",\"skipped_steps\":" + std::to_string(res.skipped_steps) +
+              ",\"params_hash\":\"" + res.params_hash +
               "\",\"checkpoints\":{\"written\":" + std::to_string(res.checkpoints.written) + ",\"bytes\":" +
               json_num(res.checkpoints.bytes) + ",\"capture_ms\":" +
               json_num(res.checkpoints.written ? res.checkpoints.capture_ms / static_cast<double>(res.checkpoints.written) : 0.0) +

@@ -44,6 +44,9 @@ struct Options {
   std::string precision = "fp32";  // fp32 | tf32 (CUDA: TF32 tensor cores in cuDNN and cuBLAS)
   bool allow_gpu_sharing = false;  // more ranks on a node than GPUs
   int threads = 0;  // 0: auto
+  // fault tolerance (issue 8)
+  double collective_timeout = 300.0;  // seconds one collective may take before the job is ended (0 = never)
+  bool skip_nonfinite_steps = false;  // skip (and count) a step whose gradient is not finite, instead of stopping
   // reporting
   std::int64_t log_every = 100;
   std::int64_t eval_every = 0;

@@ -23,6 +23,7 @@
 #include "mnist_mpi/model/model.hpp"
 #include "mnist_mpi/report/monitor.hpp"
 #include "mnist_mpi/train/checkpointer.hpp"
+#include "mnist_mpi/train/fault.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 #include "mnist_mpi/train/reducer.hpp"
 
@@ -52,6 +53,7 @@ struct RunResult {
   std::int64_t first_step = 0;   // > 0 when resumed from a checkpoint
   int preempted_signal = 0;      // the signal that stopped the run early (exit code 75), else 0
   CheckpointStats checkpoints;   // rank 0's numbers (others_wait_* from every rank)
+  std::int64_t skipped_steps = 0;  // non-finite steps skipped (--skip-nonfinite-steps)
 };
 
 class Trainer {
@@ -73,6 +75,9 @@ class Trainer {
   const DeviceChoice& device() const { return device_; }
   std::int64_t global_batch() const { return global_batch_; }
   std::int64_t per_rank_batch() const { return batch_; }  // per micro-batch
+  // "key = value" lines that must be the same on every rank: program version, options (those
+  // that may differ per node left out), model and data sizes (src/train/consistency.cpp).
+  std::string job_description() const;
 
  private:
   void load_batch(std::int64_t step, std::int64_t first);  // positions [first, first + batch_)
@@ -117,6 +122,7 @@ class Trainer {
   Timeline* timeline_ = nullptr;      // null unless --timeline: then every step records spans
   LaunchEnv launch_;  // Slurm job, launcher (src/launch/launch_env.cpp)
   bool rank0_ = false;
+  Fault fault_;  // MNIST_MPI_FAULT, when it names this rank (a testing hook)
 };
 
 // 64-bit FNV-1a of the bytes of n floats: equal hashes mean bitwise-equal parameters.
