@@ -10,7 +10,9 @@ cd "$root"
 # python3, python3-protobuf: tests/check_observability.py (JSON, and Google's parser of our event files).
 packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libboost-program-options-dev
           libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libgtest-dev libgmock-dev googletest python3-numpy
-          python3 python3-protobuf)
+          python3 python3-protobuf
+          slurm-wlm munge  # Slurm: the slurm-labelled tests start a private one-node cluster
+          clang libclang-rt-14-dev)  # clang + its runtime: libFuzzer targets (tests/fuzz)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do
@@ -23,5 +25,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMNIST_MPI_BUILD_TESTS=ON
+# The CUDA backend is built whenever nvcc is there (on PATH or in CUDA's standard location); then
+# cuDNN, cuBLAS and NCCL must be found too (MNIST_MPI_CUDA=ON makes a missing one a configure
+# error). Without nvcc: the CPU-only build (AUTO). MNIST_MPI_CUDA=OFF in the environment forces it.
+cuda=${MNIST_MPI_CUDA:-AUTO}
+if [ "$cuda" = AUTO ] && { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; }; then cuda=ON; fi
+echo "setup: MNIST_MPI_CUDA=$cuda"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMNIST_MPI_BUILD_TESTS=ON -DMNIST_MPI_CUDA="$cuda"
 cmake --build build -j"$(nproc)"

@@ -9,9 +9,11 @@
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
+#include "mnist_mpi/comm/watchdog.hpp"
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/train/evaluate_checkpoint.hpp"
 #include "mnist_mpi/train/preemption.hpp"
+#include "mnist_mpi/train/consistency.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 
 using namespace mnist_mpi;
@@ -21,11 +23,14 @@ using namespace mnist_mpi;
 // its own (a file missing on one node) without any rank blocking in a collective. At the end of
 // setup all ranks agree on the outcome with two tiny allreduces: the worst exit code and the lowest
 // failing rank. That rank alone prints its message; every rank then exits with the same code.
+// The same agreement follows the check that every rank runs the same job (src/train/consistency.cpp).
 // Once training has started, an error on one rank can leave the others inside a collective, so
 // the failing rank prints its message and calls MPI_Abort, which ends every rank (mpirun exits
-// non-zero). Errors go to stderr, prefixed with the rank and host. Errors the ranks agreed on
-// after training started (AgreedError: a failed checkpoint write) and preemption (exit code 75)
-// end every rank normally, through MPI_Finalize.
+// non-zero). Errors the ranks agreed on after training started (AgreedError: a failed checkpoint
+// write, a non-finite gradient) and preemption (exit code 75) end every rank normally, through
+// MPI_Finalize. A rank that dies, or hangs so that a collective never finishes, is handled by
+// mpirun and the collective watchdog (src/comm/watchdog.cpp; README "Faults"). Errors go to
+// stderr, prefixed with the rank and host.
 int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   // `mnist_mpi evaluate ...`: one process, no MPI.
@@ -44,37 +49,60 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
   };
 
+  std::unique_ptr<CollectiveWatch> watch;  // outlives the communicator that marks it
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<Trainer> trainer;
   std::int64_t code = 0;
   std::string message;
-  try {
+  auto finish = [&](std::int64_t rc) {
+    trainer.reset();
+    comm.reset();
+    watch.reset();
+    MPI_Finalize();
+    return static_cast<int>(rc);
+  };
+  // Every rank learns the worst code; the lowest failing rank prints its message.
+  auto agree = [&](const char* what) {
+    WatchScope scope(watch.get(), what);
+    std::int64_t worst = code, first_failing = code ? rank : INT64_MAX;
+    MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &first_failing, 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
+    if (worst != 0 && rank == first_failing) report(message);
+    return worst;
+  };
+  auto catching = [&](auto&& body) {
+    try {
+      body();
+    } catch (const Error& e) {
+      code = static_cast<int>(e.code());
+      message = e.what();
+    } catch (const std::exception& e) {
+      code = static_cast<int>(ExitCode::kRuntime);
+      message = e.what();
+    }
+  };
+
+  bool exit_ok = false;
+  // The communicator is made first, on every rank alike: MPI_Comm_dup is a collective, so making
+  // it after work that can fail on one rank only (options) would leave the others waiting in it.
+  catching([&] { comm = make_mpi_communicator(); });
+  catching([&] {
+    if (code != 0) return;
     Options options;
     std::string text;
     if (parse_options(argc, argv, options, text) == ParseOutcome::kExitOk) {
       if (rank == 0) std::cout << text;
-      MPI_Finalize();
-      return 0;
+      exit_ok = true;
+      return;
     }
-    comm = make_mpi_communicator();
+    watch = std::make_unique<CollectiveWatch>(options.collective_timeout, rank, host);
+    comm = watch_communicator(std::move(comm), *watch);
     trainer = std::make_unique<Trainer>(options, *comm, start);
-  } catch (const Error& e) {
-    code = static_cast<int>(e.code());
-    message = e.what();
-  } catch (const std::exception& e) {
-    code = static_cast<int>(ExitCode::kRuntime);
-    message = e.what();
-  }
-  std::int64_t worst = code, first_failing = code ? rank : INT64_MAX;
-  MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, &first_failing, 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
-  if (worst != 0) {
-    if (rank == first_failing) report(message);
-    trainer.reset();
-    comm.reset();
-    MPI_Finalize();
-    return static_cast<int>(worst);
-  }
+  });
+  if (exit_ok) return finish(0);  // every rank parsed the same --help / --version
+  if (const std::int64_t worst = agree("the setup agreement (allreduce)"); worst != 0) return finish(worst);
+  catching([&] { check_ranks_agree(*comm, trainer->job_description()); });
+  if (const std::int64_t worst = agree("the same-job agreement (allreduce)"); worst != 0) return finish(worst);
 
   int exit_code = 0;
   try {
@@ -90,8 +118,5 @@ int main(int argc, char** argv) {
     report(e.what());
     MPI_Abort(MPI_COMM_WORLD, static_cast<int>(ExitCode::kRuntime));
   }
-  trainer.reset();
-  comm.reset();
-  MPI_Finalize();
-  return exit_code;
+  return finish(exit_code);
 }

@@ -49,8 +49,15 @@ check bad_value 2 "epochs" -- "${run2[@]}" "${base[@]}" --batch-size 10 --epochs
 check no_batch_given 2 "exactly one of --batch-size" -- "${run2[@]}" "${base[@]}"
 check bad_model_spec 2 "bad layer 'conv:3x3'" -- "${run2[@]}" --data-dir "$work/good" --validation-size 100 --batch-size 10 --model conv:3x3,fc:10
 check bad_device 2 "--device must be" -- "${run2[@]}" "${base[@]}" --batch-size 10 --device tpu
-check device_auto_falls_back 0 "device auto: this build has no CUDA backend, running on the CPU" -- "${run2[@]}" "${base[@]}" --batch-size 10 --max-steps 1 --device auto
-check cuda_unavailable 2 "no CUDA backend" -- "${run2[@]}" "${base[@]}" --batch-size 10 --device cuda
+# No GPU (CUDA_VISIBLE_DEVICES empty hides any there is): auto says why it runs on the CPU; cuda
+# fails at once on every rank with one line in words (exit 6), in builds with or without CUDA.
+nogpu=(env CUDA_VISIBLE_DEVICES= "${run2[@]}")
+check device_auto_falls_back 0 "device auto: (this build has no CUDA backend|no usable GPU \\(.*\\)), running on the CPU" -- "${nogpu[@]}" "${base[@]}" --batch-size 10 --max-steps 1 --device auto
+check cuda_unavailable 6 "error on rank 0 .*--device cuda: (no usable GPU on [^:]+: [a-z ]+|this build has no CUDA backend).*use --device cpu" -- "${nogpu[@]}" "${base[@]}" --batch-size 10 --device cuda
+if grep -qE "cuda[A-Z][A-Za-z]+|CUDA call failed|error [0-9]+" "$work/err"; then
+  failed=$((failed + 1)); echo "FAIL cuda_unavailable: the message shows CUDA error codes:"; cat "$work/err"
+else passed=$((passed + 1)); echo "ok   cuda_unavailable message is in words: $(grep "mnist_mpi: error" "$work/err")"; fi
+check bad_precision 2 "--precision must be fp32 or tf32" -- "${run2[@]}" "${base[@]}" --batch-size 10 --precision fp16
 check missing_config 2 "cannot open '$work/nope.ini'" -- "${run2[@]}" --config "$work/nope.ini"
 check missing_data_dir 3 "$work/missing.*fetch_mnist.sh" -- "${run2[@]}" --data-dir "$work/missing" --batch-size 10
 check batch_larger_than_data 2 "larger than the training split" -- "${run2[@]}" "${base[@]}" --batch-size 400

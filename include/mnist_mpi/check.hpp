@@ -1,5 +1,6 @@
 // One error type and one family of check macros for every library we call (MPI, oneDNN, zlib,
-// the C runtime). Library code throws mnist_mpi::Error; main() catches it, reports it once and
+// the C runtime, and CUDA, cuDNN, cuBLAS, NCCL in the CUDA backend: those macros expand only
+// where their library's header is included). Library code throws mnist_mpi::Error; main() catches it, reports it once and
 // makes sure every rank ends (see Note [Ending every rank] in src/main.cpp).
 #pragma once
 
@@ -41,6 +42,9 @@ class AgreedError : public Error {
 [[noreturn]] void throw_error(ExitCode code, const std::string& msg);
 [[noreturn]] void throw_call_error(const char* lib, const char* stmt, const char* file, int line,
                                    const std::string& lib_msg);
+// The same, with an exit code other than kRuntime (e.g. kDevice when a GPU is unusable).
+[[noreturn]] void throw_call_error(ExitCode code, const char* lib, const char* stmt, const char* file, int line,
+                                   const std::string& lib_msg);
 std::string mpi_error_string(int rc);
 
 }  // namespace mnist_mpi
@@ -57,4 +61,61 @@ std::string mpi_error_string(int rc);
     if (mnist_mpi_rc_ != 0 /* MPI_SUCCESS */)                                              \
       ::mnist_mpi::throw_call_error("MPI", #stmt, __FILE__, __LINE__,                      \
                                     ::mnist_mpi::mpi_error_string(mnist_mpi_rc_));         \
+  } while (0)
+
+// The CUDA family. Each reports the statement, file:line and the library's own error name and
+// string; main() prefixes the rank and host. Used only in src/backend/cuda/ and
+// src/comm/nccl_communicator.cpp, which include the libraries' headers.
+#define CUDA_CHECK(stmt)                                                                      \
+  do {                                                                                        \
+    const cudaError_t mnist_cuda_rc_ = (stmt);                                                \
+    if (mnist_cuda_rc_ != cudaSuccess)                                                        \
+      ::mnist_mpi::throw_call_error("CUDA", #stmt, __FILE__, __LINE__,                        \
+                                    std::string(cudaGetErrorName(mnist_cuda_rc_)) + ": " +    \
+                                        cudaGetErrorString(mnist_cuda_rc_));                  \
+  } while (0)
+
+// After a kernel launch: a bad configuration shows up here, a fault at the next synchronisation.
+#define CUDA_CHECK_LAUNCH(kernel_name)                                                        \
+  do {                                                                                        \
+    const cudaError_t mnist_cuda_rc_ = cudaPeekAtLastError();                                 \
+    if (mnist_cuda_rc_ != cudaSuccess)                                                        \
+      ::mnist_mpi::throw_call_error("CUDA", "launch of " #kernel_name, __FILE__, __LINE__,    \
+                                    std::string(cudaGetErrorName(mnist_cuda_rc_)) + ": " +    \
+                                        cudaGetErrorString(mnist_cuda_rc_));                  \
+  } while (0)
+
+#define CUDNN_CHECK(stmt)                                                                     \
+  do {                                                                                        \
+    const cudnnStatus_t mnist_cudnn_rc_ = (stmt);                                             \
+    if (mnist_cudnn_rc_ != CUDNN_STATUS_SUCCESS) {                                            \
+      char mnist_cudnn_last_[512] = {0};                                                      \
+      cudnnGetLastErrorString(mnist_cudnn_last_, sizeof mnist_cudnn_last_);                   \
+      ::mnist_mpi::throw_call_error("cuDNN", #stmt, __FILE__, __LINE__,                       \
+                                    std::string(cudnnGetErrorString(mnist_cudnn_rc_)) +       \
+                                        (mnist_cudnn_last_[0] ? std::string(" (") +           \
+                                             mnist_cudnn_last_ + ")" : std::string()));       \
+    }                                                                                         \
+  } while (0)
+
+#define CUBLAS_CHECK(stmt)                                                                    \
+  do {                                                                                        \
+    const cublasStatus_t mnist_cublas_rc_ = (stmt);                                           \
+    if (mnist_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                            \
+      ::mnist_mpi::throw_call_error("cuBLAS", #stmt, __FILE__, __LINE__,                      \
+                                    std::string(cublasGetStatusName(mnist_cublas_rc_)) +      \
+                                        ": " + cublasGetStatusString(mnist_cublas_rc_));      \
+  } while (0)
+
+#define NCCL_CHECK(stmt)                                                                      \
+  do {                                                                                        \
+    const ncclResult_t mnist_nccl_rc_ = (stmt);                                               \
+    if (mnist_nccl_rc_ != ncclSuccess) {                                                                       \
+      const char* mnist_nccl_last_ = ncclGetLastError(nullptr);                               \
+      ::mnist_mpi::throw_call_error("NCCL", #stmt, __FILE__, __LINE__,                        \
+                                    std::string(ncclGetErrorString(mnist_nccl_rc_)) +         \
+                                        (mnist_nccl_last_ && *mnist_nccl_last_                \
+                                             ? std::string(" (") + mnist_nccl_last_ + ")"     \
+                                             : std::string()));                               \
+    }                                                                                         \
   } while (0)

@@ -65,8 +65,12 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       ("checkpoint-async", po::value(&o.checkpoint_async)->default_value(d.checkpoint_async), "true: rank 0 copies the state and writes it on a background thread while training goes on; false: writes before the next step");
   po::options_description sys("System");
   sys.add_options()
-      ("device", po::value(&o.device)->default_value(d.device), "cpu (cuda and auto: see issue 5)")
-      ("threads", po::value(&o.threads)->default_value(d.threads), "threads per rank (0 = 1 when ranks share a node, else all cores)");
+      ("device", po::value(&o.device)->default_value(d.device), "cpu | cuda | auto (auto: a GPU when one is visible, else the CPU); with cuda each rank takes GPU (node-local rank mod visible GPUs)")
+      ("precision", po::value(&o.precision)->default_value(d.precision), "fp32 | tf32: float math of cuDNN and cuBLAS on the GPU (tf32: tensor cores, ~1e-3 relative error)")
+      ("allow-gpu-sharing", po::bool_switch(&o.allow_gpu_sharing), "let more ranks than GPUs run on a node (they share GPUs round-robin)")
+      ("threads", po::value(&o.threads)->default_value(d.threads), "threads per rank (0 = 1 when ranks share a node, else all cores)")
+      ("collective-timeout", po::value(&o.collective_timeout)->default_value(d.collective_timeout), "seconds: a collective still unfinished after this ends the job, naming the step, bucket and collective (0 = wait forever)")
+      ("skip-nonfinite-steps", po::bool_switch(&o.skip_nonfinite_steps), "skip (no update on any rank) and count a step whose loss or gradient is NaN or inf, instead of stopping with exit code 5");
   po::options_description rep("Reporting");
   rep.add_options()
       ("log-every", po::value(&o.log_every)->default_value(d.log_every), "steps between progress lines (0 = none)")
@@ -135,17 +139,16 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   if (o.progress != "auto" && o.progress != "bar" && o.progress != "lines")
     throw_error(ExitCode::kUsage, "--progress must be auto, bar or lines, got '" + o.progress + "'");
   if (o.threads < 0) throw_error(ExitCode::kUsage, "--threads must be >= 0");
+  if (!(o.collective_timeout >= 0.0) || o.collective_timeout > 1e9)
+    throw_error(ExitCode::kUsage, "--collective-timeout must be >= 0 seconds (0 = never), got " +
+                                      std::to_string(o.collective_timeout));
   if ((o.batch_size == 0) == (o.global_batch_size == 0))
     throw_error(ExitCode::kUsage, "give exactly one of --batch-size (per rank) and --global-batch-size");
   if (!(o.schedule.base_lr > 0.0)) throw_error(ExitCode::kUsage, "--lr must be > 0");
   if (o.device != "cpu" && o.device != "auto" && o.device != "cuda")
     throw_error(ExitCode::kUsage, "--device must be cpu, cuda or auto, got '" + o.device + "'");
-  if (o.device == "cuda")
-    throw_error(ExitCode::kUsage, "--device cuda: this build has no CUDA backend yet; use --device cpu or auto");
-  if (o.device == "auto") {  // no CUDA backend in this build: auto means the CPU
-    o.device = "cpu";
-    o.device_note = "--device auto: this build has no CUDA backend, running on the CPU";
-  }
+  if (o.precision != "fp32" && o.precision != "tf32")
+    throw_error(ExitCode::kUsage, "--precision must be fp32 or tf32, got '" + o.precision + "'");
 
   std::ostringstream res;
   for (const auto& [name, value] : vm) {

@@ -33,13 +33,17 @@ void Sampler::permute(std::span<std::int64_t> p, std::uint64_t seed, std::int64_
   }
 }
 
-void Sampler::indices(std::int64_t step, std::int64_t offset, std::int64_t count, std::int64_t* out) {
-  const std::int64_t spe = steps_per_epoch();
-  const std::int64_t epoch = step / spe;
+std::span<const std::int64_t> Sampler::order(std::int64_t epoch) {
   if (epoch != epoch_) {  // once per epoch, into the buffer made at construction
     permute(perm_, seed_, epoch);
     epoch_ = epoch;
   }
+  return perm_;
+}
+
+void Sampler::indices(std::int64_t step, std::int64_t offset, std::int64_t count, std::int64_t* out) {
+  const std::int64_t spe = steps_per_epoch();
+  order(step / spe);
   const std::int64_t base = (step % spe) * global_batch_ + offset;
   for (std::int64_t i = 0; i < count; ++i) out[i] = perm_[static_cast<std::size_t>(base + i)];
 }

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/train/finite.hpp"
 #include "mnist_mpi/train/preemption.hpp"
 
 namespace fs = std::filesystem;
@@ -287,6 +288,15 @@ void Checkpointer::wait_idle() {
 
 void Checkpointer::write(const StepEnd& s) {
   wait_idle();  // the encoder's image belongs to the writer until its job is done
+  // Issue 8: a diverged model is never saved. The trainer stops (or skips) a non-finite step
+  // before it reaches the parameters, so this is the last line of defence: the write is refused,
+  // the last good checkpoint stays, and after_step() ends every rank with this message.
+  if (!params_are_finite(s.params, run_.spec->param_count)) {
+    std::lock_guard<std::mutex> lk(mu_);
+    error_ = "not writing the checkpoint after step " + std::to_string(s.step) +
+             ": the parameters hold NaN or inf (the last good checkpoint is kept)";
+    return;
+  }
   CheckpointMeta m;
   m.step = s.step;
   m.steps_per_epoch = run_.steps_per_epoch;
@@ -322,8 +332,8 @@ void Checkpointer::write(const StepEnd& s) {
   m.validation_loss = s.validation_loss;
   m.train_loss = s.train_loss;
   const double t0 = now_s();
-  const auto& v = s.optimizer->second_moment();
-  encoder_->capture(m, s.params, s.optimizer->first_moment().data(), v.empty() ? nullptr : v.data());
+  if (s.to_host && *s.to_host) (*s.to_host)();
+  encoder_->capture(m, s.params, s.first_moment, s.second_moment);
   stats_.capture_ms += 1e3 * (now_s() - t0);
   last_written_step_ = s.step;
   if (!opt_.quiet)

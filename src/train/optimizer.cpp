@@ -5,21 +5,49 @@
 #include <algorithm>
 #include <cmath>
 
+#include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/check.hpp"
 
 namespace mnist_mpi {
 
-Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count) : cfg_(cfg), count_(count) {
+namespace {
+void check_kind(const OptimizerConfig& cfg) {
   MNIST_CHECK(cfg.kind == "adam" || cfg.kind == "sgd", ExitCode::kUsage,
               "--optimizer: unknown optimiser '" + cfg.kind + "' (adam or sgd)");
-  m_.assign(static_cast<std::size_t>(count), 0.0f);
-  if (cfg.kind == "adam") v_.assign(static_cast<std::size_t>(count), 0.0f);
 }
+}  // namespace
+
+Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count) : cfg_(cfg), count_(count) {
+  check_kind(cfg);
+  host_m_.assign(static_cast<std::size_t>(count), 0.0f);
+  if (cfg.kind == "adam") host_v_.assign(static_cast<std::size_t>(count), 0.0f);
+  m_ = host_m_;
+  v_ = host_v_;
+}
+
+Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend)
+    : cfg_(cfg), count_(count), backend_(&backend) {
+  check_kind(cfg);
+  buf_m_ = backend.allocate(count);  // zero-filled
+  m_ = std::span<float>(buf_m_->data(), static_cast<std::size_t>(count));
+  if (cfg.kind == "adam") {
+    buf_v_ = backend.allocate(count);
+    v_ = std::span<float>(buf_v_->data(), static_cast<std::size_t>(count));
+  }
+}
+
+Optimizer::~Optimizer() = default;
 
 void Optimizer::restore(const float* m, const float* v, std::int64_t steps_taken) {
   MNIST_CHECK(steps_taken >= 0, ExitCode::kCheckpoint, "optimiser state with a negative step count");
-  std::copy(m, m + count_, m_.begin());
-  if (!v_.empty()) std::copy(v, v + count_, v_.begin());
+  const auto n = static_cast<std::size_t>(count_);
+  if (backend_ && backend_->on_device()) {
+    backend_->upload(std::span<const float>(m, n), m_.data());
+    if (!v_.empty()) backend_->upload(std::span<const float>(v, n), v_.data());
+  } else {
+    std::copy(m, m + count_, m_.begin());
+    if (!v_.empty()) std::copy(v, v + count_, v_.begin());
+  }
   t_ = steps_taken;
 }
 
@@ -31,19 +59,22 @@ void Optimizer::step(float* params, const float* grads, double lr) {
 void Optimizer::update(float* params, const float* grads, double lr, std::int64_t begin, std::int64_t end) {
   MNIST_CHECK(t_ > 0 && 0 <= begin && begin <= end && end <= count_, ExitCode::kRuntime,
               "Optimizer::update: range outside the buffer or no begin_step()");
-  const float wd = static_cast<float>(cfg_.weight_decay);
-  const std::int64_t n = end - begin;
-  float* __restrict p = params + begin;
-  const float* __restrict g = grads + begin;
-  float* __restrict m = m_.data() + begin;
-  if (cfg_.kind == "adam") {
-    float* __restrict v = v_.data() + begin;
-    const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
-    const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
-    const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));
+  float* m = m_.data() + begin;
+  float* v = v_.empty() ? nullptr : v_.data() + begin;  // sgd has no second moment
+  if (backend_) backend_->optimizer_step(cfg_, t_, lr, params + begin, grads + begin, m, v, end - begin);
+  else optimizer_pass_host(cfg_, t_, lr, params + begin, grads + begin, m, v, end - begin);
+}
+
+void optimizer_pass_host(const OptimizerConfig& cfg, std::int64_t t, double lr, float* __restrict p,
+                         const float* __restrict g, float* __restrict m, float* __restrict v, std::int64_t n) {
+  const float wd = static_cast<float>(cfg.weight_decay);
+  if (cfg.kind == "adam") {
+    const float b1 = static_cast<float>(cfg.beta1), b2 = static_cast<float>(cfg.beta2);
+    const double bc1 = 1.0 - std::pow(cfg.beta1, static_cast<double>(t));
+    const double bc2 = 1.0 - std::pow(cfg.beta2, static_cast<double>(t));
     const float step_size = static_cast<float>(lr / bc1);
     const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-    const float eps = static_cast<float>(cfg_.eps);
+    const float eps = static_cast<float>(cfg.eps);
 #pragma omp parallel for simd schedule(static)
     for (std::int64_t i = 0; i < n; ++i) {
       const float gi = g[i] + wd * p[i];
@@ -52,8 +83,8 @@ void Optimizer::update(float* params, const float* grads, double lr, std::int64_
       p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
     }
   } else {
-    const float mu = static_cast<float>(cfg_.momentum), flr = static_cast<float>(lr);
-    const bool nesterov = cfg_.nesterov;
+    const float mu = static_cast<float>(cfg.momentum), flr = static_cast<float>(lr);
+    const bool nesterov = cfg.nesterov;
 #pragma omp parallel for simd schedule(static)
     for (std::int64_t i = 0; i < n; ++i) {
       float gi = g[i] + wd * p[i];

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/comm/watchdog.hpp"
 
 namespace mnist_mpi {
 
@@ -88,7 +89,9 @@ double Reducer::wait_bucket(std::size_t k) {
   MNIST_CHECK(k < buckets_.size(), ExitCode::kRuntime, "wait_bucket: no bucket " + std::to_string(k));
   if (!requests_[k].active()) return 0.0;  // --no-overlap: already summed
   const auto t0 = std::chrono::steady_clock::now();
+  watch_set_bucket(static_cast<std::int64_t>(k));  // named by the collective watchdog (issue 8)
   comm_.wait(requests_[k], &timings_[k].end);
+  watch_set_bucket(-1);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -11,10 +11,14 @@
 #include <iomanip>
 #include <limits>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/comm/watchdog.hpp"
+#include "mnist_mpi/train/consistency.hpp"
+#include "mnist_mpi/train/finite.hpp"
 #include "mnist_mpi/train/preemption.hpp"
 
 namespace mnist_mpi {
@@ -48,17 +52,21 @@ std::string json_num(double v) {
   return os.str();
 }
 
-// uint8 pixels to [0, 1] floats: the one conversion of an image, for training and evaluation.
-void to_unit_float(const std::uint8_t* src, std::int64_t n, float* dst) {
-  constexpr float kScale = 1.0f / 255.0f;
-  for (std::int64_t k = 0; k < n; ++k) dst[k] = static_cast<float>(src[k]) * kScale;
-}
-
 }  // namespace
 
 Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady_clock::time_point start)
     : opt_(options), comm_(comm), start_(start), rank0_(comm.rank() == 0) {
+  // The device first, so that `--device cuda` without a GPU fails at once (exit 6, every rank).
+  const GpuProbe gpus = opt_.device == "cpu" ? GpuProbe{} : probe_gpus();
+  device_ = choose_device(opt_.device, cuda_built(), gpus, comm_.local_rank(), comm_.local_size(),
+                          opt_.allow_gpu_sharing, comm_.host());
   const std::int64_t world = comm_.size();
+  launch_ = read_launch_env();
+  launch_.check_world_size(static_cast<int>(world));
+  fault_ = fault_from_env();
+  MNIST_CHECK(fault_.kind == FaultKind::kNone || fault_.rank < world, ExitCode::kUsage,
+              "MNIST_MPI_FAULT names rank " + std::to_string(fault_.rank) + " but the job has " +
+                  std::to_string(world) + " rank(s)");
   accumulation_ = opt_.accumulation_steps;
   const std::int64_t parts = world * accumulation_;  // micro-batches per global batch
   if (opt_.global_batch_size > 0) {
@@ -87,18 +95,36 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   int threads = opt_.threads;
   if (threads == 0)
     threads = comm_.local_size() > 1 ? 1 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  backend_ = make_cpu_backend(threads);
+  if (device_.cuda) {
+    backend_ = make_cuda_backend(device_.gpu, opt_.precision == "tf32");
+    shared_gpus_ = comm_.local_size() > gpus.count;  // allowed by --allow-gpu-sharing
+    gpu_comm_ = shared_gpus_ ? make_staged_communicator(comm_, *backend_, spec_.param_count)
+                             : make_nccl_communicator(comm_, *backend_);
+    grad_comm_ = gpu_comm_.get();
+    if (!opt_.quiet)  // every rank: which GPU it took
+      std::printf("rank %d on %s: GPU %d of %d, %s\n", comm_.rank(), comm_.host().c_str(), device_.gpu, gpus.count,
+                  describe_gpu(device_.gpu).c_str());
+  } else {
+    backend_ = make_cpu_backend(threads);
+    grad_comm_ = &comm_;
+  }
 
   params_ = backend_->allocate(spec_.param_count);
   grads_ = backend_->allocate(spec_.param_count);
-  init_params(spec_, wi, bi, opt_.seed, params_->data());
+  if (backend_->on_device()) {
+    host_params_.resize(static_cast<std::size_t>(spec_.param_count));
+    init_params(spec_, wi, bi, opt_.seed, host_params_.data());
+    backend_->upload(host_params_, params_->data());
+  } else {
+    init_params(spec_, wi, bi, opt_.seed, params_->data());
+  }
   train_model_ = std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, params_->data(), grads_->data());
-  optimizer_ = std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count);
+  optimizer_ = std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_);
   const auto mb_to_elems = [](double mb) {
     return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * 1048576.0 / sizeof(float)));
   };
   reducer_ = std::make_unique<Reducer>(
-      comm_, std::span<float>(grads_->data(), static_cast<std::size_t>(spec_.param_count)),
+      *grad_comm_, std::span<float>(grads_->data(), static_cast<std::size_t>(spec_.param_count)),
       plan_buckets(spec_, mb_to_elems(opt_.bucket_mb), mb_to_elems(opt_.first_bucket_mb)), !opt_.no_overlap);
   if (accumulation_ > 1) accum_ = backend_->allocate(spec_.param_count);
   layer_params_.assign(spec_.layers.size(), {0, 0});
@@ -112,27 +138,46 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   on_layer_done_ = [this](int layer) {
     if (accumulating_) {
       const auto [begin, size] = layer_params_[static_cast<std::size_t>(layer)];
-      float* g = grads_->data() + begin;
-      const float* a = accum_->data() + begin;
-      for (std::int64_t i = 0; i < size; ++i) g[i] += a[i];
+      if (size > 0) backend_->add(grads_->data() + begin, accum_->data() + begin, size);
     }
     if (timeline_) timeline_->layer_done(layer);
     reducer_->on_layer_done(layer);
     if (timeline_) timeline_->backward_resumes();
   };
+  train_data_ = backend_->make_data_source(data_.train, static_cast<int>(batch_));
+  train_loss_ = backend_->make_loss_meter();
   checkpointer_ = std::make_unique<Checkpointer>(
       opt_, comm_, CheckpointRun{&spec_, global_batch_, data_.train.count, steps_per_epoch_, total_steps_});
-  labels_.resize(static_cast<std::size_t>(batch_));
-  batch_indices_.resize(static_cast<std::size_t>(batch_));
+  // The state a checkpoint saves, in host memory: the buffers themselves on the CPU; on a GPU,
+  // mirrors filled only when a checkpoint is written.
+  ckpt_params_ = params_->data();
+  ckpt_m_ = optimizer_->first_moment().data();
+  ckpt_v_ = optimizer_->second_moment().empty() ? nullptr : optimizer_->second_moment().data();
+  if (backend_->on_device()) {
+    host_m_.resize(static_cast<std::size_t>(spec_.param_count));
+    if (ckpt_v_) host_v_.resize(static_cast<std::size_t>(spec_.param_count));
+    ckpt_params_ = host_params_.data();
+    ckpt_m_ = host_m_.data();
+    ckpt_v_ = ckpt_v_ ? host_v_.data() : nullptr;
+    state_to_host_ = [this] {
+      backend_->download(params_->data(), host_params_);
+      backend_->download(optimizer_->first_moment().data(), host_m_);
+      if (!host_v_.empty()) backend_->download(optimizer_->second_moment().data(), host_v_);
+    };
+  }
   replica_hashes_.resize(static_cast<std::size_t>(comm_.size()));
   if (rank0_) {
     const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
     const int eb = static_cast<int>(std::min(opt_.eval_batch_size, largest));
     eval_model_ = std::make_unique<Model>(spec_, eb, *backend_, params_->data(), nullptr);
-    eval_labels_.resize(static_cast<std::size_t>(eb));
+    if (data_.validation.count > 0) validation_data_ = backend_->make_data_source(data_.validation, eb);
+    test_data_ = backend_->make_data_source(data_.test, eb);
+    eval_loss_ = backend_->make_loss_meter();
     if (!opt_.metrics_file.empty()) {
       metrics_.open(opt_.metrics_file, std::ios::out | std::ios::trunc);
       MNIST_CHECK(metrics_.good(), ExitCode::kUsage, "--metrics-file: cannot write '" + opt_.metrics_file + "'");
+      log_event("{\"event\":\"start\",\"world_size\":" + std::to_string(world) + ",\"global_batch\":" +
+                std::to_string(global_batch_) + ",\"launcher\":\"" + launch_.launcher + "\"" + launch_.json_fields() + "}");
     }
   }
   MonitorSetup ms{comm_.rank(), comm_.size(), comm_.host(), {}, reducer_->buckets().size(), total_steps_,
@@ -141,9 +186,13 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   monitor_ = std::make_unique<Monitor>(opt_, std::move(ms));
   timeline_ = monitor_->timeline();
   if (rank0_ && !opt_.quiet) {
-    if (!opt_.device_note.empty()) std::cout << opt_.device_note << "\n";
-    std::cout << "mnist_mpi " MNIST_MPI_VERSION ": " << world << " rank(s), backend " << backend_->name() << ", "
-              << threads << " thread(s) per rank\n"
+    if (!device_.note.empty()) std::cout << device_.note << "\n";
+    std::cout << "mnist_mpi " MNIST_MPI_VERSION ": " << world << " rank(s), backend " << backend_->name() << ", ";
+    if (device_.cuda && !shared_gpus_) std::cout << "one GPU per rank, gradients summed by NCCL\n";
+    else if (device_.cuda) std::cout << "ranks share GPUs (--allow-gpu-sharing): gradients summed through host memory by MPI, as NCCL needs one GPU per rank\n";
+    else std::cout << threads << " thread(s) per rank\n";
+    if (!launch_.describe().empty()) std::cout << launch_.describe() << "\n";
+    std::cout
               << "data: " << data_.train.count << " train, " << data_.validation.count << " validation, "
               << data_.test.count << " test images from " << opt_.data_dir << "\n"
               << "model: " << spec_.text << " (" << spec_.param_count << " parameters)\n"
@@ -151,9 +200,17 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
               << steps_per_epoch_ << " steps per epoch, " << total_steps_ << " steps\n"
               << "gradients: " << reducer_->buckets().size() << " bucket(s) of at most " << opt_.bucket_mb
               << " MB (first " << opt_.first_bucket_mb << " MB), "
-              << (opt_.no_overlap ? "one blocking sum after backward" : comm_.progress_mode()) << "\n"
+              << (opt_.no_overlap ? "one blocking sum after backward" : grad_comm_->progress_mode()) << "\n"
               << std::flush;
   }
+}
+
+std::string Trainer::job_description() const {
+  return "version = " MNIST_MPI_VERSION "\n" + agreed_options(opt_.resolved) + "model spec = " + spec_.text + " (" +
+         std::to_string(spec_.param_count) + " parameters)\n" + "data = " + std::to_string(data_.train.count) +
+         " train, " + std::to_string(data_.validation.count) + " validation, " + std::to_string(data_.test.count) +
+         " test images of " + std::to_string(data_.train.rows) + "x" + std::to_string(data_.train.cols) + "\n" +
+         "world size = " + std::to_string(comm_.size()) + "\n";
 }
 
 void Trainer::log_event(const std::string& json) {
@@ -161,38 +218,53 @@ void Trainer::log_event(const std::string& json) {
 }
 
 void Trainer::load_batch(std::int64_t step, std::int64_t first) {
-  sampler_->indices(step, first, batch_, batch_indices_.data());
-  float* x = train_model_->input();  // (b, 1, 28, 28)
-  const std::int64_t pixels = static_cast<std::int64_t>(data_.train.rows) * data_.train.cols;
-  for (std::int64_t i = 0; i < batch_; ++i) {
-    const std::int64_t idx = batch_indices_[static_cast<std::size_t>(i)];
-    to_unit_float(data_.train.image(idx), pixels, x + i * pixels);
-    labels_[static_cast<std::size_t>(i)] = data_.train.labels[static_cast<std::size_t>(idx)];
+  const std::int64_t epoch = step / steps_per_epoch_;
+  if (epoch != order_epoch_) {  // once per epoch (a GPU copies the permutation then)
+    train_data_->set_order(sampler_->order(epoch));
+    order_epoch_ = epoch;
   }
+  // The sampler's slice: positions [s*B + first, + batch_) of the epoch's permutation.
+  train_data_->gather((step % steps_per_epoch_) * global_batch_ + first, batch_, train_model_->input());
+}
+
+const float* Trainer::host_params() {
+  if (!backend_->on_device()) return params_->data();
+  backend_->download(params_->data(), host_params_);
+  return host_params_.data();
+}
+
+std::vector<float> Trainer::params_to_host() {
+  const float* p = host_params();
+  return std::vector<float>(p, p + spec_.param_count);
 }
 
 EvalResult Trainer::evaluate(const Split& split) {
   MNIST_CHECK(eval_model_ != nullptr, ExitCode::kRuntime, "evaluate() called on a rank without an evaluation model");
   EvalResult r;
   const int eb = eval_model_->batch();
-  const std::int64_t pixels = static_cast<std::int64_t>(split.rows) * split.cols;
+  // The split's data where the backend computes: made at build for validation and test.
+  DataSource* source = &split == &data_.validation ? validation_data_.get()
+                       : &split == &data_.test     ? test_data_.get()
+                                                   : nullptr;
+  std::unique_ptr<DataSource> other;
+  if (!source) {
+    other = backend_->make_data_source(split, eb);
+    source = other.get();
+  }
   StepContext ctx;
   ctx.training = false;
-  double loss = 0.0;
-  std::int64_t correct = 0;
+  eval_loss_->reset();
   for (std::int64_t first = 0; first < split.count; first += eb) {
     const std::int64_t n = std::min<std::int64_t>(eb, split.count - first);
-    float* x = eval_model_->input();
-    to_unit_float(split.image(first), n * pixels, x);
-    for (std::int64_t i = 0; i < n; ++i)
-      eval_labels_[static_cast<std::size_t>(i)] = split.labels[static_cast<std::size_t>(first + i)];
+    source->slice(first, n, eval_model_->input());
     // A short last batch: the rows past n are stale and their outputs are ignored.
     eval_model_->forward(ctx);
-    const LossStats s = backend_->softmax_cross_entropy(eval_model_->logits(), eval_labels_.data(),
-                                                         static_cast<int>(n), spec_.num_classes(), nullptr, 0.0f);
-    loss += s.loss_sum;
-    correct += s.correct;
+    backend_->softmax_cross_entropy(eval_model_->logits(), source->labels(), static_cast<int>(n),
+                                    spec_.num_classes(), nullptr, 0.0f, *eval_loss_);
   }
+  const LossStats s = eval_loss_->read();  // the one synchronisation of an evaluation
+  const double loss = s.loss_sum;
+  const std::int64_t correct = s.correct;
   r.count = split.count;
   if (split.count > 0) {
     r.loss = loss / static_cast<double>(split.count);
@@ -203,7 +275,7 @@ EvalResult Trainer::evaluate(const Split& split) {
 
 void Trainer::check_replicas(std::int64_t step) {
   std::vector<std::uint64_t>& hashes = replica_hashes_;  // sized at construction
-  comm_.allgather(hash_floats(params_->data(), spec_.param_count), hashes);
+  comm_.allgather(hash_floats(host_params(), spec_.param_count), hashes);
   for (std::size_t r = 1; r < hashes.size(); ++r)
     MNIST_CHECK(hashes[r] == hashes[0], ExitCode::kRuntime,
                 "replicas diverged after step " + std::to_string(step) + ": rank " + std::to_string(r) +
@@ -219,11 +291,14 @@ void Trainer::check_replicas(std::int64_t step) {
 // No division after the reduction, nothing to forget for "the other variables".
 RunResult Trainer::run() {
   RunResult res;
+  grad_comm_->connect();  // NCCL: the collective part of its set-up
   // A checkpoint's parameters and optimiser state, on every rank (none: first_step 0).
-  const std::int64_t first_step = checkpointer_->restore(params_->data(), *optimizer_);
+  const std::int64_t first_step = checkpointer_->restore(backend_->on_device() ? host_params_.data() : params_->data(),
+                                                         *optimizer_);
+  if (first_step > 0 && backend_->on_device()) backend_->upload(host_params_, params_->data());
   res.first_step = first_step;
   // Rank 0's initial parameters are everyone's (DESIGN.md invariant 1).
-  comm_.broadcast(std::span<float>(params_->data(), static_cast<std::size_t>(spec_.param_count)), 0);
+  grad_comm_->broadcast(std::span<float>(params_->data(), static_cast<std::size_t>(spec_.param_count)), 0);
   check_replicas(first_step);
   monitor_->start(comm_);
 
@@ -233,15 +308,29 @@ RunResult Trainer::run() {
   constexpr std::int64_t kWarmup = 10;
   const float grad_scale = 1.0f / static_cast<float>(global_batch_);
   StepTiming timing;
-  double window_loss = 0.0;
   std::int64_t window_n = 0;
+  train_loss_->reset();
+  // Note [Timing a GPU]
+  // On a GPU the host only queues work, so a step's host time says little; the steady rate is
+  // then the wall time from a synchronisation after the warm-up steps to one after the last step
+  // (evaluation excluded), and the per-step parts are host (queueing) times.
+  const bool device = backend_->on_device();
+  auto t_steady = std::chrono::steady_clock::now();
+  double eval_at_steady = 0.0;
   auto window_t = std::chrono::steady_clock::now();
   constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   double logged_loss = kNaN;
 
   for (std::int64_t step = first_step; step < total_steps_; ++step) {
+    if (device && step == first_step + kWarmup) {
+      backend_->synchronize();
+      t_steady = std::chrono::steady_clock::now();
+      eval_at_steady = eval_s;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     if (step == first_step) startup_s = seconds_since(start_);
+    watch_set_step(step);  // for the collective watchdog's message (src/comm/watchdog.cpp)
+    if (fault_.armed_for(comm_.rank(), step) && fault_.kind != FaultKind::kNan) fire_fault(fault_);
     const std::int64_t epoch = step / steps_per_epoch_;
     const double lr = learning_rate(opt_.schedule, step, epoch, total_steps_);
     // Note [Micro-batches and positions]
@@ -250,7 +339,7 @@ RunResult Trainer::run() {
     using sec = std::chrono::duration<double>;
     double t_data = 0, t_fwd = 0, t_bwd = 0;
     std::chrono::steady_clock::time_point backward_end;
-    double step_loss = 0.0;  // summed over this rank's micro-batches
+    bool loss_finite = true;  // this rank's loss in this step (CPU ranks; Note [One verdict on every rank])
     for (std::int64_t micro = 0; micro < accumulation_; ++micro) {
       const bool last = micro + 1 == accumulation_;
       const std::int64_t first = (comm_.rank() * accumulation_ + micro) * batch_;
@@ -259,10 +348,21 @@ RunResult Trainer::run() {
       const auto m1 = std::chrono::steady_clock::now();
       StepContext ctx{true, opt_.seed, step, first};
       train_model_->forward(ctx);
-      const LossStats part = backend_->softmax_cross_entropy(train_model_->logits(), labels_.data(),
-                                                              static_cast<int>(batch_), spec_.num_classes(),
-                                                              train_model_->dlogits(), grad_scale);
-      step_loss += part.loss_sum;
+      backend_->softmax_cross_entropy(train_model_->logits(), train_data_->labels(), static_cast<int>(batch_),
+                                      spec_.num_classes(), train_model_->dlogits(), grad_scale, *train_loss_);
+      if (!device) {  // the checks below read host memory; a GPU has no non-finite check yet
+        if (last && fault_.kind == FaultKind::kNan && fault_.armed_for(comm_.rank(), step)) loss_finite = false;
+        if (!std::isfinite(train_loss_->read().loss_sum)) loss_finite = false;  // CPU: a plain read
+        // Note [One verdict on every rank]
+        // A non-finite step must be stopped (or skipped) on every rank alike, without a collective
+        // of its own. The reduced gradient is bitwise the same on every rank (Note [Sums in rank
+        // order]) and a NaN or inf in any rank's contribution makes the sum non-finite; so each rank
+        // checks the reduced gradient and all reach the same verdict. A rank whose own loss is not
+        // finite (or that the testing hook marks) makes sure its gradient shows it: a NaN in dlogits
+        // reaches the last layer's bias gradient (the sum over the batch of dlogits) before backward
+        // hands any bucket to the reducer.
+        if (!loss_finite) train_model_->dlogits()[0] = std::numeric_limits<float>::quiet_NaN();
+      }
       const auto m2 = std::chrono::steady_clock::now();
       if (timeline_) timeline_->backward_starts(m2, step);
       if (last) {
@@ -271,10 +371,8 @@ RunResult Trainer::run() {
         accumulating_ = false;
       } else {  // like DDP's no_sync: no reduction, the gradients are summed locally
         train_model_->backward(ctx);
-        float* a = accum_->data();
-        const float* g = grads_->data();
-        if (micro == 0) std::copy(g, g + spec_.param_count, a);
-        else for (std::int64_t i = 0; i < spec_.param_count; ++i) a[i] += g[i];
+        if (micro == 0) backend_->copy(accum_->data(), grads_->data(), spec_.param_count);
+        else backend_->add(accum_->data(), grads_->data(), spec_.param_count);
       }
       const auto m3 = std::chrono::steady_clock::now();
       if (timeline_) {
@@ -289,19 +387,62 @@ RunResult Trainer::run() {
     }
     // The optimiser waits only for what it needs: bucket k's parameters are updated as soon as its
     // sum is in, while the later buckets are still being summed (the update is elementwise, so the
-    // bits are those of one pass over the whole buffer).
+    // bits are those of one pass over the whole buffer). Each bucket is checked for NaN and inf
+    // before it is applied (Note [One verdict on every rank]). With --skip-nonfinite-steps every
+    // bucket is waited for and checked before the first is applied, so that a skipped step
+    // changes nothing; without it a non-finite bucket stops the run before it is applied.
     double exposed = reducer_->start_remaining(), t_opt = 0.0;
-    optimizer_->begin_step();
-    auto waited_from = backward_end;  // for the timeline: when the wait for bucket k began
-    for (std::size_t k = 0; k < reducer_->buckets().size(); ++k) {
-      exposed += reducer_->wait_bucket(k);
+    const std::size_t n_buckets = reducer_->buckets().size();
+    const auto bucket_finite = [&](std::size_t k) {
       const Bucket& b = reducer_->buckets()[k];
-      const auto o0 = std::chrono::steady_clock::now();
-      optimizer_->update(params_->data(), grads_->data(), lr, b.begin, b.end);
-      const auto o1 = std::chrono::steady_clock::now();
-      t_opt += sec(o1 - o0).count();
-      if (timeline_) timeline_->bucket_updated(step, k, waited_from, o0, o1);
-      waited_from = o1;
+      return device || all_finite(grads_->data() + b.begin, b.end - b.begin);
+    };
+    bool finite = true;
+    std::size_t waited = 0;  // buckets whose sums are in
+    if (opt_.skip_nonfinite_steps)
+      for (; waited < n_buckets; ++waited) {
+        exposed += reducer_->wait_bucket(waited);
+        finite = finite && bucket_finite(waited);
+      }
+    if (finite) {
+      optimizer_->begin_step();
+      auto waited_from = backward_end;  // for the timeline: when the wait for bucket k began
+      for (std::size_t k = 0; k < n_buckets; ++k) {
+        if (k >= waited) {
+          exposed += reducer_->wait_bucket(k);
+          waited = k + 1;
+          if (!bucket_finite(k)) {
+            finite = false;
+            break;
+          }
+        }
+        const Bucket& b = reducer_->buckets()[k];
+        const auto o0 = std::chrono::steady_clock::now();
+        optimizer_->update(params_->data(), grads_->data(), lr, b.begin, b.end);
+        const auto o1 = std::chrono::steady_clock::now();
+        t_opt += sec(o1 - o0).count();
+        if (timeline_) timeline_->bucket_updated(step, k, waited_from, o0, o1);
+        waited_from = o1;
+      }
+    }
+    if (!finite) {
+      for (; waited < n_buckets; ++waited) exposed += reducer_->wait_bucket(waited);  // no sum left in flight
+      // Every rank is here: one more collective finds the first rank whose own loss was not finite.
+      std::int64_t bad_rank = loss_finite ? std::numeric_limits<std::int64_t>::max() : comm_.rank();
+      comm_.allreduce_min(std::span<std::int64_t>(&bad_rank, 1));
+      const std::string where =
+          bad_rank == std::numeric_limits<std::int64_t>::max()
+              ? "every rank's loss was finite: the gradient overflowed"
+              : "the loss was not finite on rank " + std::to_string(bad_rank);
+      if (!opt_.skip_nonfinite_steps)
+        throw AgreedError(ExitCode::kNumerical, !rank0_ ? std::string() :  // main prints the one message
+                          "non-finite gradient in step " + std::to_string(step + 1) + " (" + where +
+                              "); training diverged or the data holds NaN: lower --lr, add --warmup-steps, or pass "
+                              "--skip-nonfinite-steps to skip such steps (no non-finite value reached the parameters)");
+      ++res.skipped_steps;
+      if (rank0_ && !opt_.quiet)
+        std::printf("epoch %lld step %lld/%lld skipped: non-finite gradient (%s)\n", static_cast<long long>(epoch + 1),
+                    static_cast<long long>(step + 1), static_cast<long long>(total_steps_), where.c_str());
     }
     const auto t5 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t5 - t0).count();
@@ -316,14 +457,19 @@ RunResult Trainer::run() {
       timing.exposed_comm += exposed;
       timing.optimizer += t_opt;
     }
-    window_loss += step_loss;
-    window_n += batch_ * accumulation_;
+    if (finite) {
+      window_n += batch_ * accumulation_;
+    } else {  // a skipped step's loss would make the window's mean NaN: the window starts again
+      train_loss_->reset();
+      window_n = 0;
+    }
 
     const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);
     if (log_now) {
-      double v[2] = {window_loss, static_cast<double>(window_n)};
+      double v[2] = {train_loss_->read().loss_sum, static_cast<double>(window_n)};  // a GPU syncs here
+      train_loss_->reset();
       comm_.allreduce_sum(std::span<double>(v, 2));
-      res.last_train_loss = v[0] / v[1];
+      res.last_train_loss = v[1] > 0 ? v[0] / v[1] : std::numeric_limits<double>::quiet_NaN();
       logged_loss = res.last_train_loss;
       if (rank0_) {
         const double ips = v[1] / seconds_since(window_t);
@@ -332,7 +478,6 @@ RunResult Trainer::run() {
                   std::to_string(epoch + 1) + ",\"loss\":" + json_num(res.last_train_loss) +
                   ",\"lr\":" + json_num(lr) + ",\"images_per_s\":" + json_num(ips) + "}");
       }
-      window_loss = 0.0;
       window_n = 0;
       window_t = std::chrono::steady_clock::now();
     }
@@ -360,7 +505,8 @@ RunResult Trainer::run() {
     // Checkpoint when due; all ranks agree on a preemption signal (Note [Agreeing at the step boundary]).
     const StepEnd end{step + 1, epoch_end, step + 1 == total_steps_, lr,
                       learning_rate(opt_.schedule, step + 1, (step + 1) / steps_per_epoch_, total_steps_),
-                      validation.accuracy, validation.loss, logged_loss, params_->data(), optimizer_.get()};
+                      validation.accuracy, validation.loss, logged_loss, ckpt_params_, optimizer_.get(),
+                      ckpt_m_, ckpt_v_, &state_to_host_};
     const auto tc = std::chrono::steady_clock::now();
     const std::int64_t written_before = checkpointer_->stats().written;
     const bool stop = checkpointer_->after_step(end);
@@ -373,7 +519,7 @@ RunResult Trainer::run() {
       res.steps = step + 1;
       res.epochs = static_cast<double>(step + 1) / static_cast<double>(steps_per_epoch_);
       res.checkpoints = checkpointer_->stats();
-      res.params_hash = hex64(hash_floats(params_->data(), spec_.param_count));
+      res.params_hash = hex64(hash_floats(host_params(), spec_.param_count));
       if (rank0_) {
         const std::string where = checkpointer_->enabled()
                                       ? "checkpoint " + res.checkpoints.last_file + " written; rerun with --resume auto to continue"
@@ -384,20 +530,27 @@ RunResult Trainer::run() {
                      static_cast<long long>(total_steps_), where.c_str());
         std::fflush(stderr);
         log_event("{\"event\":\"preempted\",\"signal\":\"" + std::string(signal_name(res.preempted_signal)) +
-                  "\",\"step\":" + std::to_string(step + 1) + ",\"checkpoint\":\"" + res.checkpoints.last_file + "\"}");
+                  "\",\"step\":" + std::to_string(step + 1) + ",\"checkpoint\":\"" + res.checkpoints.last_file + "\"" + launch_.json_fields() + "}");
       }
       return res;
     }
   }
   checkpointer_->finish();
   res.checkpoints = checkpointer_->stats();
+  if (device) {
+    backend_->synchronize();
+    if (total_steps_ - first_step > kWarmup) {
+      steady_s = seconds_since(t_steady) - (eval_s - eval_at_steady);
+      steady_steps = total_steps_ - first_step - kWarmup;
+    }
+  }
   check_replicas(total_steps_);
 
   res.steps = total_steps_;
   res.epochs = static_cast<double>(total_steps_) / static_cast<double>(steps_per_epoch_);
   res.wall_s = seconds_since(t_run);
   res.images_per_s = steady_s > 0 ? static_cast<double>(steady_steps * global_batch_) / steady_s : 0.0;
-  res.params_hash = hex64(hash_floats(params_->data(), spec_.param_count));
+  res.params_hash = hex64(hash_floats(host_params(), spec_.param_count));
   if (steady_steps > 0) {
     const double n = static_cast<double>(steady_steps);
     timing.data /= n;
@@ -449,6 +602,8 @@ RunResult Trainer::run() {
                     c.capture_ms / n, c.write_ms / n, opt_.checkpoint_async ? "in the background" : "inline",
                     c.others_wait_ms, c.others_wait_baseline_ms);
       }
+      if (opt_.skip_nonfinite_steps || res.skipped_steps > 0)
+        std::printf("%lld non-finite step(s) skipped\n", static_cast<long long>(res.skipped_steps));
       std::printf("params_hash %s\n", res.params_hash.c_str());
     }
     std::fflush(stdout);
@@ -463,14 +618,15 @@ RunResult Trainer::run() {
               ",\"backward\":" + json_num(1e3 * timing.backward) + ",\"exposed_comm\":" +
               json_num(1e3 * timing.exposed_comm) + ",\"optimizer\":" + json_num(1e3 * timing.optimizer) +
               "},\"reduced_bytes_per_step\":" + json_num(timing.reduced_bytes) + ",\"buckets\":" +
-              std::to_string(reducer_->buckets().size()) + ",\"params_hash\":\"" + res.params_hash +
+              std::to_string(reducer_->buckets().size()) + ",\"skipped_steps\":" + std::to_string(res.skipped_steps) +
+              ",\"params_hash\":\"" + res.params_hash +
               "\",\"checkpoints\":{\"written\":" + std::to_string(res.checkpoints.written) + ",\"bytes\":" +
               json_num(res.checkpoints.bytes) + ",\"capture_ms\":" +
               json_num(res.checkpoints.written ? res.checkpoints.capture_ms / static_cast<double>(res.checkpoints.written) : 0.0) +
               ",\"write_ms\":" +
               json_num(res.checkpoints.written ? res.checkpoints.write_ms / static_cast<double>(res.checkpoints.written) : 0.0) +
               ",\"others_wait_ms\":" + json_num(res.checkpoints.others_wait_ms) + ",\"others_wait_baseline_ms\":" +
-              json_num(res.checkpoints.others_wait_baseline_ms) + "}}");
+              json_num(res.checkpoints.others_wait_baseline_ms) + "}" + launch_.json_fields() + "}");
   }
   monitor_->finish(comm_, FinalFacts{res.steps, res.epochs, startup_s, res.images_per_s, res.test.accuracy,
                                      res.test.loss, res.params_hash, spec_.text});

@@ -1,15 +1,22 @@
 // The one interface every backend implements: a layer kernel prepared for its shapes and buffers
-// at model build, the softmax cross-entropy loss, and buffer allocation. The CPU backend
-// (src/backend/cpu/, oneDNN plus small loops) is the reference; a CUDA backend plugs in here.
-// Layers and the trainer never know which backend they run on.
+// at model build, the softmax cross-entropy loss, buffer allocation, the data set where the
+// kernels read it, the fused optimiser pass and host <-> backend copies. The CPU backend
+// (src/backend/cpu/, oneDNN plus small loops) is the reference; the CUDA backend
+// (src/backend/cuda/, cuDNN, cuBLAS and a few kernels) computes the same things on one GPU.
+// Layers and the trainer never know which backend they run on: every pointer a backend takes or
+// returns is in ITS memory (host for the CPU, device for CUDA) unless the name says host.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "mnist_mpi/data/idx.hpp"
 #include "mnist_mpi/model/spec.hpp"
+#include "mnist_mpi/train/optimizer.hpp"
 
 namespace mnist_mpi {
 
@@ -58,12 +65,36 @@ struct LossStats {
   std::int64_t correct = 0;
 };
 
-// A device-side float buffer owned by a backend.
+// A float buffer in the backend's memory, owned by the backend.
 class Buffer {
  public:
   virtual ~Buffer() = default;
   virtual float* data() = 0;
   virtual std::int64_t size() const = 0;
+};
+
+// Loss statistics summed where the backend computes, read on the host only when asked (on a GPU
+// reading is a synchronisation point: the trainer reads only where it prints).
+class LossMeter {
+ public:
+  virtual ~LossMeter() = default;
+  virtual LossStats read() = 0;  // the sums since the last reset
+  virtual void reset() = 0;
+};
+
+// One split's images (uint8) and labels, placed once where the backend computes; fills a batch
+// of [0, 1] floats (x / 255) and int32 labels from it.
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  // The order of this epoch (dataset indices; a view of the sampler's permutation, valid until
+  // the next set_order). A GPU copies it once per epoch.
+  virtual void set_order(std::span<const std::int64_t> order) = 0;
+  // x (n, 1, rows, cols) and labels() from the images order[position .. position + n).
+  virtual void gather(std::int64_t position, std::int64_t n, float* x) = 0;
+  // x and labels() from the images [first, first + n) of the split (evaluation).
+  virtual void slice(std::int64_t first, std::int64_t n, float* x) = 0;
+  virtual const std::int32_t* labels() const = 0;  // (batch), in the backend's memory
 };
 
 class Backend {
@@ -79,13 +110,50 @@ class Backend {
   // index: the layer's position in the spec (dropout key). training=false builds inference only.
   virtual std::unique_ptr<LayerKernel> make_layer(const LayerSpec& spec, int index,
                                                   const LayerBuffers& buffers, bool training) = 0;
-  // Softmax cross-entropy from logits (N, classes), computed stably via log-sum-exp. When dlogits
-  // is non-null writes dlogits = (softmax - onehot) * grad_scale.
-  virtual LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch,
-                                          int classes, float* dlogits, float grad_scale) = 0;
+  // Softmax cross-entropy from logits (N, classes), computed stably via log-sum-exp, added to
+  // meter. When dlogits is non-null writes dlogits = (softmax - onehot) * grad_scale.
+  virtual void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes,
+                                     float* dlogits, float grad_scale, LossMeter& meter) = 0;
+  virtual std::unique_ptr<LossMeter> make_loss_meter() = 0;
+  // The same on a fresh meter, read at once (tests; a synchronisation point on a GPU).
+  LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes,
+                                  float* dlogits, float grad_scale) {
+    auto meter = make_loss_meter();
+    softmax_cross_entropy(logits, labels, batch, classes, dlogits, grad_scale, *meter);
+    return meter->read();
+  }
+
+  // batch: the largest n that gather / slice will be asked for.
+  virtual std::unique_ptr<DataSource> make_data_source(const Split& split, int batch) = 0;
+
+  // One fused optimiser pass over n elements (Optimizer::step computes t and lr): params -= update,
+  // with the moment buffers m and v (v unused by sgd) in the backend's memory.
+  virtual void optimizer_step(const OptimizerConfig& cfg, std::int64_t t, double lr, float* params,
+                              const float* grads, float* m, float* v, std::int64_t n) = 0;
+  // dst[i] += src[i] and dst[i] = src[i] on the backend's buffers (gradient accumulation).
+  virtual void add(float* dst, const float* src, std::int64_t n) = 0;
+  virtual void copy(float* dst, const float* src, std::int64_t n) = 0;
+
+  // Host <-> backend copies (parameters broadcast and checkpointed, replica hashes); both return
+  // once the copy is complete, so they are synchronisation points on a GPU.
+  virtual void upload(std::span<const float> host, float* dst) = 0;
+  virtual void download(const float* src, std::span<float> host) = 0;
+  // Returns once every queued kernel has finished (a no-op on the CPU).
+  virtual void synchronize() {}
+  // True when buffers live in device memory (the CUDA backend).
+  virtual bool on_device() const { return false; }
+  // Called again and again while the host waits for the device (synchronize, download, a loss
+  // read): the NCCL communicator polls its asynchronous errors here, so that a failed collective
+  // ends the run with a message instead of a hang. It may throw.
+  virtual void set_wait_hook(std::function<void()> hook) { (void)hook; }
 };
 
 // --threads: the number of threads each rank's kernels use.
 std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+// The CUDA backend on GPU `device` (already chosen, see include/mnist_mpi/backend/device.hpp);
+// tf32: let cuDNN and cuBLAS use TF32 tensor cores for float math. Only in builds with CUDA
+// (MNIST_MPI_HAVE_CUDA); elsewhere it throws Error(kDevice).
+std::unique_ptr<Backend> make_cuda_backend(int device, bool tf32);
 
 }  // namespace mnist_mpi

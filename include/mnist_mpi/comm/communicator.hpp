@@ -1,7 +1,8 @@
 // The Communicator: typed, span-based collectives, so element counts and bytes can't be confused.
 // MpiCommunicator (src/comm/mpi_communicator.cpp) works on host memory and runs the started sums
-// on a communication thread of its own; an NCCL implementation for device buffers plugs in behind
-// the same calls.
+// on a communication thread of its own; the NCCL one
+// (src/comm/nccl_communicator.cpp) sums and broadcasts float buffers in GPU memory and passes
+// every other call to the MPI communicator it was made from.
 #pragma once
 
 #include <chrono>
@@ -12,6 +13,8 @@
 #include <vector>
 
 namespace mnist_mpi {
+
+class Backend;
 
 // An in-flight collective; wait() on the communicator that started it.
 struct CommRequest {
@@ -29,6 +32,14 @@ class Communicator {
   virtual std::string host() const = 0;
   // How started sums make progress, for the start-up log ("a communication thread").
   virtual std::string progress_mode() const = 0;
+
+  // The collective part of set-up (NCCL: the unique id broadcast and ncclCommInitRank); every
+  // rank calls it once, after all ranks agreed that local set-up succeeded.
+  virtual void connect() {}
+  // True when the float collectives (allreduce_sum, start_allreduce_sum, broadcast of floats) take
+  // device memory. Then "complete" means: ordered before the work later queued on the backend's
+  // compute stream; the host does not wait (wait() makes the compute stream wait on the sum).
+  virtual bool device_buffers() const { return false; }
 
   // In place: data becomes the elementwise sum over all ranks, added in ascending rank order, so
   // the bits do not depend on how a buffer is split into calls (Note [Sums in rank order]).
@@ -59,5 +70,13 @@ class Communicator {
 // Wraps MPI_COMM_WORLD (MPI must be initialised, ideally with MPI_THREAD_MULTIPLE: see
 // init_mpi()).
 std::unique_ptr<Communicator> make_mpi_communicator();
+
+// NCCL over the GPU of `backend` (the CUDA backend), bootstrapped through `host` (rank 0's
+// ncclUniqueId goes out by MPI broadcast in connect()); host collectives are passed to `host`,
+// which must outlive it. Only in builds with CUDA; elsewhere it throws Error(kDevice).
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Backend& backend);
+// For ranks that share a GPU (NCCL needs one GPU per rank): float collectives on device buffers of
+// at most `capacity` elements, staged through host memory and summed by `host`. CUDA builds only.
+std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, std::int64_t capacity);
 
 }  // namespace mnist_mpi

@@ -16,6 +16,9 @@ class Sampler {
   // Dataset indices of rank `rank`'s slice of global step `step` (counted from the run's start),
   // `count` of them starting at position `offset` within the global batch.
   void indices(std::int64_t step, std::int64_t offset, std::int64_t count, std::int64_t* out);
+  // The whole permutation of `epoch` (a view of a buffer made at construction, valid until an
+  // other epoch is asked for); step s, offset o of that epoch reads positions s*B + o onwards.
+  std::span<const std::int64_t> order(std::int64_t epoch);
   // The permutation of an epoch (a Fisher-Yates shuffle driven by counter-based randomness).
   static std::vector<std::int64_t> permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch);
   static void permute(std::span<std::int64_t> p, std::uint64_t seed, std::int64_t epoch);  // in place

@@ -7,6 +7,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -35,8 +36,13 @@ struct StepEnd {
   double lr = 0, next_lr = 0;  // of the step just taken, of the next one
   double validation_accuracy = 0, validation_loss = 0;  // NaN unless evaluated after this step
   double train_loss = 0;       // NaN unless known
+  // The state to save, in host memory (on a GPU: mirrors that to_host fills). to_host, when set,
+  // is called on rank 0 just before a checkpoint copies the state, never on other steps.
   const float* params = nullptr;
-  const Optimizer* optimizer = nullptr;
+  const Optimizer* optimizer = nullptr;        // step count and configuration
+  const float* first_moment = nullptr;         // (count)
+  const float* second_moment = nullptr;        // (count); null for sgd
+  const std::function<void()>* to_host = nullptr;
 };
 
 // Numbers for the final report.

@@ -5,10 +5,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 namespace mnist_mpi {
+
+class Backend;
+class Buffer;
 
 struct OptimizerConfig {
   std::string kind = "adam";  // adam | sgd
@@ -20,30 +24,42 @@ struct OptimizerConfig {
 
 class Optimizer {
  public:
+  // State in host memory, the pass on the host.
   Optimizer(const OptimizerConfig& cfg, std::int64_t count);
-  // params -= update(grads); count elements; lr for this step. The same as begin_step() followed
-  // by update() over [0, count) in any number of pieces (elementwise: the bits do not depend on
-  // the pieces), which lets the trainer update each bucket as soon as its sum has arrived.
+  // State allocated by the backend (device memory on a GPU), the pass run by it.
+  Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend);
+  ~Optimizer();
+  // params -= update(grads); count elements; lr for this step. params and grads in the memory of
+  // the backend given at construction (host memory without one). The same as begin_step()
+  // followed by update() over [0, count) in any number of pieces (elementwise: the bits do not
+  // depend on the pieces), which lets the trainer update each bucket as soon as its sum has arrived.
   void step(float* params, const float* grads, double lr);
   void begin_step() { ++t_; }
   void update(float* params, const float* grads, double lr, std::int64_t begin, std::int64_t end);
   std::int64_t steps_taken() const { return t_; }
-  // State, for checkpoints: the moment buffers (sgd: momentum only) and the step count.
-  std::vector<float>& first_moment() { return m_; }
-  std::vector<float>& second_moment() { return v_; }  // empty for sgd
-  const std::vector<float>& first_moment() const { return m_; }
-  const std::vector<float>& second_moment() const { return v_; }
+  // State, for checkpoints: the moment buffers (sgd: momentum only, second empty), in the
+  // backend's memory (copy through Backend::download on a GPU), and the step count.
+  std::span<float> first_moment() { return m_; }
+  std::span<float> second_moment() { return v_; }
   const OptimizerConfig& config() const { return cfg_; }
-  // Puts back a checkpoint's state: m and v of count() elements (v ignored for sgd), the step count.
-  void restore(const float* m, const float* v, std::int64_t steps_taken);
   std::int64_t count() const { return count_; }
+  // Puts back a checkpoint's state from host memory: m and v of count() elements (v ignored for
+  // sgd), uploaded when the state lives on a device; and the step count.
+  void restore(const float* m, const float* v, std::int64_t steps_taken);
 
  private:
   OptimizerConfig cfg_;
   std::int64_t count_;
   std::int64_t t_ = 0;
-  std::vector<float> m_, v_;  // allocated once, here
+  Backend* backend_ = nullptr;
+  std::vector<float> host_m_, host_v_;          // without a backend; allocated once, here
+  std::unique_ptr<Buffer> buf_m_, buf_v_;       // with one
+  std::span<float> m_, v_;
 };
+
+// The fused pass on host memory (the CPU backend's optimizer_step): step t (1-based) with lr.
+void optimizer_pass_host(const OptimizerConfig& cfg, std::int64_t t, double lr, float* params, const float* grads,
+                         float* m, float* v, std::int64_t n);
 
 struct ScheduleConfig {
   std::string kind = "constant";  // constant | step | cosine

@@ -14,13 +14,16 @@
 #include <vector>
 
 #include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/backend/device.hpp"
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/data/idx.hpp"
 #include "mnist_mpi/data/sampler.hpp"
+#include "mnist_mpi/launch/launch_env.hpp"
 #include "mnist_mpi/model/model.hpp"
 #include "mnist_mpi/report/monitor.hpp"
 #include "mnist_mpi/train/checkpointer.hpp"
+#include "mnist_mpi/train/fault.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 #include "mnist_mpi/train/reducer.hpp"
 
@@ -50,6 +53,7 @@ struct RunResult {
   std::int64_t first_step = 0;   // > 0 when resumed from a checkpoint
   int preempted_signal = 0;      // the signal that stopped the run early (exit code 75), else 0
   CheckpointStats checkpoints;   // rank 0's numbers (others_wait_* from every rank)
+  std::int64_t skipped_steps = 0;  // non-finite steps skipped (--skip-nonfinite-steps)
 };
 
 class Trainer {
@@ -62,22 +66,42 @@ class Trainer {
 
   const ModelSpec& spec() const { return spec_; }
   const Reducer& reducer() const { return *reducer_; }
+  // The flat parameters in the backend's memory (device memory on a GPU).
   const float* params() const { return params_->data(); }
+  // A host copy of them (a synchronisation point on a GPU).
+  std::vector<float> params_to_host();
+  Backend& backend() { return *backend_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  const DeviceChoice& device() const { return device_; }
   std::int64_t global_batch() const { return global_batch_; }
   std::int64_t per_rank_batch() const { return batch_; }  // per micro-batch
+  // "key = value" lines that must be the same on every rank: program version, options (those
+  // that may differ per node left out), model and data sizes (src/train/consistency.cpp).
+  std::string job_description() const;
 
  private:
   void load_batch(std::int64_t step, std::int64_t first);  // positions [first, first + batch_)
+  const float* host_params();  // params_ on the host (a copy into host_params_ on a GPU)
   void log_event(const std::string& json);
   void check_replicas(std::int64_t step);
 
   Options opt_;
   Communicator& comm_;
   std::chrono::steady_clock::time_point start_;
+  DeviceChoice device_;
   Mnist data_;
   ModelSpec spec_;
   std::unique_ptr<Backend> backend_;
+  // The gradient communicator: comm_ itself on the CPU, NCCL on the GPU (staged through the host
+  // when ranks share GPUs). Declared after backend_: it is destroyed before it.
+  std::unique_ptr<Communicator> gpu_comm_;
+  Communicator* grad_comm_ = nullptr;
+  bool shared_gpus_ = false;
   std::unique_ptr<Buffer> params_, grads_;  // flat, spec_.param_count each (Note [Reverse layer order])
+  std::vector<float> host_params_;          // GPU only: host copy for hashes, initialisation
+  std::vector<float> host_m_, host_v_;      // GPU only: host copies of the moments for checkpoints
+  const float *ckpt_params_ = nullptr, *ckpt_m_ = nullptr, *ckpt_v_ = nullptr;  // what checkpoints read
+  std::function<void()> state_to_host_;     // GPU only: fills the host copies (checkpoint steps only)
   std::unique_ptr<Model> train_model_, eval_model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Reducer> reducer_;
@@ -89,14 +113,16 @@ class Trainer {
   bool accumulating_ = false;
   std::unique_ptr<Sampler> sampler_;
   std::int64_t batch_ = 0, global_batch_ = 0, steps_per_epoch_ = 0, total_steps_ = 0;
-  std::vector<std::int32_t> labels_;       // (batch)
-  std::vector<std::int64_t> batch_indices_;  // (batch): dataset indices of the current micro-batch
-  std::vector<std::int32_t> eval_labels_;  // (eval batch)
+  std::int64_t order_epoch_ = -1;  // the epoch whose order train_data_ holds
+  std::unique_ptr<DataSource> train_data_, validation_data_, test_data_;  // where the backend computes
+  std::unique_ptr<LossMeter> train_loss_, eval_loss_;
   std::vector<std::uint64_t> replica_hashes_;  // (world)
   std::ofstream metrics_;
   std::unique_ptr<Monitor> monitor_;  // progress, TensorBoard, timeline, report (src/report/)
   Timeline* timeline_ = nullptr;      // null unless --timeline: then every step records spans
+  LaunchEnv launch_;  // Slurm job, launcher (src/launch/launch_env.cpp)
   bool rank0_ = false;
+  Fault fault_;  // MNIST_MPI_FAULT, when it names this rank (a testing hook)
 };
 
 // 64-bit FNV-1a of the bytes of n floats: equal hashes mean bitwise-equal parameters.

@@ -1,5 +1,6 @@
 // The CPU backend: oneDNN kernels for conv / fc / ReLU, plain loops for max pooling, dropout and the
-// softmax cross-entropy loss. Threads: oneDNN here runs on OpenMP, so --threads sets OpenMP's.
+// softmax cross-entropy loss; the data set read in place and the fused optimiser pass of
+// src/train/optimizer.cpp. Threads: oneDNN here runs on OpenMP, so --threads sets OpenMP's.
 #include <omp.h>
 
 #include <algorithm>
@@ -21,6 +22,53 @@ class HostBuffer final : public Buffer {
 
  private:
   std::vector<float> v_;
+};
+
+class HostLossMeter final : public LossMeter {
+ public:
+  LossStats read() override { return s_; }
+  void reset() override { s_ = LossStats{}; }
+  LossStats& sums() { return s_; }
+
+ private:
+  LossStats s_;
+};
+
+// The split stays where load_mnist put it; a batch is converted image by image.
+class HostDataSource final : public DataSource {
+ public:
+  HostDataSource(const Split& split, int batch) : split_(split), labels_(static_cast<std::size_t>(batch), 0) {}
+  void set_order(std::span<const std::int64_t> order) override { order_ = order; }
+  void gather(std::int64_t position, std::int64_t n, float* x) override {
+    check(n);
+    const std::int64_t pixels = static_cast<std::int64_t>(split_.rows) * split_.cols;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t idx = order_[static_cast<std::size_t>(position + i)];
+      to_unit_float(split_.image(idx), pixels, x + i * pixels);
+      labels_[static_cast<std::size_t>(i)] = split_.labels[static_cast<std::size_t>(idx)];
+    }
+  }
+  void slice(std::int64_t first, std::int64_t n, float* x) override {
+    check(n);
+    const std::int64_t pixels = static_cast<std::int64_t>(split_.rows) * split_.cols;
+    to_unit_float(split_.image(first), n * pixels, x);
+    for (std::int64_t i = 0; i < n; ++i)
+      labels_[static_cast<std::size_t>(i)] = split_.labels[static_cast<std::size_t>(first + i)];
+  }
+  const std::int32_t* labels() const override { return labels_.data(); }
+
+ private:
+  void check(std::int64_t n) const {
+    MNIST_CHECK(n <= static_cast<std::int64_t>(labels_.size()), ExitCode::kRuntime, "batch larger than the data source's");
+  }
+  // uint8 pixels to [0, 1] floats: the one conversion of an image, for training and evaluation.
+  static void to_unit_float(const std::uint8_t* src, std::int64_t n, float* dst) {
+    constexpr float kScale = 1.0f / 255.0f;
+    for (std::int64_t k = 0; k < n; ++k) dst[k] = static_cast<float>(src[k]) * kScale;
+  }
+  const Split& split_;
+  std::span<const std::int64_t> order_;
+  std::vector<std::int32_t> labels_;  // (batch)
 };
 
 class CpuBackend final : public Backend {
@@ -94,9 +142,32 @@ class CpuBackend final : public Backend {
     throw_error(ExitCode::kRuntime, "unknown layer kind");
   }
 
-  LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes,
-                                  float* dlogits, float grad_scale) override {
-    return softmax_cross_entropy_reference(logits, labels, batch, classes, dlogits, grad_scale);
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes,
+                             float* dlogits, float grad_scale, LossMeter& meter) override {
+    const LossStats s = softmax_cross_entropy_reference(logits, labels, batch, classes, dlogits, grad_scale);
+    LossStats& sum = static_cast<HostLossMeter&>(meter).sums();
+    sum.loss_sum += s.loss_sum;
+    sum.correct += s.correct;
+  }
+  std::unique_ptr<LossMeter> make_loss_meter() override { return std::make_unique<HostLossMeter>(); }
+
+  std::unique_ptr<DataSource> make_data_source(const Split& split, int batch) override {
+    return std::make_unique<HostDataSource>(split, batch);
+  }
+
+  void optimizer_step(const OptimizerConfig& cfg, std::int64_t t, double lr, float* params, const float* grads,
+                      float* m, float* v, std::int64_t n) override {
+    optimizer_pass_host(cfg, t, lr, params, grads, m, v, n);
+  }
+  void add(float* dst, const float* src, std::int64_t n) override {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  }
+  void copy(float* dst, const float* src, std::int64_t n) override { std::copy(src, src + n, dst); }
+  void upload(std::span<const float> host, float* dst) override {
+    if (host.data() != dst) std::copy(host.begin(), host.end(), dst);
+  }
+  void download(const float* src, std::span<float> host) override {
+    if (host.data() != src) std::copy(src, src + host.size(), host.begin());
   }
 
   static LossStats softmax_cross_entropy_reference(const float* logits, const std::int32_t* labels, int batch,

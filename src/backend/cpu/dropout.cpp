@@ -14,7 +14,8 @@ namespace {
 // GLOBAL batch, layer index, element index). A sample therefore gets the same mask whichever rank
 // processes it and however the global batch is split, which is what makes 1, 2 and 3 ranks follow
 // the same trajectory (DESIGN.md invariant 4) and a resumed run repeat the masks of the run that
-// never stopped. The CUDA backend must use the same function.
+// never stopped. Both backends call the same two functions, rng::dropout_key and
+// rng::dropout_scale (include/mnist_mpi/rng.hpp, compiled for host and device).
 class Dropout final : public LayerKernel {
  public:
   Dropout(const LayerSpec& l, int index, const LayerBuffers& b, bool training)
@@ -30,12 +31,10 @@ class Dropout final : public LayerKernel {
     }
     const float keep_scale = 1.0f / (1.0f - rate_);
     for (int n = 0; n < b_.batch; ++n) {
-      const std::uint64_t sample_key =
-          rng::key(ctx.seed, 0xD80, static_cast<std::uint64_t>(ctx.step),
-                   static_cast<std::uint64_t>(ctx.first_sample + n), static_cast<std::uint64_t>(index_));
+      const std::uint64_t sample_key = rng::dropout_key(ctx.seed, ctx.step, ctx.first_sample + n, index_);
       for (std::int64_t i = 0; i < per_sample_; ++i) {
         const std::int64_t k = n * per_sample_ + i;
-        const float s = rng::uniform(rng::mix(sample_key ^ static_cast<std::uint64_t>(i))) >= rate_ ? keep_scale : 0.0f;
+        const float s = rng::dropout_scale(sample_key, i, rate_, keep_scale);
         scale_[static_cast<std::size_t>(k)] = s;
         b_.y[k] = b_.x[k] * s;
       }

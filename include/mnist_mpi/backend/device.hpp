@@ -1,0 +1,31 @@
+// Which device a rank computes on (--device auto|cpu|cuda): the node-local rank picks GPU
+// local_rank mod the visible GPUs; more ranks on a node than GPUs is an error unless
+// --allow-gpu-sharing. choose_device() is the pure decision (unit-tested without a GPU);
+// probe_gpus() and describe_gpu() ask the CUDA runtime (in builds with CUDA).
+#pragma once
+
+#include <string>
+
+namespace mnist_mpi {
+
+struct GpuProbe {
+  int count = 0;           // usable GPUs visible to this process
+  std::string why_none;    // when count == 0: why, in words (no driver, no device, CUDA_VISIBLE_DEVICES)
+};
+
+struct DeviceChoice {
+  bool cuda = false;
+  int gpu = -1;            // index among the visible GPUs
+  std::string note;        // how auto was resolved (printed by rank 0), empty otherwise
+};
+
+// requested: "auto" | "cpu" | "cuda". cuda_built: this build has the CUDA backend. Throws
+// Error(kDevice) with one line naming the problem and the fix.
+DeviceChoice choose_device(const std::string& requested, bool cuda_built, const GpuProbe& gpus, int local_rank,
+                           int local_size, bool allow_sharing, const std::string& host);
+
+bool cuda_built();
+GpuProbe probe_gpus();          // never throws; count 0 in builds without CUDA
+std::string describe_gpu(int gpu);  // "NVIDIA H200, bus 0000:19:00.0, 139 GiB, sm_90"
+
+}  // namespace mnist_mpi

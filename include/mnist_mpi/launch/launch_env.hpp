@@ -1,0 +1,40 @@
+// What the launcher tells each rank through the environment: Slurm's job id, name, requeue count
+// and step, who started the rank (srun, mpirun, a batch shell or a user), and the node-local rank
+// from mpirun (OMPI_COMM_WORLD_LOCAL_RANK) or srun (SLURM_LOCALID). Read once at start-up for the
+// log and the metrics file; nothing here talks to MPI (the communicator knows the MPI ranks).
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace mnist_mpi {
+
+struct LaunchEnv {
+  std::string launcher = "direct";  // "srun", "mpirun", "batch" (run by a Slurm batch shell) or "direct"
+  std::string slurm_job_id;         // SLURM_JOB_ID; empty outside Slurm
+  std::string slurm_job_name;       // SLURM_JOB_NAME
+  std::string slurm_step_id;        // SLURM_STEP_ID (srun steps only)
+  std::string slurm_nodelist;       // SLURM_JOB_NODELIST
+  int slurm_restart_count = 0;      // SLURM_RESTART_COUNT: how often the job was requeued
+  int step_tasks = 0;               // SLURM_STEP_NUM_TASKS when srun started this rank, else 0
+  int local_rank = -1;              // the launcher's node-local rank; -1 when it gave none
+
+  bool in_slurm() const { return !slurm_job_id.empty(); }
+  // One start-up log line ("launch: srun, slurm job 42 'mnist-cpu' ..."); empty when started directly.
+  std::string describe() const;
+  // JSON members for metrics events, each with a leading comma; empty outside Slurm.
+  std::string json_fields() const;
+  // Throws Error(kUsage) when srun started several tasks but MPI made each its own world of one
+  // (an MPI without the PMI that srun offered): N copies would otherwise train alone, silently.
+  void check_world_size(int world_size) const;
+  // The node-local rank to use: MPI's when MPI joined several ranks, the launcher's for a lone
+  // rank (e.g. srun tasks each run as a world of one), else 0 (Note [Whose local rank]).
+  int choose_local_rank(int mpi_local_rank, int world_size) const;
+};
+
+// Reads the variables through lookup (getenv's contract: nullptr when unset), for tests.
+LaunchEnv read_launch_env(const std::function<const char*(const char*)>& lookup);
+// Reads this process's environment.
+LaunchEnv read_launch_env();
+
+}  // namespace mnist_mpi

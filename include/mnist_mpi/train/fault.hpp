@@ -1,0 +1,37 @@
+// A testing hook that makes one rank fail on purpose at a given step, so that tests (and people
+// checking a cluster) can see what the job does when a rank dies, crashes, throws, stops, hangs
+// or produces NaN. Read once at start-up from the environment variable MNIST_MPI_FAULT =
+// "RANK:STEP:KIND" (STEP counts from 1, as the progress lines do); unset means no fault.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace mnist_mpi {
+
+enum class FaultKind {
+  kNone,
+  kKill,   // the rank sends itself SIGKILL (a node or process lost)
+  kSegv,   // the rank sends itself SIGSEGV (a crash)
+  kThrow,  // the rank throws an Error, as a failing library call would
+  kStop,   // the rank sends itself SIGSTOP (a stopped or swapped-out process)
+  kHang,   // the rank sleeps forever (a deadlock, a lost node that keeps its sockets)
+  kNan,    // the rank's loss and loss gradient become NaN (numerical trouble)
+};
+
+struct Fault {
+  int rank = -1;
+  std::int64_t step = 0;  // 1-based
+  FaultKind kind = FaultKind::kNone;
+  bool armed_for(int r, std::int64_t step0) const { return kind != FaultKind::kNone && rank == r && step == step0 + 1; }
+};
+
+// Parses "RANK:STEP:KIND" (KIND: kill | segv | throw | stop | hang | nan); throws
+// Error(kUsage) naming the variable when the value is malformed.
+Fault parse_fault(const std::string& text);
+// MNIST_MPI_FAULT from the environment (no fault when unset or empty).
+Fault fault_from_env();
+// Carries out a fault of kind kill, segv, throw, stop or hang (kNan is the trainer's to apply).
+void fire_fault(const Fault& fault);
+
+}  // namespace mnist_mpi

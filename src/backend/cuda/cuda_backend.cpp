@@ -1,0 +1,224 @@
+// The CUDA backend of one rank on one GPU: device buffers, the data splits uploaded once, the loss
+// summed on the device (read only when printed), the optimiser and elementwise passes as our
+// kernels, copies to and from the host, and the layer factories of src/backend/cuda/ (cuDNN for
+// convolution, pooling and ReLU; cuBLAS for fc). Everything runs on the context's one compute
+// stream (Note [One compute stream] in src/backend/cuda/cuda_backend.hpp).
+#include "src/backend/cuda/cuda_backend.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+namespace mnist_mpi {
+namespace cuda {
+
+void Context::wait_for_stream() {
+  CUDA_CHECK(cudaEventRecord(sync_event, stream));
+  wait_for_event(sync_event);
+}
+
+void Context::wait_for_event(cudaEvent_t e) {
+  // Poll rather than cudaEventSynchronize: between polls the wait hook checks NCCL for
+  // asynchronous errors, which would otherwise leave this rank blocked forever.
+  for (int spins = 0;; ++spins) {
+    const cudaError_t rc = cudaEventQuery(e);
+    if (rc == cudaSuccess) return;
+    if (rc != cudaErrorNotReady) CUDA_CHECK(rc);
+    if (wait_hook) wait_hook();
+    if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+namespace {
+
+class DeviceBuffer final : public Buffer {
+ public:
+  explicit DeviceBuffer(std::int64_t n) : a_(n) {}
+  float* data() override { return a_.get(); }
+  std::int64_t size() const override { return a_.size(); }
+
+ private:
+  DeviceArray<float> a_;
+};
+
+// Sums on the device: [0] loss, [1] correct (a double holds counts exactly up to 2^53).
+class DeviceLossMeter final : public LossMeter {
+ public:
+  explicit DeviceLossMeter(Context& c) : c_(c), sums_(2) {}
+  LossStats read() override {
+    double host[2] = {0.0, 0.0};
+    c_.wait_for_stream();  // first poll (Note [One compute stream]); the copy then waits for nothing
+    CUDA_CHECK(cudaMemcpyAsync(host, sums_.get(), sizeof host, cudaMemcpyDeviceToHost, c_.stream));
+    c_.wait_for_stream();
+    LossStats s;
+    s.loss_sum = host[0];
+    s.correct = static_cast<std::int64_t>(host[1]);
+    return s;
+  }
+  void reset() override { CUDA_CHECK(cudaMemsetAsync(sums_.get(), 0, 2 * sizeof(double), c_.stream)); }
+  double* sums() { return sums_.get(); }
+
+ private:
+  Context& c_;
+  DeviceArray<double> sums_;
+};
+
+// The split's pixels and labels copied to the device once, at build; a batch is one gather kernel.
+class DeviceDataSource final : public DataSource {
+ public:
+  DeviceDataSource(Context& c, const Split& split, int batch)
+      : c_(c),
+        count_(split.count),
+        pixels_(static_cast<std::int64_t>(split.rows) * split.cols),
+        batch_(batch),
+        images_(static_cast<std::int64_t>(split.pixels.size())),
+        labels_in_(static_cast<std::int64_t>(split.labels.size())),
+        order_(split.count),
+        labels_(batch) {
+    if (!split.pixels.empty())
+      CUDA_CHECK(cudaMemcpy(images_.get(), split.pixels.data(), split.pixels.size(), cudaMemcpyHostToDevice));
+    if (!split.labels.empty())
+      CUDA_CHECK(cudaMemcpy(labels_in_.get(), split.labels.data(), split.labels.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());  // the copies ran on the legacy stream: done before any use
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_), static_cast<std::size_t>(count_) * sizeof(std::int64_t) + 1));
+    CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+  }
+  ~DeviceDataSource() override {
+    if (copied_) cudaEventDestroy(copied_);
+    if (staging_) cudaFreeHost(staging_);
+  }
+  void set_order(std::span<const std::int64_t> order) override {
+    MNIST_CHECK(static_cast<std::int64_t>(order.size()) <= count_, ExitCode::kRuntime, "order longer than the split");
+    // Once per epoch, through pinned memory (a pageable copy could block inside the CUDA call):
+    // the previous epoch's copy must have read the staging buffer before it is refilled, and on
+    // the compute stream the gathers queued before still read the old order, the later ones the
+    // new one.
+    c_.wait_for_event(copied_);
+    std::copy(order.begin(), order.end(), staging_);
+    CUDA_CHECK(cudaMemcpyAsync(order_.get(), staging_, order.size_bytes(), cudaMemcpyHostToDevice, c_.stream));
+    CUDA_CHECK(cudaEventRecord(copied_, c_.stream));
+  }
+  void gather(std::int64_t position, std::int64_t n, float* x) override {
+    check(n);
+    launch_gather(c_.stream, images_.get(), labels_in_.get(), order_.get(), position, n, pixels_, x, labels_.get());
+  }
+  void slice(std::int64_t first, std::int64_t n, float* x) override {
+    check(n);
+    MNIST_CHECK(first + n <= count_, ExitCode::kRuntime, "slice past the end of the split");
+    launch_gather(c_.stream, images_.get(), labels_in_.get(), nullptr, first, n, pixels_, x, labels_.get());
+  }
+  const std::int32_t* labels() const override { return labels_.get(); }
+
+ private:
+  void check(std::int64_t n) const {
+    MNIST_CHECK(n <= batch_, ExitCode::kRuntime, "batch larger than the data source's");
+  }
+  Context& c_;
+  std::int64_t count_, pixels_, batch_;
+  DeviceArray<std::uint8_t> images_;     // (count, rows, cols)
+  DeviceArray<std::uint8_t> labels_in_;  // (count)
+  DeviceArray<std::int64_t> order_;      // (count): this epoch's permutation
+  DeviceArray<std::int32_t> labels_;     // (batch)
+  std::int64_t* staging_ = nullptr;      // (count), pinned: the order on its way
+  cudaEvent_t copied_ = nullptr;         // recorded after the last order copy
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, bool tf32) {
+    c_.device = device;
+    c_.tf32 = tf32;
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c_.stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&c_.sync_event, cudaEventDisableTiming));
+    CUDNN_CHECK(cudnnCreate(&c_.cudnn));
+    CUDNN_CHECK(cudnnSetStream(c_.cudnn, c_.stream));
+    CUBLAS_CHECK(cublasCreate(&c_.cublas));
+    CUBLAS_CHECK(cublasSetStream(c_.cublas, c_.stream));
+    // fp32: cuBLAS's default math, which keeps float GEMMs in float (no TF32); tf32: tensor cores.
+    CUBLAS_CHECK(cublasSetMathMode(c_.cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  }
+  ~CudaBackend() override {
+    // No checks while tearing down (a destructor must not throw); errors here change nothing.
+    if (c_.stream) cudaStreamSynchronize(c_.stream);
+    if (c_.cublas) cublasDestroy(c_.cublas);
+    if (c_.cudnn) cudnnDestroy(c_.cudnn);
+    if (c_.sync_event) cudaEventDestroy(c_.sync_event);
+    if (c_.stream) cudaStreamDestroy(c_.stream);
+  }
+
+  std::string name() const override { return std::string("cuda (") + (c_.tf32 ? "tf32" : "fp32") + ")"; }
+  bool on_device() const override { return true; }
+  std::unique_ptr<Buffer> allocate(std::int64_t count) override { return std::make_unique<DeviceBuffer>(count); }
+
+  std::unique_ptr<LayerKernel> make_layer(const LayerSpec& l, int index, const LayerBuffers& b,
+                                          bool training) override {
+    switch (l.kind) {
+      case LayerKind::kConv: return cuda::make_conv(c_, l, b, training);
+      case LayerKind::kFc: return cuda::make_fc(c_, l, b, training);
+      case LayerKind::kMaxPool: return cuda::make_maxpool(c_, l, b, training);
+      case LayerKind::kRelu: return cuda::make_relu(c_, l, b, training);
+      case LayerKind::kDropout: return cuda::make_dropout(c_, l, index, b, training);
+      case LayerKind::kFlatten: return cuda::make_flatten(c_, l, b);
+    }
+    throw_error(ExitCode::kRuntime, "unknown layer kind");
+  }
+
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes,
+                             float* dlogits, float grad_scale, LossMeter& meter) override {
+    launch_softmax_xent(c_.stream, logits, labels, batch, classes, dlogits, grad_scale,
+                        static_cast<DeviceLossMeter&>(meter).sums());
+  }
+  std::unique_ptr<LossMeter> make_loss_meter() override { return std::make_unique<DeviceLossMeter>(c_); }
+
+  std::unique_ptr<DataSource> make_data_source(const Split& split, int batch) override {
+    return std::make_unique<DeviceDataSource>(c_, split, batch);
+  }
+
+  void optimizer_step(const OptimizerConfig& cfg, std::int64_t t, double lr, float* params, const float* grads,
+                      float* m, float* v, std::int64_t n) override {
+    launch_optimizer(c_.stream, cfg, t, lr, params, grads, m, v, n);
+  }
+  void add(float* dst, const float* src, std::int64_t n) override { launch_add(c_.stream, dst, src, n); }
+  void copy(float* dst, const float* src, std::int64_t n) override {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice,
+                               c_.stream));
+  }
+  // Copies between pageable host memory and the device may block the host inside the CUDA call,
+  // where no NCCL error can be polled; so the stream is drained by polling first, and the copy
+  // then waits for nothing queued before it.
+  void upload(std::span<const float> host, float* dst) override {
+    c_.wait_for_stream();
+    CUDA_CHECK(cudaMemcpyAsync(dst, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, c_.stream));
+    c_.wait_for_stream();
+  }
+  void download(const float* src, std::span<float> host) override {
+    c_.wait_for_stream();
+    CUDA_CHECK(cudaMemcpyAsync(host.data(), src, host.size_bytes(), cudaMemcpyDeviceToHost, c_.stream));
+    c_.wait_for_stream();
+  }
+  void synchronize() override { c_.wait_for_stream(); }
+  void set_wait_hook(std::function<void()> hook) override { c_.wait_hook = std::move(hook); }
+
+  Context& context() { return c_; }
+
+ private:
+  Context c_;
+};
+
+}  // namespace
+
+cudaStream_t compute_stream(Backend& backend) {
+  auto* cb = dynamic_cast<CudaBackend*>(&backend);
+  MNIST_CHECK(cb != nullptr, ExitCode::kRuntime, "the NCCL communicator needs the CUDA backend");
+  return cb->context().stream;
+}
+
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(int device, bool tf32) {
+  return std::make_unique<cuda::CudaBackend>(device, tf32);
+}
+
+}  // namespace mnist_mpi

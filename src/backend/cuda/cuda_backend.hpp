@@ -1,0 +1,123 @@
+// Shared pieces of the CUDA backend: the per-rank context (device, compute stream, cuDNN and
+// cuBLAS handles bound to it, the math mode), an owned device allocation, cuDNN descriptor
+// holders, the layer factories (one file per layer kind, as in src/backend/cpu/) and the launchers
+// of our own kernels (src/backend/cuda/kernels.cu). Only the CUDA backend and the NCCL
+// communicator include this.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/check.hpp"
+
+namespace mnist_mpi::cuda {
+
+// Note [One compute stream]
+// Every kernel, cuDNN and cuBLAS call of a rank runs in order on ONE non-blocking stream, so
+// layer after layer needs no events and the host never waits inside a step. The NCCL
+// communicator adds a second stream for the gradient buckets and orders it against this one with
+// events (Note [Buckets on the communication stream] in src/comm/nccl_communicator.cpp). The host
+// waits only where it reads a value: wait_for() polls an event and calls the wait hook (NCCL's
+// asynchronous error check) between polls, so a failed collective can't hang a rank.
+struct Context {
+  int device = 0;
+  bool tf32 = false;
+  cudaStream_t stream = nullptr;
+  cudnnHandle_t cudnn = nullptr;
+  cublasHandle_t cublas = nullptr;
+  cudaEvent_t sync_event = nullptr;  // recorded by wait_for()
+  std::function<void()> wait_hook;
+
+  void wait_for_stream();           // returns once everything queued on `stream` has finished
+  void wait_for_event(cudaEvent_t e);  // returns once e has completed (polling, with the hook)
+};
+
+// An owned device allocation (cudaMalloc at build, cudaFree at destruction).
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(std::int64_t n) : n_(n) {
+    if (n <= 0) return;
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), static_cast<std::size_t>(n) * sizeof(T)));
+    // cudaMemset runs on the legacy default stream, which our non-blocking streams do not wait
+    // for: finish it here (allocation happens only at build, never in the step loop).
+    CUDA_CHECK(cudaMemset(p_, 0, static_cast<std::size_t>(n) * sizeof(T)));
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  ~DeviceArray() {
+    if (p_) cudaFree(p_);  // no check: a destructor must not throw
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  T* get() const { return p_; }
+  std::int64_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  std::int64_t n_ = 0;
+};
+
+// cuDNN descriptors, destroyed with their owner.
+struct TensorDesc {
+  cudnnTensorDescriptor_t d = nullptr;
+  TensorDesc() { CUDNN_CHECK(cudnnCreateTensorDescriptor(&d)); }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+  void set(int n, int c, int h, int w) {  // (N, C, H, W), fully packed
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+  }
+};
+
+// The compute stream of a CUDA backend (throws for any other backend).
+cudaStream_t compute_stream(Backend& backend);
+
+// Layer factories (one file each).
+std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
+std::unique_ptr<LayerKernel> make_fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
+std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
+std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
+std::unique_ptr<LayerKernel> make_dropout(Context& c, const LayerSpec& l, int index, const LayerBuffers& b,
+                                          bool training);
+std::unique_ptr<LayerKernel> make_flatten(Context& c, const LayerSpec& l, const LayerBuffers& b);
+
+// Launchers of our kernels (src/backend/cuda/kernels.cu), all on `s`, all checked.
+// Adds per-row loss and correct counts into sums (double loss_sum, then correct as a double).
+void launch_softmax_xent(cudaStream_t s, const float* logits, const std::int32_t* labels, int batch, int classes,
+                         float* dlogits, float grad_scale, double* sums);
+// db[c] = sum over n and the plane of dy (N, C, plane), in a fixed order (deterministic).
+void launch_bias_grad(cudaStream_t s, const float* dy, int n, int c, std::int64_t plane, float* db);
+// y (N, C, plane) += b[c].
+void launch_bias_add(cudaStream_t s, float* y, const float* b, int n, int c, std::int64_t plane);
+// x[i] = images[idx[i]] / 255 and labels_out[i] = labels[idx[i]], idx = order + position (order
+// null: idx = position + i).
+void launch_gather(cudaStream_t s, const std::uint8_t* images, const std::uint8_t* labels, const std::int64_t* order,
+                   std::int64_t position, std::int64_t n, std::int64_t pixels, float* x, std::int32_t* labels_out);
+void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, std::int64_t t, double lr, float* p,
+                      const float* g, float* m, float* v, std::int64_t n);
+void launch_add(cudaStream_t s, float* dst, const float* src, std::int64_t n);
+void launch_fill(cudaStream_t s, float* dst, float value, std::int64_t n);
+// Zero padding with (possibly asymmetric) margins: dst (N, C, H + top + bottom, W + left + right)
+// from src (N, C, H, W); crop is its adjoint (the interior back).
+void launch_pad(cudaStream_t s, const float* src, float* dst, int nc, int h, int w, int top, int left, int ph, int pw);
+void launch_crop(cudaStream_t s, const float* src, float* dst, int nc, int h, int w, int top, int left, int ph, int pw);
+// Dropout: scale (N, per_sample) from rng::dropout_scale and y = x * scale; backward dx = dy * scale.
+void launch_dropout_forward(cudaStream_t s, const float* x, float* y, float* scale, int batch, std::int64_t per_sample,
+                            std::uint64_t seed, std::int64_t step, std::int64_t first_sample, int layer, float rate);
+void launch_mul(cudaStream_t s, const float* a, const float* b, float* out, std::int64_t n);
+
+}  // namespace mnist_mpi::cuda

@@ -1,0 +1,266 @@
+// Our own CUDA kernels, where cuDNN and cuBLAS have nothing: softmax cross-entropy with its
+// gradient, bias gradients and bias addition, the batch gather (uint8 -> [0, 1] floats), the fused
+// optimiser pass, dropout, padding and small elementwise helpers. Each is written to compute the
+// same float operations as the CPU code it mirrors; the GPU tests compare them
+// (tests/test_gpu.cpp).
+#include <cmath>
+
+#include "mnist_mpi/rng.hpp"
+#include "src/backend/cuda/cuda_backend.hpp"
+
+namespace mnist_mpi::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(std::int64_t n) {
+  const std::int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
+}
+
+// Grid-stride loop over [0, n).
+#define MNIST_GRID_LOOP(k, n)                                                                  \
+  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < (n); \
+       k += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+
+// One block: each thread takes rows, as the CPU reference does (first maximum wins, log-sum-exp
+// in double); the block then adds the rows' losses in a fixed tree order, so the sum does not
+// depend on timing.
+__global__ void softmax_xent_kernel(const float* __restrict__ logits, const std::int32_t* __restrict__ labels,
+                                    int batch, int classes, float* __restrict__ dlogits, float grad_scale,
+                                    double* __restrict__ sums) {
+  __shared__ double loss_part[kThreads];
+  __shared__ double correct_part[kThreads];
+  double loss = 0.0, correct = 0.0;
+  for (int n = threadIdx.x; n < batch; n += blockDim.x) {
+    const float* z = logits + static_cast<std::ptrdiff_t>(n) * classes;  // (classes)
+    int argmax = 0;
+    for (int k = 1; k < classes; ++k)
+      if (z[k] > z[argmax]) argmax = k;
+    const double m = z[argmax];
+    double sum = 0.0;
+    for (int k = 0; k < classes; ++k) sum += exp(static_cast<double>(z[k]) - m);
+    const double lse = m + log(sum);
+    const int y = labels[n];
+    loss += lse - z[y];
+    correct += argmax == y ? 1.0 : 0.0;
+    if (dlogits) {
+      float* d = dlogits + static_cast<std::ptrdiff_t>(n) * classes;
+      for (int k = 0; k < classes; ++k) {
+        const double p = exp(static_cast<double>(z[k]) - lse);
+        d[k] = static_cast<float>((p - (k == y ? 1.0 : 0.0)) * grad_scale);
+      }
+    }
+  }
+  loss_part[threadIdx.x] = loss;
+  correct_part[threadIdx.x] = correct;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) {
+      loss_part[threadIdx.x] += loss_part[threadIdx.x + half];
+      correct_part[threadIdx.x] += correct_part[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    sums[0] += loss_part[0];
+    sums[1] += correct_part[0];
+  }
+}
+
+// One block per channel; double partial sums added in a fixed tree order.
+__global__ void bias_grad_kernel(const float* __restrict__ dy, int n, int c, std::int64_t plane, float* __restrict__ db) {
+  __shared__ double part[kThreads];
+  const int ch = blockIdx.x;
+  const std::int64_t per_channel = static_cast<std::int64_t>(n) * plane;
+  double acc = 0.0;
+  for (std::int64_t k = threadIdx.x; k < per_channel; k += blockDim.x) {
+    const std::int64_t img = k / plane, at = k - img * plane;
+    acc += dy[(img * c + ch) * plane + at];
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) part[threadIdx.x] += part[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) db[ch] = static_cast<float>(part[0]);
+}
+
+__global__ void bias_add_kernel(float* __restrict__ y, const float* __restrict__ b, int c, std::int64_t plane,
+                                std::int64_t total) {
+  MNIST_GRID_LOOP(k, total) y[k] += b[(k / plane) % c];
+}
+
+__global__ void gather_kernel(const std::uint8_t* __restrict__ images, const std::uint8_t* __restrict__ labels,
+                              const std::int64_t* __restrict__ order, std::int64_t position, std::int64_t n,
+                              std::int64_t pixels, float* __restrict__ x, std::int32_t* __restrict__ labels_out) {
+  constexpr float kScale = 1.0f / 255.0f;  // the CPU's conversion, bit for bit
+  MNIST_GRID_LOOP(k, n * pixels) {
+    const std::int64_t i = k / pixels, p = k - i * pixels;
+    const std::int64_t idx = order ? order[position + i] : position + i;
+    x[k] = static_cast<float>(images[idx * pixels + p]) * kScale;
+    if (p == 0) labels_out[i] = labels[idx];
+  }
+}
+
+// Note [The optimiser bit for bit]
+// The CPU pass (optimizer_pass_host) is compiled without FMA contraction (ISO C++ mode), so each
+// multiply and add rounds on its own. nvcc would contract a * b + c into one FMA; the explicit
+// round-to-nearest intrinsics below forbid that and keep the CPU's evaluation order, so the GPU
+// pass gives the same bits as the CPU one (tests/test_gpu.cpp checks equality, not closeness).
+__global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                            float* __restrict__ v, std::int64_t n, float wd, float b1, float one_minus_b1, float b2,
+                            float one_minus_b2, float step_size, float inv_sqrt_bc2, float eps) {
+  MNIST_GRID_LOOP(i, n) {
+    const float gi = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
+    const float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(one_minus_b1, gi));
+    const float vi = __fadd_rn(__fmul_rn(b2, v[i]), __fmul_rn(__fmul_rn(one_minus_b2, gi), gi));
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(vi), inv_sqrt_bc2), eps);
+    p[i] = __fsub_rn(p[i], __fdiv_rn(__fmul_rn(step_size, mi), denom));
+  }
+}
+
+__global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, std::int64_t n,
+                           float wd, float mu, bool nesterov, float lr) {
+  MNIST_GRID_LOOP(i, n) {
+    float gi = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
+    if (mu != 0.0f) {
+      const float mi = __fadd_rn(__fmul_rn(mu, m[i]), gi);
+      m[i] = mi;
+      gi = nesterov ? __fadd_rn(gi, __fmul_rn(mu, mi)) : mi;
+    }
+    p[i] = __fsub_rn(p[i], __fmul_rn(lr, gi));
+  }
+}
+
+__global__ void add_kernel(float* __restrict__ dst, const float* __restrict__ src, std::int64_t n) {
+  MNIST_GRID_LOOP(i, n) dst[i] = __fadd_rn(dst[i], src[i]);
+}
+
+__global__ void fill_kernel(float* __restrict__ dst, float value, std::int64_t n) {
+  MNIST_GRID_LOOP(i, n) dst[i] = value;
+}
+
+__global__ void mul_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out,
+                           std::int64_t n) {
+  MNIST_GRID_LOOP(i, n) out[i] = __fmul_rn(a[i], b[i]);
+}
+
+__global__ void pad_kernel(const float* __restrict__ src, float* __restrict__ dst, std::int64_t nc, int h, int w,
+                           int top, int left, int ph, int pw) {
+  MNIST_GRID_LOOP(k, nc * ph * pw) {
+    const std::int64_t plane = k / (static_cast<std::int64_t>(ph) * pw);
+    const int at = static_cast<int>(k - plane * ph * pw);
+    const int i = at / pw - top, j = at % pw - left;
+    dst[k] = (i >= 0 && i < h && j >= 0 && j < w) ? src[(plane * h + i) * w + j] : 0.0f;
+  }
+}
+
+__global__ void crop_kernel(const float* __restrict__ src, float* __restrict__ dst, std::int64_t nc, int h, int w,
+                            int top, int left, int ph, int pw) {
+  MNIST_GRID_LOOP(k, nc * h * w) {
+    const std::int64_t plane = k / (static_cast<std::int64_t>(h) * w);
+    const int at = static_cast<int>(k - plane * h * w);
+    const int i = at / w + top, j = at % w + left;
+    dst[k] = src[(plane * ph + i) * pw + j];
+  }
+}
+
+__global__ void dropout_kernel(const float* __restrict__ x, float* __restrict__ y, float* __restrict__ scale,
+                               std::int64_t total, std::int64_t per_sample, std::uint64_t seed, std::int64_t step,
+                               std::int64_t first_sample, int layer, float rate, float keep_scale) {
+  MNIST_GRID_LOOP(k, total) {
+    const std::int64_t n = k / per_sample, i = k - n * per_sample;
+    const std::uint64_t key = rng::dropout_key(seed, step, first_sample + n, layer);
+    const float s = rng::dropout_scale(key, i, rate, keep_scale);
+    scale[k] = s;
+    y[k] = __fmul_rn(x[k], s);
+  }
+}
+
+}  // namespace
+
+void launch_softmax_xent(cudaStream_t s, const float* logits, const std::int32_t* labels, int batch, int classes,
+                         float* dlogits, float grad_scale, double* sums) {
+  softmax_xent_kernel<<<1, kThreads, 0, s>>>(logits, labels, batch, classes, dlogits, grad_scale, sums);
+  CUDA_CHECK_LAUNCH(softmax_xent_kernel);
+}
+
+void launch_bias_grad(cudaStream_t s, const float* dy, int n, int c, std::int64_t plane, float* db) {
+  bias_grad_kernel<<<static_cast<unsigned>(c), kThreads, 0, s>>>(dy, n, c, plane, db);
+  CUDA_CHECK_LAUNCH(bias_grad_kernel);
+}
+
+void launch_bias_add(cudaStream_t s, float* y, const float* b, int n, int c, std::int64_t plane) {
+  const std::int64_t total = static_cast<std::int64_t>(n) * c * plane;
+  bias_add_kernel<<<blocks_for(total), kThreads, 0, s>>>(y, b, c, plane, total);
+  CUDA_CHECK_LAUNCH(bias_add_kernel);
+}
+
+void launch_gather(cudaStream_t s, const std::uint8_t* images, const std::uint8_t* labels, const std::int64_t* order,
+                   std::int64_t position, std::int64_t n, std::int64_t pixels, float* x, std::int32_t* labels_out) {
+  gather_kernel<<<blocks_for(n * pixels), kThreads, 0, s>>>(images, labels, order, position, n, pixels, x, labels_out);
+  CUDA_CHECK_LAUNCH(gather_kernel);
+}
+
+void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, std::int64_t t, double lr, float* p,
+                      const float* g, float* m, float* v, std::int64_t n) {
+  // The scalars exactly as optimizer_pass_host computes them (host code, same expressions).
+  const float wd = static_cast<float>(cfg.weight_decay);
+  if (cfg.kind == "adam") {
+    const float b1 = static_cast<float>(cfg.beta1), b2 = static_cast<float>(cfg.beta2);
+    const double bc1 = 1.0 - std::pow(cfg.beta1, static_cast<double>(t));
+    const double bc2 = 1.0 - std::pow(cfg.beta2, static_cast<double>(t));
+    const float step_size = static_cast<float>(lr / bc1);
+    const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+    const float eps = static_cast<float>(cfg.eps);
+    adam_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, wd, b1, 1.0f - b1, b2, 1.0f - b2, step_size,
+                                                   inv_sqrt_bc2, eps);
+    CUDA_CHECK_LAUNCH(adam_kernel);
+  } else {
+    sgd_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, n, wd, static_cast<float>(cfg.momentum), cfg.nesterov,
+                                                  static_cast<float>(lr));
+    CUDA_CHECK_LAUNCH(sgd_kernel);
+  }
+}
+
+void launch_add(cudaStream_t s, float* dst, const float* src, std::int64_t n) {
+  add_kernel<<<blocks_for(n), kThreads, 0, s>>>(dst, src, n);
+  CUDA_CHECK_LAUNCH(add_kernel);
+}
+
+void launch_fill(cudaStream_t s, float* dst, float value, std::int64_t n) {
+  fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(dst, value, n);
+  CUDA_CHECK_LAUNCH(fill_kernel);
+}
+
+void launch_mul(cudaStream_t s, const float* a, const float* b, float* out, std::int64_t n) {
+  mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(a, b, out, n);
+  CUDA_CHECK_LAUNCH(mul_kernel);
+}
+
+void launch_pad(cudaStream_t s, const float* src, float* dst, int nc, int h, int w, int top, int left, int ph, int pw) {
+  const std::int64_t total = static_cast<std::int64_t>(nc) * ph * pw;
+  pad_kernel<<<blocks_for(total), kThreads, 0, s>>>(src, dst, nc, h, w, top, left, ph, pw);
+  CUDA_CHECK_LAUNCH(pad_kernel);
+}
+
+void launch_crop(cudaStream_t s, const float* src, float* dst, int nc, int h, int w, int top, int left, int ph, int pw) {
+  const std::int64_t total = static_cast<std::int64_t>(nc) * h * w;
+  crop_kernel<<<blocks_for(total), kThreads, 0, s>>>(src, dst, nc, h, w, top, left, ph, pw);
+  CUDA_CHECK_LAUNCH(crop_kernel);
+}
+
+void launch_dropout_forward(cudaStream_t s, const float* x, float* y, float* scale, int batch, std::int64_t per_sample,
+                            std::uint64_t seed, std::int64_t step, std::int64_t first_sample, int layer, float rate) {
+  const float keep_scale = 1.0f / (1.0f - rate);  // as the CPU computes it
+  const std::int64_t total = static_cast<std::int64_t>(batch) * per_sample;
+  dropout_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, y, scale, total, per_sample, seed, step, first_sample,
+                                                        layer, rate, keep_scale);
+  CUDA_CHECK_LAUNCH(dropout_kernel);
+}
+
+}  // namespace mnist_mpi::cuda

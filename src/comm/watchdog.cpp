@@ -1,0 +1,159 @@
+// The collective watchdog (see include/mnist_mpi/comm/watchdog.hpp): one thread per rank that
+// ends the job when a marked collective has been waiting longer than --collective-timeout, and
+// the Communicator wrapper that marks every blocking call.
+#include "mnist_mpi/comm/watchdog.hpp"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+namespace mnist_mpi {
+namespace {
+
+std::atomic<std::int64_t> g_step{-1}, g_bucket{-1};
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+void watch_set_step(std::int64_t step) { g_step.store(step, std::memory_order_relaxed); }
+void watch_set_bucket(std::int64_t bucket) { g_bucket.store(bucket, std::memory_order_relaxed); }
+
+// Note [Aborting from the watchdog thread]
+// The watchdog must end the job while the main thread is blocked inside MPI, so it calls
+// MPI_Abort from its own thread. init_mpi() asks for MPI_THREAD_MULTIPLE (the communication
+// thread needs it too), which makes that legal; with a lower level Open MPI's abort still only
+// tells the launcher to kill the job and exits. tests/e2e_faults.sh checks that it ends every
+// rank. Should MPI_Abort ever return, the process exits anyway: a rank that exits without
+// MPI_Finalize makes mpirun end the job too.
+CollectiveWatch::CollectiveWatch(double timeout_s, int rank, std::string host, OnTimeout on_timeout, double poll_s)
+    : timeout_s_(timeout_s), rank_(rank), host_(std::move(host)), on_timeout_(std::move(on_timeout)), poll_s_(poll_s) {
+  if (!on_timeout_) {
+    on_timeout_ = [rank = rank_, host = host_](const std::string& msg) {
+      std::fprintf(stderr, "mnist_mpi: error on rank %d (%s): %s\n", rank, host.c_str(), msg.c_str());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);  // Note [Aborting from the watchdog thread]
+      std::_Exit(1);
+    };
+  }
+  if (timeout_s_ > 0) thread_ = std::thread([this] { loop(); });
+}
+
+CollectiveWatch::~CollectiveWatch() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void CollectiveWatch::begin(const char* what) {
+  what_.store(what, std::memory_order_relaxed);
+  started_ns_.store(now_ns(), std::memory_order_release);
+}
+
+void CollectiveWatch::end() { started_ns_.store(0, std::memory_order_release); }
+
+void CollectiveWatch::loop() {
+  const auto poll = std::chrono::duration<double>(poll_s_);
+  const auto limit_ns = static_cast<std::int64_t>(timeout_s_ * 1e9);
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!wake_.wait_for(lock, poll, [this] { return stop_; })) {
+    const std::int64_t started = started_ns_.load(std::memory_order_acquire);
+    if (started == 0 || now_ns() - started <= limit_ns) continue;
+    const char* what = what_.load(std::memory_order_relaxed);
+    const std::int64_t step = g_step.load(std::memory_order_relaxed);
+    const std::int64_t bucket = g_bucket.load(std::memory_order_relaxed);
+    char waited[32];
+    std::snprintf(waited, sizeof waited, "%.0f", static_cast<double>(now_ns() - started) * 1e-9);
+    std::string msg = std::string("collective timeout: ") + (what ? what : "a collective") +
+                      (step >= 0 ? " in step " + std::to_string(step + 1) : std::string(" before the first step")) +
+                      (bucket >= 0 ? ", gradient bucket " + std::to_string(bucket) : std::string()) +
+                      ", has not finished after " + waited + " s (--collective-timeout " +
+                      std::to_string(static_cast<long long>(timeout_s_)) +
+                      "): another rank is hung, stopped or lost; ending the job";
+    lock.unlock();
+    on_timeout_(msg);  // the default does not return
+    return;            // a test's handler returns: the watch fires once
+  }
+}
+
+namespace {
+
+// Forwards to the inner communicator; marks each blocking call with a literal naming it.
+class WatchedCommunicator final : public Communicator {
+ public:
+  WatchedCommunicator(std::unique_ptr<Communicator> inner, CollectiveWatch& watch)
+      : in_(std::move(inner)), w_(watch) {}
+
+  int rank() const override { return in_->rank(); }
+  int size() const override { return in_->size(); }
+  int local_rank() const override { return in_->local_rank(); }
+  int local_size() const override { return in_->local_size(); }
+  std::string host() const override { return in_->host(); }
+  std::string progress_mode() const override { return in_->progress_mode(); }
+
+  void allreduce_sum(std::span<float> d) override {
+    WatchScope s(&w_, "allreduce_sum (float)");
+    in_->allreduce_sum(d);
+  }
+  void allreduce_sum(std::span<double> d) override {
+    WatchScope s(&w_, "allreduce_sum (double)");
+    in_->allreduce_sum(d);
+  }
+  void allreduce_max(std::span<std::int64_t> d) override {
+    WatchScope s(&w_, "allreduce_max");
+    in_->allreduce_max(d);
+  }
+  void allreduce_min(std::span<std::int64_t> d) override {
+    WatchScope s(&w_, "allreduce_min");
+    in_->allreduce_min(d);
+  }
+  CommRequest start_allreduce_sum(std::span<float> d) override { return in_->start_allreduce_sum(d); }
+  bool test(CommRequest& r) override { return in_->test(r); }
+  void wait(CommRequest& r, std::chrono::steady_clock::time_point* completed) override {
+    WatchScope s(&w_, "wait for allreduce_sum");
+    in_->wait(r, completed);
+  }
+  void broadcast(std::span<float> d, int root) override {
+    WatchScope s(&w_, "broadcast (float)");
+    in_->broadcast(d, root);
+  }
+  void broadcast(std::span<std::uint8_t> d, int root) override {
+    WatchScope s(&w_, "broadcast (bytes)");
+    in_->broadcast(d, root);
+  }
+  void allgather(std::uint64_t value, std::span<std::uint64_t> out) override {
+    WatchScope s(&w_, "allgather");
+    in_->allgather(value, out);
+  }
+  void barrier() override {
+    WatchScope s(&w_, "barrier");
+    in_->barrier();
+  }
+  void gather(std::span<const std::uint8_t> mine, std::vector<std::uint8_t>& out, std::vector<std::int64_t>& counts,
+              int root) override {
+    WatchScope s(&w_, "gather");
+    in_->gather(mine, out, counts, root);
+  }
+  void connect() override { in_->connect(); }
+  bool device_buffers() const override { return in_->device_buffers(); }
+
+ private:
+  std::unique_ptr<Communicator> in_;
+  CollectiveWatch& w_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> watch_communicator(std::unique_ptr<Communicator> inner, CollectiveWatch& watch) {
+  return std::make_unique<WatchedCommunicator>(std::move(inner), watch);
+}
+
+}  // namespace mnist_mpi

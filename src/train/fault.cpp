@@ -1,0 +1,78 @@
+// The MNIST_MPI_FAULT testing hook (see include/mnist_mpi/train/fault.hpp): parsing, and the
+// faults that end or freeze the process.
+#include "mnist_mpi/train/fault.hpp"
+
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+
+#include "mnist_mpi/check.hpp"
+
+namespace mnist_mpi {
+
+Fault parse_fault(const std::string& text) {
+  const auto bad = [&]() -> Fault {
+    throw_error(ExitCode::kUsage, "MNIST_MPI_FAULT='" + text +
+                                      "' is not RANK:STEP:KIND with KIND one of kill, segv, throw, stop, hang, nan "
+                                      "(a testing hook; unset it for a normal run)");
+  };
+  Fault f;
+  const auto c1 = text.find(':');
+  const auto c2 = c1 == std::string::npos ? std::string::npos : text.find(':', c1 + 1);
+  if (c2 == std::string::npos) return bad();
+  try {
+    std::size_t used = 0;
+    const std::string r = text.substr(0, c1), s = text.substr(c1 + 1, c2 - c1 - 1);
+    f.rank = std::stoi(r, &used);
+    if (used != r.size() || f.rank < 0) return bad();
+    f.step = std::stoll(s, &used);
+    if (used != s.size() || f.step < 1) return bad();
+  } catch (const std::logic_error&) {
+    return bad();
+  }
+  const std::string k = text.substr(c2 + 1);
+  if (k == "kill") f.kind = FaultKind::kKill;
+  else if (k == "segv") f.kind = FaultKind::kSegv;
+  else if (k == "throw") f.kind = FaultKind::kThrow;
+  else if (k == "stop") f.kind = FaultKind::kStop;
+  else if (k == "hang") f.kind = FaultKind::kHang;
+  else if (k == "nan") f.kind = FaultKind::kNan;
+  else return bad();
+  return f;
+}
+
+Fault fault_from_env() {
+  const char* v = std::getenv("MNIST_MPI_FAULT");
+  if (v == nullptr || *v == '\0') return {};
+  return parse_fault(v);
+}
+
+void fire_fault(const Fault& f) {
+  const std::string what = "MNIST_MPI_FAULT: rank " + std::to_string(f.rank) + " fails in step " +
+                           std::to_string(f.step) + " on purpose (a testing hook)";
+  switch (f.kind) {
+    case FaultKind::kKill:
+    case FaultKind::kSegv:
+    case FaultKind::kStop:
+    case FaultKind::kHang:
+      std::fprintf(stderr, "%s\n", what.c_str());
+      std::fflush(stderr);
+      break;
+    default:
+      break;
+  }
+  switch (f.kind) {
+    case FaultKind::kKill: std::raise(SIGKILL); break;
+    case FaultKind::kSegv: std::raise(SIGSEGV); break;
+    case FaultKind::kStop: std::raise(SIGSTOP); break;
+    case FaultKind::kHang:
+      for (;;) pause();  // never returns: no signal handler of ours ends it
+    case FaultKind::kThrow: throw_error(ExitCode::kRuntime, what);
+    case FaultKind::kNone:
+    case FaultKind::kNan: break;
+  }
+}
+
+}  // namespace mnist_mpi

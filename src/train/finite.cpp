@@ -1,0 +1,21 @@
+// all_finite (see include/mnist_mpi/train/finite.hpp): a float is NaN or +-inf exactly when its
+// 8 exponent bits are all ones; OR-ing a per-element flag over the buffer vectorises (the
+// compiler may not reorder a float sum, but it may reorder integer ORs).
+#include "mnist_mpi/train/finite.hpp"
+
+#include <cstring>
+
+namespace mnist_mpi {
+
+bool all_finite(const float* p, std::int64_t n) {
+  constexpr std::uint32_t kExp = 0x7f800000u;
+  std::uint32_t bad = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof bits);
+    bad |= static_cast<std::uint32_t>((bits & kExp) == kExp);
+  }
+  return bad == 0;
+}
+
+}  // namespace mnist_mpi

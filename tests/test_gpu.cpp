@@ -1,0 +1,393 @@
+// GPU tests (CTest label `gpu`): every CUDA kernel against the CPU backend on seeded random
+// inputs (fp32: relative 1e-5 of the tensor's largest value; tf32: 1e-2), dropout masks and the
+// optimiser and data gather bit for bit, two training steps CPU against GPU, the NCCL sums with
+// exactly predictable inputs, and world-size invariance on the GPU. Without a GPU (or in a build
+// without CUDA) every test is SKIPPED with the reason printed, never passed. Each comparison
+// prints its agreement figure ("agreement ...") for the closing note.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/backend/device.hpp"
+#include "mnist_mpi/comm/mpi_communicator.hpp"
+#include "mnist_mpi/train/trainer.hpp"
+#include "synthetic.hpp"
+
+namespace mnist_mpi {
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+bool all_ranks(bool ok) {
+  int v = ok ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return v == 1;
+}
+
+std::vector<float> uniform(std::size_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+// Distinct values (no ties in a pooling window), in a random order.
+std::vector<float> distinct(std::size_t n, std::uint64_t seed) {
+  std::vector<std::size_t> p(n);
+  std::iota(p.begin(), p.end(), std::size_t{0});
+  std::shuffle(p.begin(), p.end(), std::mt19937_64(seed));
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = 0.01f * (static_cast<float>(p[i]) - 0.5f * static_cast<float>(n));
+  return v;
+}
+
+// |gpu - cpu| <= rtol * (max |cpu| + |cpu|) everywhere: relative to the tensor's scale, so that
+// a sum that cancels to nearly zero is not held to a relative bound it can't meet. Prints the
+// agreement figure; on failure names the worst element.
+void expect_agree(const std::string& what, const std::vector<float>& gpu, const std::vector<float>& cpu, double rtol) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  double scale = 0.0;
+  for (float v : cpu) scale = std::max(scale, std::abs(static_cast<double>(v)));
+  std::size_t worst = 0, bad = 0;
+  double worst_err = -1.0;
+  for (std::size_t i = 0; i < gpu.size(); ++i) {
+    const double err = std::abs(static_cast<double>(gpu[i]) - cpu[i]);
+    if (!(err <= rtol * (scale + std::abs(static_cast<double>(cpu[i]))))) ++bad;  // NaN counts as bad
+    if (err > worst_err || std::isnan(err)) {
+      worst_err = std::isnan(err) ? INFINITY : err;
+      worst = i;
+    }
+  }
+  if (world_rank() == 0)
+    std::printf("agreement %-44s max |gpu-cpu| / max |cpu| = %.2e (%zu elements)\n", what.c_str(),
+                scale > 0 ? worst_err / scale : worst_err, gpu.size());
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << gpu.size() << " elements out of tolerance (rtol " << rtol
+                     << " of scale " << scale << "); worst at [" << worst << "]: gpu " << gpu[worst] << ", cpu "
+                     << cpu[worst];
+}
+
+void expect_bitwise(const std::string& what, const std::vector<float>& gpu, const std::vector<float>& cpu) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < gpu.size(); ++i)
+    if (std::memcmp(&gpu[i], &cpu[i], sizeof(float)) != 0 && bad++ == 0) first = i;
+  if (world_rank() == 0) std::printf("agreement %-44s %zu of %zu elements differ in any bit\n", what.c_str(), bad, gpu.size());
+  EXPECT_EQ(bad, 0u) << what << ": first difference at [" << first << "]: gpu " << gpu[first] << ", cpu " << cpu[first];
+}
+
+// Skips (with the reason) unless this build has the CUDA backend and a GPU is visible.
+class Gpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_built()) GTEST_SKIP() << "this build has no CUDA backend (configured without CUDA, cuDNN or NCCL)";
+    const GpuProbe p = probe_gpus();
+    if (p.count == 0) GTEST_SKIP() << "no usable GPU: " << p.why_none;
+    gpus_ = p.count;
+    gpu_ = world_rank() % p.count;
+  }
+  int gpus_ = 0, gpu_ = 0;
+};
+
+std::int64_t param_size(const LayerSpec& l) {
+  if (l.kind == LayerKind::kConv) return static_cast<std::int64_t>(l.channels) * l.in.c * l.kernel_h * l.kernel_w + l.channels;
+  if (l.kind == LayerKind::kFc) return static_cast<std::int64_t>(l.channels) * l.in.size() + l.channels;
+  return 0;
+}
+
+// One layer on one backend, with its buffers in that backend's memory.
+struct Side {
+  Backend& be;
+  std::unique_ptr<Buffer> x, y, dy, dx, w, dw;
+  std::unique_ptr<LayerKernel> k;
+  Side(Backend& b, const LayerSpec& l, int index, int batch, const std::vector<float>& xv, const std::vector<float>& dyv,
+       const std::vector<float>& wv)
+      : be(b) {
+    x = up(xv);
+    y = be.allocate(static_cast<std::int64_t>(dyv.size()));
+    dy = up(dyv);
+    dx = be.allocate(static_cast<std::int64_t>(xv.size()));
+    LayerBuffers lb;
+    lb.batch = batch;
+    lb.x = x->data();
+    lb.y = y->data();
+    lb.dy = dy->data();
+    lb.dx = dx->data();
+    if (!wv.empty()) {
+      w = up(wv);
+      dw = be.allocate(static_cast<std::int64_t>(wv.size()));
+      lb.w = w->data();
+      lb.dw = dw->data();
+    }
+    k = be.make_layer(l, index, lb, true);
+  }
+  std::unique_ptr<Buffer> up(const std::vector<float>& v) {
+    auto b = be.allocate(static_cast<std::int64_t>(v.size()));
+    be.upload(v, b->data());
+    return b;
+  }
+  std::vector<float> down(Buffer& b) {
+    std::vector<float> v(static_cast<std::size_t>(b.size()));
+    be.download(b.data(), v);
+    return v;
+  }
+};
+
+// Forward and backward of one layer on both backends; y, dx and dw compared.
+void compare_layer(int gpu, const std::string& text, Shape input, int batch, bool tf32, double rtol,
+                   bool distinct_input = false, bool bitwise = false) {
+  const ModelSpec spec = parse_model_spec(text + ",flatten,fc:10", input, 10);
+  const LayerSpec& l = spec.layers.at(0);
+  const auto nx = static_cast<std::size_t>(batch * l.in.size()), ny = static_cast<std::size_t>(batch * l.out.size());
+  const std::vector<float> xv = distinct_input ? distinct(nx, 11) : uniform(nx, 11);
+  const std::vector<float> dyv = uniform(ny, 12), wv = uniform(static_cast<std::size_t>(param_size(l)), 13, -0.5f, 0.5f);
+  auto cpu_be = make_cpu_backend(1);
+  auto gpu_be = make_cuda_backend(gpu, tf32);
+  Side cpu(*cpu_be, l, 0, batch, xv, dyv, wv), dev(*gpu_be, l, 0, batch, xv, dyv, wv);
+  StepContext ctx{true, 7, 3, 16};
+  cpu.k->forward(ctx);
+  dev.k->forward(ctx);
+  cpu.k->backward(ctx);
+  dev.k->backward(ctx);
+  const std::string name = text + (tf32 ? " tf32" : "");
+  auto check = [&](const char* part, Buffer& g, Buffer& c) {
+    if (bitwise) expect_bitwise(name + " " + part, dev.down(g), cpu.down(c));
+    else expect_agree(name + " " + part, dev.down(g), cpu.down(c), rtol);
+  };
+  check("y", *dev.y, *cpu.y);
+  check("dx", *dev.dx, *cpu.dx);
+  if (dev.dw) check("dw", *dev.dw, *cpu.dw);
+}
+
+TEST_F(Gpu, ConvolutionMatchesCpu) {
+  compare_layer(gpu_, "conv:5x5:8:same", {3, 12, 12}, 4, false, 1e-5);
+  compare_layer(gpu_, "conv:3x3:5:valid", {2, 8, 8}, 3, false, 1e-5);
+  compare_layer(gpu_, "conv:3x3:6:same:s2", {2, 10, 10}, 3, false, 1e-5);  // asymmetric same: padded
+  compare_layer(gpu_, "conv:2x2:4:same", {3, 7, 7}, 2, false, 1e-5);       // asymmetric same: padded
+}
+
+TEST_F(Gpu, ConvolutionMatchesCpuInTf32) {
+  compare_layer(gpu_, "conv:5x5:8:same", {3, 12, 12}, 4, true, 1e-2);
+}
+
+TEST_F(Gpu, MaxPoolMatchesCpu) {
+  compare_layer(gpu_, "maxpool:2", {3, 8, 8}, 3, false, 1e-6, true, true);
+  compare_layer(gpu_, "maxpool:3:2", {2, 9, 9}, 2, false, 1e-6, true, true);
+}
+
+TEST_F(Gpu, ReluMatchesCpu) { compare_layer(gpu_, "relu", {3, 5, 5}, 4, false, 1e-6, false, true); }
+
+TEST_F(Gpu, FullyConnectedMatchesCpu) {
+  compare_layer(gpu_, "fc:7", {3, 4, 4}, 5, false, 1e-5);
+  compare_layer(gpu_, "fc:33", {50, 1, 1}, 9, false, 1e-5);
+  compare_layer(gpu_, "fc:33", {50, 1, 1}, 9, true, 1e-2);
+}
+
+// The dropout masks are the CPU's, bit for bit (the same function, compiled for the device).
+TEST_F(Gpu, DropoutMasksEqualCpu) { compare_layer(gpu_, "dropout:0.4", {4, 6, 6}, 5, false, 0.0, false, true); }
+
+Split random_split(std::int64_t count, std::uint64_t seed) {
+  Split s;
+  s.count = count;
+  s.rows = 28;
+  s.cols = 28;
+  std::mt19937_64 g(seed);
+  s.pixels.resize(static_cast<std::size_t>(count * 784));
+  s.labels.resize(static_cast<std::size_t>(count));
+  for (auto& p : s.pixels) p = static_cast<std::uint8_t>(g() & 0xFF);
+  for (auto& l : s.labels) l = static_cast<std::uint8_t>(g() % 10);
+  return s;
+}
+
+// The batch gather (pixels / 255, in the epoch's order) and the softmax cross-entropy on the
+// labels it gathered: the same floats as the CPU's, the same loss.
+TEST_F(Gpu, DataGatherAndLossMatchCpu) {
+  const Split split = random_split(300, 5);
+  std::vector<std::int64_t> order(300);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(9));
+  const int batch = 37, classes = 10;
+  auto cpu_be = make_cpu_backend(1);
+  auto gpu_be = make_cuda_backend(gpu_, false);
+  const std::vector<float> logits = uniform(static_cast<std::size_t>(batch * classes), 21, -6.0f, 6.0f);
+  std::vector<float> xs[2], ds[2];
+  LossStats st[2];
+  Backend* bes[2] = {cpu_be.get(), gpu_be.get()};
+  for (int side = 0; side < 2; ++side) {
+    Backend& be = *bes[side];
+    auto src = be.make_data_source(split, batch);
+    auto x = be.allocate(batch * 784), z = be.allocate(batch * classes), d = be.allocate(batch * classes);
+    src->set_order(order);
+    src->gather(123, batch, x->data());
+    be.upload(logits, z->data());
+    st[side] = be.softmax_cross_entropy(z->data(), src->labels(), batch, classes, d->data(), 0.25f);
+    xs[side].resize(static_cast<std::size_t>(batch * 784));
+    ds[side].resize(static_cast<std::size_t>(batch * classes));
+    be.download(x->data(), xs[side]);
+    be.download(d->data(), ds[side]);
+  }
+  expect_bitwise("gather (uint8 -> float, permuted)", xs[1], xs[0]);
+  expect_agree("softmax xent dlogits", ds[1], ds[0], 1e-6);
+  EXPECT_NEAR(st[1].loss_sum, st[0].loss_sum, 1e-10 * std::abs(st[0].loss_sum));
+  EXPECT_EQ(st[1].correct, st[0].correct);
+  if (world_rank() == 0)
+    std::printf("agreement %-44s gpu %.12f cpu %.12f, correct %lld / %lld\n", "softmax xent loss sum", st[1].loss_sum,
+                st[0].loss_sum, static_cast<long long>(st[1].correct), static_cast<long long>(st[0].correct));
+}
+
+// Note [The optimiser bit for bit] in src/backend/cuda/kernels.cu: three steps of Adam (with
+// weight decay) and of SGD with Nesterov momentum give the CPU's bits.
+TEST_F(Gpu, OptimizerEqualsCpuBitForBit) {
+  const std::int64_t n = 5000;
+  for (const char* kind : {"adam", "sgd"}) {
+    OptimizerConfig cfg;
+    cfg.kind = kind;
+    cfg.weight_decay = 1e-3;
+    cfg.momentum = 0.9;
+    cfg.nesterov = true;
+    auto cpu_be = make_cpu_backend(1);
+    auto gpu_be = make_cuda_backend(gpu_, false);
+    std::vector<float> out[2], mom[2];
+    Backend* bes[2] = {cpu_be.get(), gpu_be.get()};
+    for (int side = 0; side < 2; ++side) {
+      Backend& be = *bes[side];
+      Optimizer opt(cfg, n, be);
+      auto p = be.allocate(n), g = be.allocate(n);
+      be.upload(uniform(static_cast<std::size_t>(n), 1), p->data());
+      for (int t = 0; t < 3; ++t) {
+        be.upload(uniform(static_cast<std::size_t>(n), 100 + static_cast<std::uint64_t>(t), -1e-2f, 1e-2f), g->data());
+        opt.step(p->data(), g->data(), 1e-3 * (t + 1));
+      }
+      out[side].resize(static_cast<std::size_t>(n));
+      mom[side].resize(static_cast<std::size_t>(n));
+      be.download(p->data(), out[side]);
+      be.download(opt.first_moment().data(), mom[side]);
+    }
+    expect_bitwise(std::string(kind) + " params after 3 steps", out[1], out[0]);
+    expect_bitwise(std::string(kind) + " first moment after 3 steps", mom[1], mom[0]);
+  }
+}
+
+const std::string& data_dir() {
+  static const std::string dir = testing::shared_synthetic_dir("gpu", 1200, 200);
+  return dir;
+}
+
+Options options(const std::string& device, std::int64_t global_batch, std::int64_t steps) {
+  Options o;
+  o.data_dir = data_dir();
+  o.validation_size = 100;
+  o.model = "conv:3x3:4:same,relu,maxpool:2,conv:3x3:8:same,relu,maxpool:2,flatten,fc:32,relu,dropout:0.5,fc:10";
+  o.global_batch_size = global_batch;
+  o.max_steps = steps;
+  o.threads = 1;
+  o.quiet = true;
+  o.log_every = 0;
+  o.check_replicas_every = 0;
+  o.eval_batch_size = 100;
+  o.device = device;
+  o.allow_gpu_sharing = true;
+  // SGD: a step moves each parameter by lr * its gradient, so float differences stay float-sized
+  // (Adam's first steps are ~lr * sign(g), which a tiny gradient's rounding can flip).
+  o.optimizer.kind = "sgd";
+  o.optimizer.momentum = 0.9;
+  o.schedule.base_lr = 0.05;
+  return o;
+}
+
+std::vector<float> train(MPI_Comm comm, const Options& o) {
+  auto c = make_mpi_communicator(comm);
+  Trainer t(o, *c);
+  t.run();
+  return t.params_to_host();
+}
+
+// Two whole training steps (data, forward, loss, backward, NCCL sum, optimiser) on one rank:
+// CPU against GPU.
+TEST_F(Gpu, TwoTrainingStepsMatchCpu) {
+  MPI_Comm self = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank(), 0, &self);
+  const std::vector<float> cpu = train(self, options("cpu", 32, 2));
+  const std::vector<float> gpu = train(self, options("cuda", 32, 2));
+  MPI_Comm_free(&self);
+  expect_agree("two training steps: parameters", gpu, cpu, 1e-5);
+}
+
+// The NCCL sums: rank-dependent integer-valued floats give exactly predictable sums, for buckets
+// started back to back (the reducer's pattern), a blocking sum and a broadcast.
+TEST_F(Gpu, NcclSumsAreExact) {
+  const int world = world_size(), rank = world_rank();
+  if (world > gpus_) GTEST_SKIP() << "NCCL needs one GPU per rank: " << world << " ranks, " << gpus_ << " GPU(s)";
+  auto mpi = make_mpi_communicator(MPI_COMM_WORLD);
+  auto be = make_cuda_backend(gpu_, false);
+  auto nccl = make_nccl_communicator(*mpi, *be);
+  nccl->connect();
+  const std::int64_t n = 100003;
+  std::vector<float> host(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) host[static_cast<std::size_t>(i)] = static_cast<float>((rank + 1) * (i % 1013));
+  auto buf = be->allocate(n);
+  be->upload(host, buf->data());
+  std::span<float> all(buf->data(), static_cast<std::size_t>(n));
+  CommRequest r[3] = {nccl->start_allreduce_sum(all.subspan(0, 10)), nccl->start_allreduce_sum(all.subspan(10, 50000)),
+                      nccl->start_allreduce_sum(all.subspan(50010))};
+  for (CommRequest& q : r) nccl->wait(q);
+  be->download(buf->data(), host);
+  const double ranks_sum = world * (world + 1) / 2.0;
+  std::int64_t wrong = 0;
+  for (std::int64_t i = 0; i < n; ++i) wrong += host[static_cast<std::size_t>(i)] != static_cast<float>(ranks_sum * static_cast<double>(i % 1013));
+  EXPECT_EQ(wrong, 0) << "of " << n << " bucketed sums";
+  nccl->allreduce_sum(all);  // again, blocking: now world * the sum
+  be->download(buf->data(), host);
+  wrong = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    wrong += host[static_cast<std::size_t>(i)] != static_cast<float>(world * ranks_sum * static_cast<double>(i % 1013));
+  EXPECT_EQ(wrong, 0) << "of " << n << " blocking sums";
+  std::vector<float> mine(static_cast<std::size_t>(n), static_cast<float>(rank + 7));
+  be->upload(mine, buf->data());
+  nccl->broadcast(all, 0);
+  be->download(buf->data(), host);
+  wrong = 0;
+  for (float v : host) wrong += v != 7.0f;
+  EXPECT_EQ(wrong, 0) << "of " << n << " broadcast elements";
+  if (rank == 0) std::printf("agreement NCCL sums on %d rank(s): exact\n", world);
+  EXPECT_TRUE(all_ranks(wrong == 0));
+}
+
+// World-size invariance on the GPU: the same global batch on 1 rank and on all ranks gives the
+// same parameters up to float summation order (the per-rank slices are summed by NCCL, or through
+// the host when ranks share a GPU).
+TEST_F(Gpu, TrajectoryDoesNotDependOnTheNumberOfRanks) {
+  const int world = world_size();
+  if (world == 1) GTEST_SKIP() << "needs mpirun with more than one rank";
+  MPI_Comm first = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &first);
+  std::vector<float> one;
+  if (first != MPI_COMM_NULL) {
+    one = train(first, options("cuda", 12 * world, 20));
+    MPI_Comm_free(&first);
+  }
+  const std::vector<float> many = train(MPI_COMM_WORLD, options("cuda", 12 * world, 20));
+  if (world_rank() == 0) expect_agree("1 rank vs " + std::to_string(world) + " ranks after 20 steps", many, one, 1e-4);
+  EXPECT_TRUE(all_ranks(!::testing::Test::HasFailure()));
+}
+
+}  // namespace
+}  // namespace mnist_mpi
