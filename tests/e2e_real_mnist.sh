@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Real MNIST: the blog's tiny network, 1 epoch on 2 ranks, must reach at least 97 % test accuracy.
+# Real MNIST: the blog's tiny network as configs/tiny.ini trains it (2 epochs) on 2 ranks must reach at least
+# 98 % test accuracy (98.2 % measured). It was 1 epoch and 97 %, which runs gave at 96.97-97.03 %:
+# one test image either side of the line, so any change of rounding flipped it.
 # The data comes from scripts/fetch_mnist.sh (the README's test command runs it first).
 # Usage: e2e_real_mnist.sh MNIST_MPI REPO_ROOT
 set -euo pipefail
@@ -13,7 +15,7 @@ fi
 m=$(mktemp)
 trap 'rm -f "$m"' EXIT
 timeout 600 mpirun -np 2 --oversubscribe --bind-to core "$bin" --config "$root/configs/tiny.ini" --data-dir "$data" \
-  --epochs 1 --threads 1 --log-every 100 --metrics-file "$m"
+  --threads 1 --log-every 100 --metrics-file "$m"
 acc=$(grep -oE '"event":"final","test_accuracy":[0-9.]+' "$m" | grep -oE '[0-9.]+$')
-echo "tiny, 1 epoch, 2 ranks: test accuracy $acc (need >= 0.97)"
-awk -v a="$acc" 'BEGIN { exit !(a >= 0.97) }' && echo "1 passed, 0 failed" || { echo "0 passed, 1 failed"; exit 1; }
+echo "tiny, 2 epochs (configs/tiny.ini), 2 ranks: test accuracy $acc (need >= 0.98)"
+awk -v a="$acc" 'BEGIN { exit !(a >= 0.98) }' && echo "1 passed, 0 failed" || { echo "0 passed, 1 failed"; exit 1; }

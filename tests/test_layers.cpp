@@ -606,10 +606,22 @@ class PlainLayouts final : public Backend {
                                           bool training) override {
     return be_->make_layer(spec, index, buffers, training);
   }
-  LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes,
-                                  float* dlogits, float grad_scale) override {
-    return be_->softmax_cross_entropy(logits, labels, batch, classes, dlogits, grad_scale);
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes,
+                             float* dlogits, float grad_scale, LossMeter& meter) override {
+    be_->softmax_cross_entropy(logits, labels, batch, classes, dlogits, grad_scale, meter);
   }
+  std::unique_ptr<LossMeter> make_loss_meter() override { return be_->make_loss_meter(); }
+  std::unique_ptr<DataSource> make_data_source(const Split& split, int batch) override {
+    return be_->make_data_source(split, batch);
+  }
+  void optimizer_step(const OptimizerConfig& cfg, std::int64_t t, double lr, float* params, const float* grads,
+                      float* m, float* v, std::int64_t n) override {
+    be_->optimizer_step(cfg, t, lr, params, grads, m, v, n);
+  }
+  void add(float* dst, const float* src, std::int64_t n) override { be_->add(dst, src, n); }
+  void copy(float* dst, const float* src, std::int64_t n) override { be_->copy(dst, src, n); }
+  void upload(std::span<const float> host, float* dst) override { be_->upload(host, dst); }
+  void download(const float* src, std::span<float> host) override { be_->download(src, host); }
 
  private:
   std::unique_ptr<Backend> be_ = make_cpu_backend(1);
