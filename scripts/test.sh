@@ -12,7 +12,8 @@ cd "$root"
 scripts/setup.sh
 scripts/fetch_mnist.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-ctest --test-dir build --output-on-failure --timeout 900 "$@"
+# Two tests at a time (the whole suite passed so with -j2 here, Slurm tests serialised by RESOURCE_LOCK).
+ctest --test-dir build --output-on-failure --timeout 900 -j"$(nproc)" "$@"
 [ "${MNIST_MPI_SANITIZERS:-1}" = 1 ] || exit 0
 
 jobs=$(nproc)
@@ -32,7 +33,7 @@ stage "AddressSanitizer + UndefinedBehaviorSanitizer: build-asan, the whole suit
   # the job scripts, not the program, and the gpu tests only skip here: both stay in the normal run.
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DMNIST_MPI_CUDA=OFF -DMNIST_MPI_SANITIZE=address,undefined >/dev/null
   cmake --build build-asan -j"$jobs"
-  ctest --test-dir build-asan --output-on-failure --timeout 900 -LE "slurm|gpu"
+  ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs" -LE "slurm|gpu"
 )
 
 stage "ThreadSanitizer: build-tsan, thread_tests on 2 and 3 ranks"
