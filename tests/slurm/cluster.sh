@@ -142,3 +142,29 @@ slurm_down() {
   [ -z "$left" ] || echo "slurm_down: had to kill what was still running:$left"
   unset SLURM_CONF
 }
+
+# The frame every Slurm test shares: real MNIST must be there, Slurm installed (or a loud skip),
+# a scratch directory $work, the tallies with ok / bad, and an EXIT trap that stops the cluster,
+# fails the test if anything was left running, shows the job log ($log, when set) and the
+# daemons' logs on failure, and exits with the verdict.
+slurm_test_begin() {  # slurm_test_begin REPO_ROOT
+  [ -f "$1/data/mnist/train-images-idx3-ubyte" ] || [ -f "$1/data/mnist/train-images-idx3-ubyte.gz" ] ||
+    { echo "FAIL: no MNIST in $1/data/mnist: run scripts/fetch_mnist.sh"; exit 1; }
+  slurm_install
+  work=$(mktemp -d)
+  chmod 755 "$work"  # munged wants its socket's directories searchable
+  export SLURM_SCAN_DIR=$work
+  passed=0 failed=0
+  trap slurm_test_finish EXIT
+  trap 'exit 1' INT TERM
+}
+slurm_test_finish() {
+  slurm_down
+  if [ -n "${SLURM_LEFT-}" ]; then failed=$((failed + 1)); echo "FAIL processes were left running:$SLURM_LEFT"; fi
+  [ "$failed" -eq 0 ] || { [ -z "${log-}" ] || { echo "---- job log"; cat "$log"; }; slurm_logs; } 2>/dev/null
+  rm -rf "$work"
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ] && exit 0 || exit 1
+}
+ok() { passed=$((passed + 1)); echo "ok   $* [${SECONDS}s]"; }
+bad() { failed=$((failed + 1)); echo "FAIL $*"; }

@@ -10,26 +10,7 @@ bin=$1 root=$2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=cluster.sh
 . "$here/cluster.sh"
-[ -f "$root/data/mnist/train-images-idx3-ubyte" ] || [ -f "$root/data/mnist/train-images-idx3-ubyte.gz" ] ||
-  { echo "FAIL: no MNIST in $root/data/mnist: run scripts/fetch_mnist.sh"; exit 1; }
-slurm_install
-
-work=$(mktemp -d)
-chmod 755 "$work"  # munged wants its socket's directories searchable
-export SLURM_SCAN_DIR=$work
-passed=0 failed=0
-finish() {
-  slurm_down
-  if [ -n "${SLURM_LEFT-}" ]; then failed=$((failed + 1)); echo "FAIL processes were left running:$SLURM_LEFT"; fi
-  [ "$failed" -eq 0 ] || slurm_logs 2>/dev/null
-  rm -rf "$work"
-  echo "$passed passed, $failed failed"
-  [ "$failed" -eq 0 ] && exit 0 || exit 1
-}
-trap finish EXIT
-trap 'exit 1' INT TERM
-ok() { passed=$((passed + 1)); echo "ok   $* [${SECONDS}s]"; }
-bad() { failed=$((failed + 1)); echo "FAIL $*"; }
+slurm_test_begin "$root"  # MNIST check, install, $work, ok/bad, the EXIT trap (cluster.sh)
 expect() {  # expect NAME FILE PATTERN: FILE matches the extended regex PATTERN
   if grep -qE -- "$3" "$2" 2>/dev/null; then ok "$1"; else bad "$1: $2 lacks /$3/"; echo "----"; tail -30 "$2"; fi
 }

@@ -11,26 +11,7 @@ bin=$1 root=$2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=cluster.sh
 . "$here/cluster.sh"
-[ -f "$root/data/mnist/train-images-idx3-ubyte" ] || [ -f "$root/data/mnist/train-images-idx3-ubyte.gz" ] ||
-  { echo "FAIL: no MNIST in $root/data/mnist: run scripts/fetch_mnist.sh"; exit 1; }
-slurm_install
-
-work=$(mktemp -d)
-chmod 755 "$work"  # munged wants its socket's directories searchable
-export SLURM_SCAN_DIR=$work
-passed=0 failed=0
-finish() {
-  slurm_down
-  if [ -n "${SLURM_LEFT-}" ]; then failed=$((failed + 1)); echo "FAIL processes were left running:$SLURM_LEFT"; fi
-  [ "$failed" -eq 0 ] || { echo "---- job log"; cat "${log:-/dev/null}"; slurm_logs; } 2>/dev/null
-  rm -rf "$work"
-  echo "$passed passed, $failed failed"
-  [ "$failed" -eq 0 ] && exit 0 || exit 1
-}
-trap finish EXIT
-trap 'exit 1' INT TERM
-ok() { passed=$((passed + 1)); echo "ok   $* [${SECONDS}s]"; }
-bad() { failed=$((failed + 1)); echo "FAIL $*"; }
+slurm_test_begin "$root"  # MNIST check, install, $work, ok/bad, the EXIT trap (cluster.sh)
 expect_n() {  # expect_n NAME FILE PATTERN N: PATTERN on exactly N lines of FILE
   local n
   n=$(grep -cE -- "$3" "$2" 2>/dev/null)
@@ -54,7 +35,10 @@ run=$work/run
 mkdir -p "$run"
 export MNIST_MPI=$bin MNIST_MPI_ROOT=$root
 train=(--config "$root/configs/tiny.ini" --data-dir "$root/data/mnist" --train-limit 6000 --validation-size 500
-       --batch-size 50 --max-steps 120 --log-every 5 --checkpoint-every 10)
+       --batch-size 50 --max-steps 120 --log-every 5 --checkpoint-every 10
+       # lenet's layers: a step of ~50 ms keeps the run long enough for two signals to land mid-run
+       # (tiny's 120 steps take under a second with the blocked kernels of issue 7)
+       --model conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10)
 
 # The job that is preempted twice; sbatch --wait returns when the job has really ended.
 timeout 200 sbatch --wait --parsable -D "$run" -J slurm-rq -n 2 "$root/launch/slurm/cpu.sbatch" "${train[@]}" \
