@@ -401,7 +401,7 @@ void Checkpointer::prune() {
 }
 
 void Checkpointer::writer_loop() {
-  sigset_t preempt;  // handled by the training threads (Note [The preemption flag])
+  sigset_t preempt;  // taken by the signal thread (Note [The preemption flag]); main blocks them already
   sigemptyset(&preempt);
   for (int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaddset(&preempt, sig);
   pthread_sigmask(SIG_BLOCK, &preempt, nullptr);

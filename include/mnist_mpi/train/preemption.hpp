@@ -1,12 +1,13 @@
-// Preemption: SIGTERM, SIGINT and SIGUSR1 (Slurm's --signal) only set a flag here, in an
-// async-signal-safe handler; the training loop reads it at each step boundary and all ranks agree
+// Preemption: SIGTERM, SIGINT and SIGUSR1 (Slurm's --signal) only set a flag here, from a thread
+// of their own that waits for them (no compute thread is ever interrupted); the training loop reads it at each step boundary and all ranks agree
 // on it (Checkpointer::after_step), so the run stops with a checkpoint instead of dying mid-step.
 #pragma once
 
 namespace mnist_mpi {
 
-// Installs the handlers (idempotent). main() calls it first thing, so that a signal during
-// start-up is not fatal either.
+// Blocks the three signals in the calling thread (and so in every thread it starts later) and
+// starts the thread that waits for them (idempotent). main() calls it first thing, before any
+// other thread exists, so that a signal during start-up is not fatal either.
 void install_preemption_handlers();
 // 0, or the number of the first of these signals received.
 int preemption_signal();
