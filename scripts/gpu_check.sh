@@ -5,6 +5,7 @@
 #
 #   scripts/gpu_check.sh pack   # HERE, after a CUDA build (scripts/setup.sh): writes
 #                               # .gpu_bundle/bundle.tar.xz = build/mnist_mpi, build/tests/gpu_tests,
+#                               # build/libmnist_mpi_core.so and the CUDA module build/libmnist_mpi_cuda.so,
 #                               # the non-CUDA shared libraries they need (Open MPI with its
 #                               # plugins, Boost, oneDNN, ...) and MNIST; git ignores it
 #   scripts/gpu_check.sh run    # THERE, in the repo root, with .gpu_bundle carried: unpacks, links
@@ -20,15 +21,16 @@ mode=${1:-}
 
 pack() {
   set -e
-  local bin=build/mnist_mpi tests=build/tests/gpu_tests
+  local bin=build/mnist_mpi tests=build/tests/gpu_tests module=build/libmnist_mpi_cuda.so
   [ -x "$bin" ] && [ -x "$tests" ] || { echo "gpu_check: build first (scripts/setup.sh)"; exit 1; }
-  ldd "$bin" | grep -q libcudnn || { echo "gpu_check: build/mnist_mpi has no CUDA backend (configure with -DMNIST_MPI_CUDA=ON)"; exit 1; }
+  [ -f "$module" ] && ldd "$module" | grep -q libcudnn || { echo "gpu_check: no CUDA module $module (configure with -DMNIST_MPI_CUDA=ON)"; exit 1; }
   [ -f data/mnist/train-images-idx3-ubyte ] || scripts/fetch_mnist.sh
   local tmp
   tmp=$(mktemp -d)
   local b=$tmp/mnist_gpu
   mkdir -p "$b/bin" "$b/lib" "$b/ompi/lib/openmpi3" "$b/ompi/share" "$b/data"
   cp "$bin" "$tests" "$b/bin/"
+  cp "$module" build/libmnist_mpi_core.so "$b/lib/"  # the loader looks for the module next to the core
   cp -L "$(command -v orterun || command -v mpirun)" "$b/bin/mpirun"
   cp -L "$(command -v orted)" "$b/bin/orted"
   local plugins
@@ -38,7 +40,7 @@ pack() {
   # Every shared library the binaries and plugins load, except the C / C++ runtime (the GPU
   # machine's are newer) and CUDA's (taken from the GPU machine, matching its driver).
   local skip='linux-vdso|ld-linux|/libc\.so|/libm\.so|/libdl\.so|/libpthread\.so|/librt\.so|/libstdc\+\+|/libgcc_s|libcuda\.so|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink'
-  for f in "$b/bin/"* "$b/ompi/lib/openmpi3/"*.so; do
+  for f in "$b/bin/"* "$b/lib/"libmnist_mpi_*.so "$b/ompi/lib/openmpi3/"*.so; do
     ldd "$f" 2>/dev/null | awk '/=> \//{print $3}' | grep -vE "$skip" || true
   done | sort -u | while read -r lib; do cp -Ln "$lib" "$b/lib/" 2>/dev/null || true; done
   cp data/mnist/*-ubyte "$b/data/"
@@ -65,8 +67,8 @@ run() {
   export OPAL_PREFIX=$b/ompi OMPI_MCA_mca_base_component_path=$b/ompi/lib/openmpi3 PATH=$b/bin:$PATH
   export OMPI_MCA_ess_singleton_isolated=1 OMPI_MCA_mca_base_component_show_load_errors=0
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
-  echo "== libraries"; ldd "$b/bin/mnist_mpi" | grep -E "cudnn|cublas|nccl|cudart|not found"
-  if ldd "$b/bin/mnist_mpi" | grep -q "not found"; then echo "gpu_check: unresolved libraries (above)"; exit 1; fi
+  echo "== libraries"; ldd "$b/bin/mnist_mpi" "$b/lib/libmnist_mpi_cuda.so" | grep -E "mnist_mpi|cudnn|cublas|nccl|cudart|not found"
+  if ldd "$b/bin/mnist_mpi" "$b/lib/libmnist_mpi_cuda.so" | grep -q "not found"; then echo "gpu_check: unresolved libraries (above)"; exit 1; fi
   local gpus
   gpus=$(nvidia-smi -L | grep -c '^GPU')
   echo "== gpu tests (one process)"

@@ -179,7 +179,9 @@ rm -rf fullck
 (trap '' XFSZ; exec "$bin" "${sm[@]}" --max-steps 3000 --checkpoint-every 20 --checkpoint-dir fullck >out 2>err) &
 job=$!
 wait_for 'fullck/step-*.ckpt' 60 && sleep 0.2
-prlimit --pid "$job" --fsize=100000: && first=$(ls fullck/*.ckpt | head -1) && cp "$first" saved.ckpt
+# The newest file: rotation (--keep-checkpoints) may still remove an older one after a write that
+# finished just before the limit (CI saw the oldest vanish between ls and cp on a loaded machine).
+prlimit --pid "$job" --fsize=100000: && first=$(ls fullck/*.ckpt | tail -1) && cp "$first" saved.ckpt
 wait $job; rc=$?
 if [ "$rc" -eq 4 ] && grep -q "cannot write checkpoint 'fullck/step-[0-9]*.ckpt': write failed after .* bytes: File too large.*untouched" err &&
    cmp -s "$first" saved.ckpt && ! compgen -G 'fullck/*.tmp' >/dev/null; then ok "failed write: exit 4, one message, $first intact, no temporary left"

@@ -3,6 +3,9 @@
 // both backends share (rng::dropout_key / dropout_scale) against the CPU dropout layer.
 #include <gtest/gtest.h>
 
+#include <mpi.h>
+
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -10,7 +13,10 @@
 #include "mnist_mpi/backend/device.hpp"
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/config/options.hpp"
+#include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/rng.hpp"
+#include "mnist_mpi/train/trainer.hpp"
+#include "synthetic.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -102,6 +108,49 @@ TEST(DeviceChoice, ProbeNeverThrowsAndExplainsAnEmptyAnswer) {
   const GpuProbe p = probe_gpus();  // on a machine without a GPU: count 0 and a reason in words
   if (p.count == 0) EXPECT_FALSE(p.why_none.empty());
   else EXPECT_TRUE(cuda_built());
+}
+
+// Note [Loading the CUDA module] in src/backend/device.cpp: a CPU run never maps the CUDA libraries
+// (they cost a CPU rank ~150 MB of RSS when they were linked into the program). Trains two steps
+// on --device cpu and looks at what this process has mapped; then, in a build with CUDA, a probe
+// loads the module (and with it cuDNN and NCCL) and still answers in words.
+TEST(DeviceModule, CpuRunNeverLoadsTheCudaLibraries) {
+  auto mapped = [](const char* name) {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line))
+      if (line.find(name) != std::string::npos) return true;
+    return false;
+  };
+  if (cuda_module_loaded()) GTEST_SKIP() << "another test in this process loaded the CUDA module already";
+  const std::string dir = testing::shared_synthetic_dir("device_module", 200, 50);
+  Options o;
+  o.data_dir = dir;
+  o.validation_size = 20;
+  o.model = "flatten,fc:10";
+  o.global_batch_size = 20;
+  o.max_steps = 2;
+  o.threads = 1;
+  o.quiet = true;
+  o.log_every = 0;
+  o.device = "cpu";
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  {
+    Trainer t(o, *comm);
+    t.run();
+  }
+  EXPECT_FALSE(cuda_module_loaded());
+  for (const char* lib : {"libmnist_mpi_cuda", "libcudart", "libcudnn", "libcublas", "libnccl"})
+    EXPECT_FALSE(mapped(lib)) << lib << " is mapped after a --device cpu run";
+  const GpuProbe p = probe_gpus();  // --device auto / cuda ask this; it loads the module
+  if (!cuda_built()) return;
+  EXPECT_TRUE(cuda_module_loaded() || p.why_none.find("could not be loaded") != std::string::npos) << p.why_none;
+  if (cuda_module_loaded()) {
+    EXPECT_TRUE(mapped("libcudnn"));
+  }
+  if (p.count == 0) {
+    EXPECT_FALSE(p.why_none.empty());
+  }
 }
 
 TEST(DeviceOptions, PrecisionAndDeviceAreChecked) {

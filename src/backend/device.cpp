@@ -1,6 +1,6 @@
 // Device choice (see include/mnist_mpi/backend/device.hpp): the decision is plain logic; the
-// probes ask the CUDA runtime only in builds with the CUDA backend, and turn its answers into
-// words (a user who asked for a GPU on a machine without one gets a sentence, not an error code).
+// probes ask the CUDA runtime only in builds with the CUDA backend, through the module that holds
+// it (Note [Loading the CUDA module]), and turn its answers into words (a user who asked for a GPU on a machine without one gets a sentence, not an error code).
 #include "mnist_mpi/backend/device.hpp"
 
 #include <cstdlib>
@@ -10,7 +10,9 @@
 #include "mnist_mpi/comm/communicator.hpp"
 
 #if MNIST_MPI_HAVE_CUDA
-#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include "src/backend/cuda_module.hpp"
 #endif
 
 namespace mnist_mpi {
@@ -49,39 +51,86 @@ DeviceChoice choose_device(const std::string& requested, bool built, const GpuPr
 
 #if MNIST_MPI_HAVE_CUDA
 
+// Note [Loading the CUDA module]
+// The CUDA backend lives in libmnist_mpi_cuda.so next to libmnist_mpi_core.so (both in build/);
+// MNIST_MPI_CUDA_MODULE names another file. It is opened once, on the first question about GPUs,
+// which only a run with --device cuda or auto asks (src/train/trainer.cpp). If it cannot be opened
+// (cuDNN, cuBLAS or NCCL missing on this machine, say), the probe finds no GPU and says why, so
+// --device auto falls back to the CPU and --device cuda stops with that reason.
+namespace {
+
+struct LoadedModule {
+  const CudaModule* table = nullptr;
+  std::string error;  // why table is null
+};
+
+std::string module_path() {
+  if (const char* env = std::getenv("MNIST_MPI_CUDA_MODULE"); env && *env) return env;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&module_path), &info) != 0 && info.dli_fname) {
+    const std::string self = info.dli_fname;
+    const auto slash = self.rfind('/');
+    if (slash != std::string::npos) return self.substr(0, slash + 1) + "libmnist_mpi_cuda.so";
+  }
+  return "libmnist_mpi_cuda.so";
+}
+
+const LoadedModule& cuda_module() {
+  static const LoadedModule loaded = [] {
+    LoadedModule m;
+    const std::string path = module_path();
+    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      const char* e = dlerror();
+      m.error = "the CUDA backend module could not be loaded (" + std::string(e ? e : path) +
+                "); install CUDA, cuDNN, cuBLAS and NCCL where this build expects them, or rebuild";
+      return m;
+    }
+    using Entry = const CudaModule* (*)();
+    auto entry = reinterpret_cast<Entry>(dlsym(h, "mnist_mpi_cuda_module"));
+    const CudaModule* t = entry ? entry() : nullptr;
+    if (!t || t->abi != kCudaModuleAbi || t->table_size != sizeof(CudaModule)) {
+      m.error = "'" + path + "' is not this build's CUDA backend module (rebuild: cmake --build build)";
+      return m;
+    }
+    m.table = t;
+    return m;
+  }();
+  return loaded;
+}
+
+const CudaModule& require_module() {
+  const LoadedModule& m = cuda_module();
+  if (!m.table) throw_error(ExitCode::kDevice, m.error);
+  return *m.table;
+}
+
+}  // namespace
+
 bool cuda_built() { return true; }
 
 GpuProbe probe_gpus() {
-  GpuProbe p;
-  int n = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&n);
-  if (rc == cudaSuccess && n > 0) {
-    p.count = n;
-    return p;
-  }
-  cudaGetLastError();  // clear it: the answer is in words below
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  const std::string vis = visible ? std::string(" (CUDA_VISIBLE_DEVICES='") + visible + "')" : std::string();
-  switch (rc) {
-    case cudaSuccess:
-    case cudaErrorNoDevice: p.why_none = "no CUDA device is visible" + vis; break;
-    case cudaErrorInsufficientDriver:
-      p.why_none = "no NVIDIA driver is loaded, or it is older than this build's CUDA runtime needs";
-      break;
-    case cudaErrorDevicesUnavailable: p.why_none = "every GPU is busy or in exclusive-process mode" + vis; break;
-    default: p.why_none = std::string("the CUDA runtime says: ") + cudaGetErrorString(rc) + vis; break;
-  }
-  return p;
+  const LoadedModule& m = cuda_module();
+  if (!m.table) return GpuProbe{0, m.error};
+  return m.table->probe_gpus();
 }
 
-std::string describe_gpu(int gpu) {
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
-  char bus[32] = {0};
-  CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, gpu));
-  return std::string(prop.name) + ", bus " + bus + ", " +
-         std::to_string(prop.totalGlobalMem >> 30) + " GiB, sm_" + std::to_string(prop.major) +
-         std::to_string(prop.minor);
+std::string describe_gpu(int gpu) { return require_module().describe_gpu(gpu); }
+
+std::unique_ptr<Backend> make_cuda_backend(int device, bool tf32) { return require_module().make_backend(device, tf32); }
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Backend& backend) {
+  return require_module().make_nccl_communicator(host, backend);
+}
+
+std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, std::int64_t capacity) {
+  return require_module().make_staged_communicator(host, backend, capacity);
+}
+
+bool cuda_module_loaded() {
+  void* h = dlopen(module_path().c_str(), RTLD_LAZY | RTLD_NOLOAD);  // a handle only if it is mapped already
+  if (h) dlclose(h);
+  return h != nullptr;
 }
 
 #else
@@ -89,6 +138,7 @@ std::string describe_gpu(int gpu) {
 bool cuda_built() { return false; }
 GpuProbe probe_gpus() { return GpuProbe{0, "this build has no CUDA backend"}; }
 std::string describe_gpu(int) { return "none (no CUDA backend in this build)"; }
+bool cuda_module_loaded() { return false; }
 std::unique_ptr<Backend> make_cuda_backend(int, bool) {
   throw_error(ExitCode::kDevice, "this build has no CUDA backend; rebuild with -DMNIST_MPI_CUDA=ON");
 }

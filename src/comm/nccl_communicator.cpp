@@ -236,6 +236,8 @@ class StagedCommunicator final : public Communicator {
 
 }  // namespace
 
+namespace cuda {
+
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Backend& backend) {
   return std::make_unique<NcclCommunicator>(host, backend);
 }
@@ -244,4 +246,5 @@ std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backe
   return std::make_unique<StagedCommunicator>(host, backend, capacity);
 }
 
+}  // namespace cuda
 }  // namespace mnist_mpi

@@ -27,5 +27,8 @@ DeviceChoice choose_device(const std::string& requested, bool cuda_built, const 
 bool cuda_built();
 GpuProbe probe_gpus();          // never throws; count 0 in builds without CUDA
 std::string describe_gpu(int gpu);  // "NVIDIA H200, bus 0000:19:00.0, 139 GiB, sm_90"
+// Whether the CUDA backend module (build/libmnist_mpi_cuda.so) is loaded in this process; asking
+// does not load it. A run with --device cpu never loads it (tests/test_device.cpp).
+bool cuda_module_loaded();
 
 }  // namespace mnist_mpi

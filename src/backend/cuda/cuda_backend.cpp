@@ -215,10 +215,7 @@ cudaStream_t compute_stream(Backend& backend) {
   return cb->context().stream;
 }
 
+std::unique_ptr<Backend> make_backend(int device, bool tf32) { return std::make_unique<CudaBackend>(device, tf32); }
+
 }  // namespace cuda
-
-std::unique_ptr<Backend> make_cuda_backend(int device, bool tf32) {
-  return std::make_unique<cuda::CudaBackend>(device, tf32);
-}
-
 }  // namespace mnist_mpi
