@@ -55,11 +55,11 @@ preempt() {  # preempt N HOW AFTER_STEP: signal the job once it is past AFTER_ST
   if ! wait_for 40 is_pending; then bad "preemption $n ($how): job $id was not requeued (state $(state))"; return 1; fi
   stopped=$(last_step)
   ok "preemption $n (scancel ${how/direct/--signal=USR1}): job $id stopped after step $stopped and was requeued"
-  # Slurm holds a requeued job for ~120 s (EligibleTime); let it start now, but not within the
+  # Slurm holds a requeued job for ~120 s (EligibleTime); let it start now, but 3 s after the requeue, not within the
   # second of the requeue: slurmd revokes the old run's credential with a timestamp in whole
   # seconds and kills a batch job whose credential is not newer ("Killing non-startable batch
   # JobId=1: Job credential revoked" in CI, where the job was allocated 0.6 s after the requeue).
-  sleep 2
+  sleep 3
   scontrol update JobId="$id" StartTime=now || bad "scontrol update StartTime=now failed"
   if ! wait_for 60 log_has "^cpu.sbatch: job $id 'slurm-rq' \(requeued $n time\(s\)\)"; then bad "preemption $n: the job did not start again"; return 1; fi
   ok "preemption $n: job $id started again (requeued $n time(s))"
