@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <vector>
 
 #include "mnist_mpi/comm/mpi_communicator.hpp"
@@ -28,43 +29,66 @@ int main(int argc, char** argv) {
   std::vector<float> grads(static_cast<std::size_t>(spec.param_count), 1.0f);
   const double bytes = static_cast<double>(grads.size() * sizeof(float));
   const double bus = n > 1 ? 2.0 * (n - 1) / n : 1.0;
-  // The median over iterations of the slowest rank's time: one iteration disturbed by another
-  // process on these shared cores does not move it.
-  std::vector<double> times(static_cast<std::size_t>(iters));
-  auto time_it = [&](auto&& f) {
-    f();  // warm-up
-    for (double& t : times) {
-      MPI_Barrier(MPI_COMM_WORLD);
-      const auto t0 = std::chrono::steady_clock::now();
-      f();
-      t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
-  };
-  const double t_mpi = time_it([&] {
+  // Every iteration times the bare MPI_Allreduce and then each reducer configuration back to back
+  // (the slowest rank's time of each), so that a slow spell of these shared cores hits all of them
+  // alike; the table shows medians over the iterations, and "vs MPI" is the median of the
+  // per-iteration ratios. (Timing the configurations one block after another gave ratios that
+  // moved by 0.3 between runs on this machine.)
+  const double caps[] = {0.25, 1.0, 4.0, 25.0, 1000.0};
+  constexpr int kConfigs = 5;
+  std::vector<std::unique_ptr<Reducer>> reducers;
+  for (double mb : caps) {
+    const auto cap = static_cast<std::int64_t>(mb * 1048576.0 / sizeof(float));
+    reducers.push_back(std::make_unique<Reducer>(*comm, grads, plan_buckets(spec, cap, std::min<std::int64_t>(cap, 262144)), true));
+  }
+  auto mpi_sum = [&] {
     MPI_Allreduce(MPI_IN_PLACE, grads.data(), static_cast<int>(grads.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-  });
+  };
+  auto reduce = [&](Reducer& red) {
+    for (int layer = static_cast<int>(spec.layers.size()) - 1; layer >= 0; --layer) red.on_layer_done(layer);
+    red.finish();
+  };
+  auto timed = [&](auto&& f) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return t;
+  };
+  mpi_sum();  // warm-up
+  for (auto& r : reducers) reduce(*r);
+  std::vector<double> t_mpi(static_cast<std::size_t>(iters));
+  std::vector<std::vector<double>> t_red(kConfigs, std::vector<double>(static_cast<std::size_t>(iters)));
+  std::vector<std::vector<double>> ratio = t_red;
+  for (int it = 0; it < iters; ++it) {
+    const auto i = static_cast<std::size_t>(it);
+    t_mpi[i] = timed(mpi_sum);
+    for (int c = 0; c < kConfigs; ++c) {
+      t_red[static_cast<std::size_t>(c)][i] = timed([&] { reduce(*reducers[static_cast<std::size_t>(c)]); });
+      ratio[static_cast<std::size_t>(c)][i] = t_mpi[i] / t_red[static_cast<std::size_t>(c)][i];
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   if (comm->rank() == 0) {
+    const double tm = median(t_mpi);
     std::printf("lenet gradients: %.1f MB, %d ranks, median of %d iterations\n", bytes / 1048576.0, n, iters);
     std::printf("%-34s %9s %12s %12s %8s\n", "collective", "time ms", "algbw GB/s", "busbw GB/s", "vs MPI");
-    std::printf("%-34s %9.2f %12.2f %12.2f %8.2f\n", "MPI_Allreduce (whole buffer)", 1e3 * t_mpi,
-                bytes / t_mpi / 1e9, bytes / t_mpi / 1e9 * bus, 1.0);
-  }
-  for (double mb : {0.25, 1.0, 4.0, 25.0, 1000.0}) {
-    const auto cap = static_cast<std::int64_t>(mb * 1048576.0 / sizeof(float));
-    Reducer red(*comm, grads, plan_buckets(spec, cap, std::min<std::int64_t>(cap, 262144)), true);
-    const double t = time_it([&] {
-      for (int layer = static_cast<int>(spec.layers.size()) - 1; layer >= 0; --layer) red.on_layer_done(layer);
-      red.finish();
-    });
-    if (comm->rank() == 0) {
+    std::printf("%-34s %9.2f %12.2f %12.2f %8.2f\n", "MPI_Allreduce (whole buffer)", 1e3 * tm, bytes / tm / 1e9,
+                bytes / tm / 1e9 * bus, 1.0);
+    for (int c = 0; c < kConfigs; ++c) {
+      const double t = median(t_red[static_cast<std::size_t>(c)]);
       char name[64];
-      std::snprintf(name, sizeof name, "reducer, %zu bucket(s) <= %g MB", red.buckets().size(), mb);
-      std::printf("%-34s %9.2f %12.2f %12.2f %8.2f\n", name, 1e3 * t, bytes / t / 1e9, bytes / t / 1e9 * bus, t_mpi / t);
+      std::snprintf(name, sizeof name, "reducer, %zu bucket(s) <= %g MB", reducers[static_cast<std::size_t>(c)]->buckets().size(),
+                    caps[c]);
+      std::printf("%-34s %9.2f %12.2f %12.2f %8.2f\n", name, 1e3 * t, bytes / t / 1e9, bytes / t / 1e9 * bus,
+                  median(ratio[static_cast<std::size_t>(c)]));
     }
   }
+  reducers.clear();
   comm.reset();
   MPI_Finalize();
   return 0;
