@@ -1,6 +1,7 @@
 // Device choice (see include/mnist_mpi/backend/device.hpp): the decision is plain logic; the
 // probes ask the CUDA runtime only in builds with the CUDA backend, through the module that holds
-// it (Note [Loading the CUDA module]), and turn its answers into words (a user who asked for a GPU on a machine without one gets a sentence, not an error code).
+// it (Note [Loading the CUDA module]), and turn its answers into words (a user who asked for a
+// GPU on a machine without one gets a sentence, not an error code).
 #include "mnist_mpi/backend/device.hpp"
 
 #include <cstdlib>

@@ -401,10 +401,7 @@ void Checkpointer::prune() {
 }
 
 void Checkpointer::writer_loop() {
-  sigset_t preempt;  // taken by the signal thread (Note [The preemption flag]); main blocks them already
-  sigemptyset(&preempt);
-  for (int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaddset(&preempt, sig);
-  pthread_sigmask(SIG_BLOCK, &preempt, nullptr);
+  block_preemption_signals();  // taken by the signal thread (Note [The preemption flag])
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
     cv_.wait(lk, [&] { return job_ || quit_; });

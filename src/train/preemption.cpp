@@ -52,6 +52,11 @@ void signal_thread() {
 
 }  // namespace
 
+void block_preemption_signals() {
+  const sigset_t set = preemption_set();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
 void install_preemption_handlers() {
   static const bool installed = [] {
     struct sigaction sa;
@@ -60,8 +65,7 @@ void install_preemption_handlers() {
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
     for (int s : {SIGTERM, SIGINT, SIGUSR1}) sigaction(s, &sa, nullptr);
-    const sigset_t set = preemption_set();
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);  // this thread and every thread it starts from now on
+    block_preemption_signals();  // this thread and every thread it starts from now on
     std::thread(signal_thread).detach();        // lives until the process ends
     return true;
   }();

@@ -9,6 +9,9 @@ namespace mnist_mpi {
 // starts the thread that waits for them (idempotent). main() calls it first thing, before any
 // other thread exists, so that a signal during start-up is not fatal either.
 void install_preemption_handlers();
+// Blocks the three signals in the calling thread (a thread that must never run a handler, even
+// in a process that did not install them, e.g. the checkpoint writer under the unit tests).
+void block_preemption_signals();
 // 0, or the number of the first of these signals received.
 int preemption_signal();
 // "SIGTERM", "SIGINT", "SIGUSR1" or "signal N".
