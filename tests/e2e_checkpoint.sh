@@ -211,7 +211,7 @@ run "${run2[@]}" "$bin" "${pre[@]}" --checkpoint-dir pre_straight
 straight=$(hash_of out)
 [ -n "$straight" ] || bad "the uninterrupted 2-rank run (exit $rc)"
 # NAME DIR HOW: HOW signals a running job, then --resume auto must finish it. SIGTERM on mpirun
-# reaches the ranks only after odls_base_sigkill_timeout (1 s): that run is made long, stopped,
+# reaches the ranks only after odls_base_sigkill_timeout (3 s here): that run is made long, stopped,
 # and resumed for 20 more steps (so no hash comparison there).
 preempt_case() {
   local name=$1 dir=$2 how=$3
@@ -221,7 +221,12 @@ preempt_case() {
     rank1_TERM) "${run2[@]}" ./rank.sh "$bin" "${pre[@]}" --checkpoint-dir "$dir" >out 2>err & ;;
     single_INT) ./rank.sh "$bin" "${pre[@]}" --checkpoint-dir "$dir" >out 2>err & ;;
     mpirun_USR1) "${run2[@]}" "$bin" "${pre[@]}" --checkpoint-dir "$dir" >out 2>err & ;;
-    mpirun_TERM) "${run2[@]}" "$bin" "${sm[@]}" --max-steps 100000 --checkpoint-every 10 --checkpoint-dir "$dir" >out 2>err & ;;
+    # While mpirun waits odls_base_sigkill_timeout it does not read the ranks' output: a rank that
+    # prints blocks in write() and never reaches the step boundary (gdb: rank 0 in pipe_write,
+    # rank 1 spinning in the allreduce; CI lost the checkpoint so). So the ranks are --quiet, and
+    # get 3 s instead of 1 to write, as the README advises.
+    mpirun_TERM) "${run2[@]}" --mca odls_base_sigkill_timeout 3 "$bin" "${sm[@]}" --quiet --max-steps 100000 \
+                   --checkpoint-every 10 --checkpoint-dir "$dir" >out 2>err & ;;
   esac
   local job=$!
   wait_for "$dir/step-*.ckpt" 60
@@ -258,7 +263,7 @@ preempt_case() {
 }
 preempt_case "SIGTERM on rank 1" pre_term rank1_TERM
 preempt_case "SIGUSR1 on mpirun (forwarded at once)" pre_usr1 mpirun_USR1
-preempt_case "SIGTERM on mpirun (reaches the ranks after 1 s, SIGKILL 1 s later)" pre_mterm mpirun_TERM
+preempt_case "SIGTERM on mpirun, odls_base_sigkill_timeout 3, --quiet (reaches the ranks after 3 s, SIGKILL 3 s later)" pre_mterm mpirun_TERM
 preempt_case "SIGINT on a single process" pre_int single_INT
 
 # ---- evaluate, same bytes, retention ------------------------------------------------------------
