@@ -181,6 +181,23 @@ TEST(Checkpoint, InconsistentCountersAreRefused) {
   EXPECT_NE(message_of(encode(spec, meta, sample_state(spec.param_count))).find("disagree"), std::string::npos);
 }
 
+// Found by fuzz_checkpoint: counters whose products overflow int64 (undefined behaviour, which the
+// UBSan stage of CI turns into a failure) are refused as inconsistent.
+TEST(Checkpoint, CountersWhoseProductsOverflowAreRefused) {
+  const ModelSpec spec = small_spec();
+  CheckpointMeta meta = sample_meta(spec);
+  meta.steps_per_epoch = std::int64_t{1} << 40;
+  meta.global_batch = std::int64_t{1} << 40;  // 2^80 images per epoch
+  meta.epoch = meta.sampler_epoch = 0;
+  EXPECT_NE(message_of(encode(spec, meta, sample_state(spec.param_count))).find("disagree"), std::string::npos);
+  meta = sample_meta(spec);
+  meta.train_count = std::numeric_limits<std::int64_t>::max();
+  meta.steps_per_epoch = std::int64_t{1} << 62;
+  meta.global_batch = 2;  // steps_per_epoch * global_batch = 2^63
+  meta.epoch = meta.sampler_epoch = 0;
+  EXPECT_NE(message_of(encode(spec, meta, sample_state(spec.param_count))).find("disagree"), std::string::npos);
+}
+
 TEST(Checkpoint, FileNames) {
   EXPECT_EQ(checkpoint_file_name(100), "step-00000100.ckpt");
   EXPECT_EQ(checkpoint_file_step("step-00000100.ckpt"), 100);

@@ -392,10 +392,14 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
   if (mom2.size() != (m.optimizer_kind == 0 ? parm.size() : 0))
     corrupt(name, "MOM2 does not fit the optimiser (Adam: the size of PARM; SGD: empty)");
   if (m.schedule_kind > 2) corrupt(name, "unknown learning-rate schedule kind " + std::to_string(m.schedule_kind));
+  // Every field is a file's word, so the products are taken with overflow checks (a fuzzed
+  // steps_per_epoch * global_batch overflowed int64 here, which is undefined behaviour).
+  std::int64_t epoch_images = 0, position = 0;
   if (m.steps_per_epoch <= 0 || m.global_batch <= 0 || m.step < 0 || m.optimizer_steps < 0 ||
+      __builtin_mul_overflow(m.steps_per_epoch, m.global_batch, &epoch_images) || epoch_images > m.train_count ||
       m.epoch != m.step / m.steps_per_epoch || m.sampler_epoch != m.epoch ||
-      m.sampler_position != (m.step % m.steps_per_epoch) * m.global_batch || m.dropout_step != m.step ||
-      m.steps_per_epoch * m.global_batch > m.train_count)
+      __builtin_mul_overflow(m.step % m.steps_per_epoch, m.global_batch, &position) ||
+      m.sampler_position != position || m.dropout_step != m.step)
     corrupt(name, "its step, epoch, sampler position and RNG counters disagree with each other");
   std::int64_t expect = 0;
   for (const CheckpointTensor& t : ck.tensors) {  // contiguous, in order, covering [0, n)
