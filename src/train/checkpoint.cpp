@@ -349,8 +349,9 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
         for (auto& d : t.shape) {
           d = get<std::int64_t>(take(8));
           need(d > 0 && d <= (std::int64_t{1} << 31), "tensor '" + t.name + "' has a bad dimension");
+          // checked before the product, which could overflow int64 (found by fuzz_checkpoint)
+          need(elems <= (std::int64_t{1} << 40) / d, "tensor '" + t.name + "' is implausibly large");
           elems *= d;
-          need(elems <= (std::int64_t{1} << 40), "tensor '" + t.name + "' is implausibly large");
         }
         t.offset = get<std::int64_t>(take(8));
         t.size = get<std::int64_t>(take(8));
