@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -19,6 +20,7 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/backend/device.hpp"
+#include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 #include "synthetic.hpp"
@@ -329,6 +331,59 @@ TEST_F(Gpu, TwoTrainingStepsMatchCpu) {
   const std::vector<float> gpu = train(self, options("cuda", 32, 2));
   MPI_Comm_free(&self);
   expect_agree("two training steps: parameters", gpu, cpu, 1e-5);
+}
+
+// Note [Non-finite steps on a device]: a NaN in rank 0's loss at step 3 (the MNIST_MPI_FAULT
+// hook) stops the run with exit code 5 naming step 3 and rank 0, and no update reaches the
+// parameters from step 3 on (the guard holds them until the host reads the verdict two steps
+// later): they equal those of a run of 2 steps.
+TEST_F(Gpu, NonFiniteStepStopsTheRunAndNothingReachesTheParameters) {
+  MPI_Comm self = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank(), 0, &self);
+  const std::vector<float> two_steps = train(self, options("cuda", 32, 2));
+  setenv("MNIST_MPI_FAULT", "0:3:nan", 1);
+  auto c = make_mpi_communicator(self);
+  Trainer t(options("cuda", 32, 10), *c);
+  unsetenv("MNIST_MPI_FAULT");
+  ExitCode code = ExitCode::kOk;
+  std::string msg;
+  try {
+    t.run();
+  } catch (const Error& e) {
+    code = e.code();
+    msg = e.what();
+  }
+  EXPECT_EQ(code, ExitCode::kNumerical) << msg;
+  EXPECT_NE(msg.find("non-finite gradient in step 3 (the loss was not finite on rank 0"), std::string::npos) << msg;
+  const std::vector<float> p = t.params_to_host();
+  EXPECT_TRUE(std::all_of(p.begin(), p.end(), [](float v) { return std::isfinite(v); }));
+  expect_agree("parameters after a NaN in step 3 against 2 steps", p, two_steps, 1e-6);
+  c.reset();
+  MPI_Comm_free(&self);
+}
+
+// With --skip-nonfinite-steps the NaN step is skipped and counted, and the run goes on like the
+// CPU's, which skips the same step (SGD with momentum: the step count does not enter the update).
+TEST_F(Gpu, SkippedNonFiniteStepMatchesTheCpu) {
+  MPI_Comm self = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank(), 0, &self);
+  std::vector<float> out[2];
+  std::int64_t skipped[2] = {0, 0};
+  const char* devices[2] = {"cpu", "cuda"};
+  for (int side = 0; side < 2; ++side) {
+    Options o = options(devices[side], 32, 6);
+    o.skip_nonfinite_steps = true;
+    setenv("MNIST_MPI_FAULT", "0:3:nan", 1);
+    auto c = make_mpi_communicator(self);
+    Trainer t(o, *c);
+    unsetenv("MNIST_MPI_FAULT");
+    skipped[side] = t.run().skipped_steps;
+    out[side] = t.params_to_host();
+  }
+  MPI_Comm_free(&self);
+  EXPECT_EQ(skipped[0], 1);
+  EXPECT_EQ(skipped[1], 1);
+  expect_agree("6 steps with step 3 skipped", out[1], out[0], 1e-5);
 }
 
 // The NCCL sums: rank-dependent integer-valued floats give exactly predictable sums, for buckets

@@ -230,6 +230,7 @@ std::int64_t Checkpointer::restore(float* params, Optimizer& optimizer) {
 bool Checkpointer::after_step(const StepEnd& s) {
   const bool due = !dir_.empty() && (s.last || s.epoch_end ||
                                      (opt_.checkpoint_every > 0 && s.step % opt_.checkpoint_every == 0));
+  if (due && s.settle) (*s.settle)();  // every rank: `due` does not depend on the rank
   if (rank0_ && due) write(s);
   std::int64_t flags[2] = {preemption_signal(), 0};
   if (rank0_) {
@@ -249,6 +250,7 @@ bool Checkpointer::after_step(const StepEnd& s) {
   if (flags[1] != 0) agree_on_errors();  // throws on every rank
   if (flags[0] == 0 || s.last) return false;  // a signal during the last step: the run is done anyway
   stop_signal_ = static_cast<int>(flags[0]);
+  if (!dir_.empty() && s.settle) (*s.settle)();
   if (rank0_ && !dir_.empty() && last_written_step_ != s.step) write(s);
   agree_on_errors();
   return true;

@@ -308,7 +308,6 @@ RunResult Trainer::run() {
   constexpr std::int64_t kWarmup = 10;
   const float grad_scale = 1.0f / static_cast<float>(global_batch_);
   StepTiming timing;
-  std::int64_t window_n = 0;
   train_loss_->reset();
   // Note [Timing a GPU]
   // On a GPU the host only queues work, so a step's host time says little; the steady rate is
@@ -321,6 +320,51 @@ RunResult Trainer::run() {
   constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   double logged_loss = kNaN;
 
+  // A non-finite step: every rank is here at the same step with the same verdict (Note [One
+  // verdict on every rank]); one more collective finds the first rank whose own loss was not
+  // finite. Without --skip-nonfinite-steps the run stops; with it the step is counted.
+  const auto nonfinite_step = [&](std::int64_t bad_step, bool own_loss_bad, std::int64_t now) {
+    std::int64_t bad_rank = own_loss_bad ? comm_.rank() : std::numeric_limits<std::int64_t>::max();
+    comm_.allreduce_min(std::span<std::int64_t>(&bad_rank, 1));
+    const std::string where =
+        bad_rank == std::numeric_limits<std::int64_t>::max()
+            ? "every rank's loss was finite: the gradient overflowed"
+            : "the loss was not finite on rank " + std::to_string(bad_rank);
+    const std::string seen = now == bad_step ? std::string()
+                             : "; the GPU guard kept it and the " + std::to_string(now - bad_step) +
+                                   " step(s) after it from the parameters";
+    if (!opt_.skip_nonfinite_steps)
+      throw AgreedError(ExitCode::kNumerical, !rank0_ ? std::string() :  // main prints the one message
+                        "non-finite gradient in step " + std::to_string(bad_step + 1) + " (" + where + seen +
+                            "); training diverged or the data holds NaN: lower --lr, add --warmup-steps, or pass "
+                            "--skip-nonfinite-steps to skip such steps (no non-finite value reached the parameters)");
+    ++res.skipped_steps;
+    if (rank0_ && !opt_.quiet)
+      std::printf("epoch %lld step %lld/%lld skipped: non-finite gradient (%s)\n",
+                  static_cast<long long>(bad_step / steps_per_epoch_ + 1), static_cast<long long>(bad_step + 1),
+                  static_cast<long long>(total_steps_), where.c_str());
+  };
+  // Note [Non-finite steps on a device] (include/mnist_mpi/backend/backend.hpp): on a GPU the
+  // verdict of step s is read after step s + kVerdictLag, when its copy has finished long ago, or
+  // at once where the trainer synchronises anyway (settle(step) before a log line, an evaluation,
+  // a checkpoint and the end). Every place that settles does so on every rank at the same step.
+  constexpr std::int64_t kVerdictLag = 2;
+  static_assert(kVerdictLag < Backend::kVerdictSlots);
+  std::int64_t verdict_next = first_step;  // the first step whose verdict has not been read
+  std::int64_t window_n = 0;
+  std::int64_t current_step = first_step;
+  const auto settle = [&](std::int64_t up_to) {
+    while (verdict_next <= up_to) {
+      const std::int64_t s = verdict_next++;
+      const int v = backend_->guard_verdict(s);
+      if (!(v & Backend::kNonfiniteGradient)) continue;
+      nonfinite_step(s, (v & Backend::kNonfiniteLoss) != 0, current_step);
+      train_loss_->reset();  // the skipped step's loss is in the meter: the window starts again
+      window_n = 0;
+    }
+  };
+  const std::function<void()> settle_now = [&] { settle(current_step); };
+
   for (std::int64_t step = first_step; step < total_steps_; ++step) {
     if (device && step == first_step + kWarmup) {
       backend_->synchronize();
@@ -328,6 +372,8 @@ RunResult Trainer::run() {
       eval_at_steady = eval_s;
     }
     const auto t0 = std::chrono::steady_clock::now();
+    current_step = step;
+    if (device) backend_->guard_begin_step(!opt_.skip_nonfinite_steps);
     if (step == first_step) startup_s = seconds_since(start_);
     watch_set_step(step);  // for the collective watchdog's message (src/comm/watchdog.cpp)
     if (fault_.armed_for(comm_.rank(), step) && fault_.kind != FaultKind::kNan) fire_fault(fault_);
@@ -350,8 +396,11 @@ RunResult Trainer::run() {
       train_model_->forward(ctx);
       backend_->softmax_cross_entropy(train_model_->logits(), train_data_->labels(), static_cast<int>(batch_),
                                       spec_.num_classes(), train_model_->dlogits(), grad_scale, *train_loss_);
-      if (!device) {  // the checks below read host memory; a GPU has no non-finite check yet
-        if (last && fault_.kind == FaultKind::kNan && fault_.armed_for(comm_.rank(), step)) loss_finite = false;
+      const bool poison = last && fault_.kind == FaultKind::kNan && fault_.armed_for(comm_.rank(), step);
+      if (device) {  // the loss kernel checks itself (Note [Non-finite steps on a device])
+        if (poison) backend_->guard_poison(train_model_->dlogits());
+      } else {
+        if (poison) loss_finite = false;
         if (!std::isfinite(train_loss_->read().loss_sum)) loss_finite = false;  // CPU: a plain read
         // Note [One verdict on every rank]
         // A non-finite step must be stopped (or skipped) on every rank alike, without a collective
@@ -393,9 +442,11 @@ RunResult Trainer::run() {
     // changes nothing; without it a non-finite bucket stops the run before it is applied.
     double exposed = reducer_->start_remaining(), t_opt = 0.0;
     const std::size_t n_buckets = reducer_->buckets().size();
-    const auto bucket_finite = [&](std::size_t k) {
+    const auto bucket_finite = [&](std::size_t k) {  // on a GPU the verdict stays on the device
       const Bucket& b = reducer_->buckets()[k];
-      return device || all_finite(grads_->data() + b.begin, b.end - b.begin);
+      if (!device) return all_finite(grads_->data() + b.begin, b.end - b.begin);
+      backend_->guard_check(grads_->data() + b.begin, b.end - b.begin);
+      return true;
     };
     bool finite = true;
     std::size_t waited = 0;  // buckets whose sums are in
@@ -425,24 +476,13 @@ RunResult Trainer::run() {
         waited_from = o1;
       }
     }
-    if (!finite) {
+    if (!finite) {  // only on the CPU
       for (; waited < n_buckets; ++waited) exposed += reducer_->wait_bucket(waited);  // no sum left in flight
-      // Every rank is here: one more collective finds the first rank whose own loss was not finite.
-      std::int64_t bad_rank = loss_finite ? std::numeric_limits<std::int64_t>::max() : comm_.rank();
-      comm_.allreduce_min(std::span<std::int64_t>(&bad_rank, 1));
-      const std::string where =
-          bad_rank == std::numeric_limits<std::int64_t>::max()
-              ? "every rank's loss was finite: the gradient overflowed"
-              : "the loss was not finite on rank " + std::to_string(bad_rank);
-      if (!opt_.skip_nonfinite_steps)
-        throw AgreedError(ExitCode::kNumerical, !rank0_ ? std::string() :  // main prints the one message
-                          "non-finite gradient in step " + std::to_string(step + 1) + " (" + where +
-                              "); training diverged or the data holds NaN: lower --lr, add --warmup-steps, or pass "
-                              "--skip-nonfinite-steps to skip such steps (no non-finite value reached the parameters)");
-      ++res.skipped_steps;
-      if (rank0_ && !opt_.quiet)
-        std::printf("epoch %lld step %lld/%lld skipped: non-finite gradient (%s)\n", static_cast<long long>(epoch + 1),
-                    static_cast<long long>(step + 1), static_cast<long long>(total_steps_), where.c_str());
+      nonfinite_step(step, !loss_finite, step);
+    }
+    if (device) {
+      backend_->guard_end_step(step);
+      settle(step - kVerdictLag);
     }
     const auto t5 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t5 - t0).count();
@@ -465,6 +505,9 @@ RunResult Trainer::run() {
     }
 
     const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);
+    const bool epoch_end = (step + 1) % steps_per_epoch_ == 0;
+    const bool eval_now = opt_.eval_every > 0 && (step + 1) % opt_.eval_every == 0 && step + 1 != total_steps_;
+    if (device && (log_now || epoch_end || eval_now)) settle(step);  // these synchronise anyway
     if (log_now) {
       double v[2] = {train_loss_->read().loss_sum, static_cast<double>(window_n)};  // a GPU syncs here
       train_loss_->reset();
@@ -483,8 +526,6 @@ RunResult Trainer::run() {
     }
     if (opt_.check_replicas_every > 0 && (step + 1) % opt_.check_replicas_every == 0) check_replicas(step + 1);
 
-    const bool epoch_end = (step + 1) % steps_per_epoch_ == 0;
-    const bool eval_now = opt_.eval_every > 0 && (step + 1) % opt_.eval_every == 0 && step + 1 != total_steps_;
     EvalResult validation{kNaN, kNaN, 0};
     if (rank0_ && (epoch_end || eval_now)) {
       const auto te = std::chrono::steady_clock::now();
@@ -506,7 +547,7 @@ RunResult Trainer::run() {
     const StepEnd end{step + 1, epoch_end, step + 1 == total_steps_, lr,
                       learning_rate(opt_.schedule, step + 1, (step + 1) / steps_per_epoch_, total_steps_),
                       validation.accuracy, validation.loss, logged_loss, ckpt_params_, optimizer_.get(),
-                      ckpt_m_, ckpt_v_, &state_to_host_};
+                      ckpt_m_, ckpt_v_, &state_to_host_, device ? &settle_now : nullptr};
     const auto tc = std::chrono::steady_clock::now();
     const std::int64_t written_before = checkpointer_->stats().written;
     const bool stop = checkpointer_->after_step(end);
@@ -515,6 +556,7 @@ RunResult Trainer::run() {
       timeline_->record(SpanKind::kCheckpoint, tc, tc1, step);
     window_t += tc1 - tc;  // checkpoints are not training time
     if (stop) {
+      if (device) settle(step);
       res.preempted_signal = checkpointer_->stop_signal();
       res.steps = step + 1;
       res.epochs = static_cast<double>(step + 1) / static_cast<double>(steps_per_epoch_);
@@ -535,6 +577,7 @@ RunResult Trainer::run() {
       return res;
     }
   }
+  if (device) settle(total_steps_ - 1);
   checkpointer_->finish();
   res.checkpoints = checkpointer_->stats();
   if (device) {

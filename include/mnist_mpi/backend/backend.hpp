@@ -138,6 +138,27 @@ class Backend {
   // once the copy is complete, so they are synchronisation points on a GPU.
   virtual void upload(std::span<const float> host, float* dst) = 0;
   virtual void download(const float* src, std::span<float> host) = 0;
+  // Note [Non-finite steps on a device]
+  // On the CPU the trainer reads the reduced gradient of every bucket and stops (or skips) a
+  // non-finite step before it is applied. A device backend cannot be read without a
+  // synchronisation in the step loop, so it keeps the verdict on the device instead: the check
+  // of a bucket (guard_check) ORs kNonfiniteGradient into a device flag, the loss kernel ORs
+  // kNonfiniteLoss and poisons its gradient, and the fused optimiser pass does nothing while the
+  // flag holds kNonfiniteGradient. So no non-finite value ever reaches the parameters, whatever
+  // the host knows. guard_end_step queues a copy of the flag into pinned host memory;
+  // guard_verdict reads it later (the trainer reads step s's verdict after step s + 2, when the
+  // copy has long finished, or at once where it synchronises anyway: a log line, a checkpoint,
+  // the end). The reduced gradient is bitwise the same on every rank, so every rank reaches the
+  // same verdict at the same step. keep_verdict (no --skip-nonfinite-steps): the flag is never
+  // cleared, so nothing is updated after a non-finite step until the host stops the run.
+  // Host backends never get these calls (the defaults throw).
+  static constexpr int kNonfiniteGradient = 1, kNonfiniteLoss = 2;
+  static constexpr int kVerdictSlots = 4;  // a step's verdict must be read within 3 steps
+  virtual void guard_begin_step(bool keep_verdict);
+  virtual void guard_check(const float* grads, std::int64_t n);
+  virtual void guard_poison(float* dlogits);  // this rank's loss counts as non-finite (testing hook)
+  virtual void guard_end_step(std::int64_t step);
+  virtual int guard_verdict(std::int64_t step);  // the flag after step `step`: kNonfinite* bits
   // Returns once every queued kernel has finished (a no-op on the CPU).
   virtual void synchronize() {}
   // True when buffers live in device memory (the CUDA backend).

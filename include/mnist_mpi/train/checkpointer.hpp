@@ -43,6 +43,10 @@ struct StepEnd {
   const float* first_moment = nullptr;         // (count)
   const float* second_moment = nullptr;        // (count); null for sgd
   const std::function<void()>* to_host = nullptr;
+  // On a GPU: called on EVERY rank before a checkpoint of this step is written (scheduled or on a
+  // preemption signal), to learn the pending non-finite verdicts (Note [Non-finite steps on a
+  // device]); it throws when the run must stop instead, so that no checkpoint follows a bad step.
+  const std::function<void()>* settle = nullptr;
 };
 
 // Numbers for the final report.

@@ -204,4 +204,17 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
 
+// The device guard's defaults (Note [Non-finite steps on a device]): a host backend's buffers are
+// checked on the host, so a call here is a bug in the caller.
+namespace {
+[[noreturn]] void no_guard() {
+  throw_error(ExitCode::kRuntime, "the non-finite device guard was called on a host backend");
+}
+}  // namespace
+void Backend::guard_begin_step(bool) { no_guard(); }
+void Backend::guard_check(const float*, std::int64_t) { no_guard(); }
+void Backend::guard_poison(float*) { no_guard(); }
+void Backend::guard_end_step(std::int64_t) { no_guard(); }
+int Backend::guard_verdict(std::int64_t) { no_guard(); }
+
 }  // namespace mnist_mpi

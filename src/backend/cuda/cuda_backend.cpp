@@ -138,10 +138,16 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSetStream(c_.cublas, c_.stream));
     // fp32: cuBLAS's default math, which keeps float GEMMs in float (no TF32); tf32: tensor cores.
     CUBLAS_CHECK(cublasSetMathMode(c_.cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    guard_ = DeviceArray<int>(1);
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&verdicts_), kVerdictSlots * sizeof(int)));
+    for (cudaEvent_t& e : verdict_copied_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   ~CudaBackend() override {
     // No checks while tearing down (a destructor must not throw); errors here change nothing.
     if (c_.stream) cudaStreamSynchronize(c_.stream);
+    for (cudaEvent_t e : verdict_copied_)
+      if (e) cudaEventDestroy(e);
+    if (verdicts_) cudaFreeHost(verdicts_);
     if (c_.cublas) cublasDestroy(c_.cublas);
     if (c_.cudnn) cudnnDestroy(c_.cudnn);
     if (c_.sync_event) cudaEventDestroy(c_.sync_event);
@@ -168,7 +174,7 @@ class CudaBackend final : public Backend {
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes,
                              float* dlogits, float grad_scale, LossMeter& meter) override {
     launch_softmax_xent(c_.stream, logits, labels, batch, classes, dlogits, grad_scale,
-                        static_cast<DeviceLossMeter&>(meter).sums());
+                        static_cast<DeviceLossMeter&>(meter).sums(), guard_.get());
   }
   std::unique_ptr<LossMeter> make_loss_meter() override { return std::make_unique<DeviceLossMeter>(c_); }
 
@@ -178,7 +184,25 @@ class CudaBackend final : public Backend {
 
   void optimizer_step(const OptimizerConfig& cfg, std::int64_t t, double lr, float* params, const float* grads,
                       float* m, float* v, std::int64_t n) override {
-    launch_optimizer(c_.stream, cfg, t, lr, params, grads, m, v, n);
+    launch_optimizer(c_.stream, cfg, t, lr, params, grads, m, v, n, guard_.get());
+  }
+
+  // Note [Non-finite steps on a device] (include/mnist_mpi/backend/backend.hpp). The flag starts
+  // at zero (DeviceArray), so callers that never use the guard (tests, evaluation) see no effect.
+  void guard_begin_step(bool keep_verdict) override {
+    if (!keep_verdict) CUDA_CHECK(cudaMemsetAsync(guard_.get(), 0, sizeof(int), c_.stream));
+  }
+  void guard_check(const float* grads, std::int64_t n) override { launch_finite_check(c_.stream, grads, n, guard_.get()); }
+  void guard_poison(float* dlogits) override { launch_poison(c_.stream, dlogits, guard_.get()); }
+  void guard_end_step(std::int64_t step) override {
+    const int slot = static_cast<int>(step % kVerdictSlots);
+    CUDA_CHECK(cudaMemcpyAsync(verdicts_ + slot, guard_.get(), sizeof(int), cudaMemcpyDeviceToHost, c_.stream));
+    CUDA_CHECK(cudaEventRecord(verdict_copied_[slot], c_.stream));
+  }
+  int guard_verdict(std::int64_t step) override {
+    const int slot = static_cast<int>(step % kVerdictSlots);
+    c_.wait_for_event(verdict_copied_[slot]);  // polls, with NCCL's error check between polls
+    return verdicts_[slot];
   }
   void add(float* dst, const float* src, std::int64_t n) override { launch_add(c_.stream, dst, src, n); }
   void copy(float* dst, const float* src, std::int64_t n) override {
@@ -205,6 +229,9 @@ class CudaBackend final : public Backend {
 
  private:
   Context c_;
+  DeviceArray<int> guard_;                         // the step's kNonfinite* bits, on the device
+  int* verdicts_ = nullptr;                        // (kVerdictSlots), pinned: the flag after step s in slot s % 4
+  cudaEvent_t verdict_copied_[kVerdictSlots] = {};  // recorded after each slot's copy
 };
 
 }  // namespace

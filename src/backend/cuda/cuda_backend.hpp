@@ -97,8 +97,14 @@ std::unique_ptr<LayerKernel> make_flatten(Context& c, const LayerSpec& l, const 
 
 // Launchers of our kernels (src/backend/cuda/kernels.cu), all on `s`, all checked.
 // Adds per-row loss and correct counts into sums (double loss_sum, then correct as a double).
+// With dlogits and guard: a non-finite loss sets dlogits[0] = NaN and ORs kNonfiniteLoss into
+// *guard (Note [Non-finite steps on a device] in include/mnist_mpi/backend/backend.hpp).
 void launch_softmax_xent(cudaStream_t s, const float* logits, const std::int32_t* labels, int batch, int classes,
-                         float* dlogits, float grad_scale, double* sums);
+                         float* dlogits, float grad_scale, double* sums, int* guard);
+// *guard |= kNonfiniteGradient when any of g[0, n) is NaN or inf.
+void launch_finite_check(cudaStream_t s, const float* g, std::int64_t n, int* guard);
+// dlogits[0] = NaN and *guard |= kNonfiniteLoss (the testing hook of MNIST_MPI_FAULT=...:nan).
+void launch_poison(cudaStream_t s, float* dlogits, int* guard);
 // db[c] = sum over n and the plane of dy (N, C, plane), in a fixed order (deterministic).
 void launch_bias_grad(cudaStream_t s, const float* dy, int n, int c, std::int64_t plane, float* db);
 // y (N, C, plane) += b[c].
@@ -107,8 +113,9 @@ void launch_bias_add(cudaStream_t s, float* y, const float* b, int n, int c, std
 // null: idx = position + i).
 void launch_gather(cudaStream_t s, const std::uint8_t* images, const std::uint8_t* labels, const std::int64_t* order,
                    std::int64_t position, std::int64_t n, std::int64_t pixels, float* x, std::int32_t* labels_out);
+// guard (may be null): no update while *guard holds kNonfiniteGradient.
 void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, std::int64_t t, double lr, float* p,
-                      const float* g, float* m, float* v, std::int64_t n);
+                      const float* g, float* m, float* v, std::int64_t n, const int* guard);
 void launch_add(cudaStream_t s, float* dst, const float* src, std::int64_t n);
 void launch_fill(cudaStream_t s, float* dst, float value, std::int64_t n);
 // Zero padding with (possibly asymmetric) margins: dst (N, C, H + top + bottom, W + left + right)

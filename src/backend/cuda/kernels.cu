@@ -3,6 +3,8 @@
 // optimiser pass, dropout, padding and small elementwise helpers. Each is written to compute the
 // same float operations as the CPU code it mirrors; the GPU tests compare them
 // (tests/test_gpu.cpp).
+#include <math_constants.h>
+
 #include <cmath>
 
 #include "mnist_mpi/rng.hpp"
@@ -28,7 +30,7 @@ unsigned blocks_for(std::int64_t n) {
 // depend on timing.
 __global__ void softmax_xent_kernel(const float* __restrict__ logits, const std::int32_t* __restrict__ labels,
                                     int batch, int classes, float* __restrict__ dlogits, float grad_scale,
-                                    double* __restrict__ sums) {
+                                    double* __restrict__ sums, int* __restrict__ guard) {
   __shared__ double loss_part[kThreads];
   __shared__ double correct_part[kThreads];
   double loss = 0.0, correct = 0.0;
@@ -65,7 +67,25 @@ __global__ void softmax_xent_kernel(const float* __restrict__ logits, const std:
   if (threadIdx.x == 0) {
     sums[0] += loss_part[0];
     sums[1] += correct_part[0];
+    // Note [Non-finite steps on a device]: a non-finite loss makes the gradient non-finite too
+    // (the CPU trainer does the same), so that every rank's reduced gradient shows it.
+    if (guard && !isfinite(loss_part[0])) {
+      dlogits[0] = CUDART_NAN_F;
+      atomicOr(guard, Backend::kNonfiniteLoss);
+    }
   }
+}
+
+// ORs kNonfiniteGradient into *guard when any of g[0, n) is NaN or inf (one atomic per block).
+__global__ void finite_check_kernel(const float* __restrict__ g, std::int64_t n, int* __restrict__ guard) {
+  int bad = 0;
+  MNIST_GRID_LOOP(i, n) bad |= !isfinite(g[i]);
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(guard, Backend::kNonfiniteGradient);
+}
+
+__global__ void poison_kernel(float* __restrict__ dlogits, int* __restrict__ guard) {
+  dlogits[0] = CUDART_NAN_F;
+  atomicOr(guard, Backend::kNonfiniteLoss);
 }
 
 // One block per channel; double partial sums added in a fixed tree order.
@@ -109,9 +129,12 @@ __global__ void gather_kernel(const std::uint8_t* __restrict__ images, const std
 // multiply and add rounds on its own. nvcc would contract a * b + c into one FMA; the explicit
 // round-to-nearest intrinsics below forbid that and keep the CPU's evaluation order, so the GPU
 // pass gives the same bits as the CPU one (tests/test_gpu.cpp checks equality, not closeness).
+// guard: the flag of Note [Non-finite steps on a device]; no update while it holds kNonfiniteGradient.
 __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                             float* __restrict__ v, std::int64_t n, float wd, float b1, float one_minus_b1, float b2,
-                            float one_minus_b2, float step_size, float inv_sqrt_bc2, float eps) {
+                            float one_minus_b2, float step_size, float inv_sqrt_bc2, float eps,
+                            const int* __restrict__ guard) {
+  if (guard && (*guard & Backend::kNonfiniteGradient)) return;
   MNIST_GRID_LOOP(i, n) {
     const float gi = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
     const float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(one_minus_b1, gi));
@@ -124,7 +147,8 @@ __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, 
 }
 
 __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, std::int64_t n,
-                           float wd, float mu, bool nesterov, float lr) {
+                           float wd, float mu, bool nesterov, float lr, const int* __restrict__ guard) {
+  if (guard && (*guard & Backend::kNonfiniteGradient)) return;
   MNIST_GRID_LOOP(i, n) {
     float gi = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
     if (mu != 0.0f) {
@@ -184,9 +208,21 @@ __global__ void dropout_kernel(const float* __restrict__ x, float* __restrict__ 
 }  // namespace
 
 void launch_softmax_xent(cudaStream_t s, const float* logits, const std::int32_t* labels, int batch, int classes,
-                         float* dlogits, float grad_scale, double* sums) {
-  softmax_xent_kernel<<<1, kThreads, 0, s>>>(logits, labels, batch, classes, dlogits, grad_scale, sums);
+                         float* dlogits, float grad_scale, double* sums, int* guard) {
+  softmax_xent_kernel<<<1, kThreads, 0, s>>>(logits, labels, batch, classes, dlogits, grad_scale, sums,
+                                             dlogits ? guard : nullptr);
   CUDA_CHECK_LAUNCH(softmax_xent_kernel);
+}
+
+void launch_finite_check(cudaStream_t s, const float* g, std::int64_t n, int* guard) {
+  if (n <= 0) return;
+  finite_check_kernel<<<blocks_for(n), kThreads, 0, s>>>(g, n, guard);
+  CUDA_CHECK_LAUNCH(finite_check_kernel);
+}
+
+void launch_poison(cudaStream_t s, float* dlogits, int* guard) {
+  poison_kernel<<<1, 1, 0, s>>>(dlogits, guard);
+  CUDA_CHECK_LAUNCH(poison_kernel);
 }
 
 void launch_bias_grad(cudaStream_t s, const float* dy, int n, int c, std::int64_t plane, float* db) {
@@ -207,7 +243,7 @@ void launch_gather(cudaStream_t s, const std::uint8_t* images, const std::uint8_
 }
 
 void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, std::int64_t t, double lr, float* p,
-                      const float* g, float* m, float* v, std::int64_t n) {
+                      const float* g, float* m, float* v, std::int64_t n, const int* guard) {
   // The scalars exactly as optimizer_pass_host computes them (host code, same expressions).
   const float wd = static_cast<float>(cfg.weight_decay);
   if (cfg.kind == "adam") {
@@ -218,11 +254,11 @@ void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, std::int64_t t
     const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
     const float eps = static_cast<float>(cfg.eps);
     adam_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, wd, b1, 1.0f - b1, b2, 1.0f - b2, step_size,
-                                                   inv_sqrt_bc2, eps);
+                                                   inv_sqrt_bc2, eps, guard);
     CUDA_CHECK_LAUNCH(adam_kernel);
   } else {
     sgd_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, n, wd, static_cast<float>(cfg.momentum), cfg.nesterov,
-                                                  static_cast<float>(lr));
+                                                  static_cast<float>(lr), guard);
     CUDA_CHECK_LAUNCH(sgd_kernel);
   }
 }
