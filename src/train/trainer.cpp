@@ -480,10 +480,7 @@ RunResult Trainer::run() {
       for (; waited < n_buckets; ++waited) exposed += reducer_->wait_bucket(waited);  // no sum left in flight
       nonfinite_step(step, !loss_finite, step);
     }
-    if (device) {
-      backend_->guard_end_step(step);
-      settle(step - kVerdictLag);
-    }
+    if (device) backend_->guard_end_step(step);
     const auto t5 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t5 - t0).count();
     if (timeline_) timeline_->step_done(step, t0, t5, reducer_->bucket_timings());
@@ -507,7 +504,8 @@ RunResult Trainer::run() {
     const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);
     const bool epoch_end = (step + 1) % steps_per_epoch_ == 0;
     const bool eval_now = opt_.eval_every > 0 && (step + 1) % opt_.eval_every == 0 && step + 1 != total_steps_;
-    if (device && (log_now || epoch_end || eval_now)) settle(step);  // these synchronise anyway
+    // After the window count above, so that a restarted window drops this step's loss and count alike.
+    if (device) settle(log_now || epoch_end || eval_now ? step : step - kVerdictLag);  // the former sync anyway
     if (log_now) {
       double v[2] = {train_loss_->read().loss_sum, static_cast<double>(window_n)};  // a GPU syncs here
       train_loss_->reset();
