@@ -91,5 +91,34 @@ TEST(LaunchEnv, LocalRankFromMpiUnlessTheRankIsAlone) {
   EXPECT_EQ(read({}).choose_local_rank(0, 1), 0);
 }
 
+// Note [Open MPI's point-to-point layer on one node]: ob1 exactly when the job is known to be on
+// one node and the user chose no pml.
+const char* pml(const std::map<std::string, std::string>& vars) {
+  return pml_for_launch([&](const char* name) -> const char* {
+    const auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(LaunchEnv, Ob1OnlyForJobsOnOneNode) {
+  const auto is = [](const char* got, const char* want) {
+    return want == nullptr ? got == nullptr : got != nullptr && std::string(got) == want;
+  };
+  EXPECT_TRUE(is(pml({}), "ob1"));  // a singleton
+  EXPECT_TRUE(is(pml({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}), "ob1"));
+  EXPECT_TRUE(is(pml({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}), nullptr));
+  EXPECT_TRUE(is(pml({{"OMPI_COMM_WORLD_SIZE", "2"}}), nullptr));  // no local size: unknown
+  // mpirun inside a two-node allocation on one of its nodes: mpirun's variables decide.
+  EXPECT_TRUE(is(pml({{"SLURM_JOB_ID", "7"}, {"SLURM_NNODES", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}), "ob1"));
+  EXPECT_TRUE(is(pml({{"SLURM_JOB_ID", "7"}, {"SLURM_STEP_NUM_NODES", "1"}, {"SLURM_NNODES", "2"}}), "ob1"));
+  EXPECT_TRUE(is(pml({{"SLURM_JOB_ID", "7"}, {"SLURM_STEP_NUM_NODES", "2"}}), nullptr));
+  EXPECT_TRUE(is(pml({{"SLURM_JOB_ID", "7"}, {"SLURM_NNODES", "1"}}), "ob1"));
+  EXPECT_TRUE(is(pml({{"SLURM_JOB_ID", "7"}}), nullptr));
+  EXPECT_TRUE(is(pml({{"OMPI_MCA_pml", "ucx"}}), nullptr));  // the user's choice stands
+  EXPECT_TRUE(is(pml({{"OMPI_MCA_pml", "ucx"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
+                 nullptr));
+}
+
 }  // namespace
 }  // namespace mnist_mpi

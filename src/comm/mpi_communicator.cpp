@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -19,6 +20,8 @@
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
+
+#include "mnist_mpi/launch/launch_env.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -405,6 +408,9 @@ std::unique_ptr<Communicator> make_mpi_communicator() { return std::make_unique<
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) { return std::make_unique<MpiCommunicator>(comm); }
 
 int init_mpi(int* argc, char*** argv) {
+  // Note [Open MPI's point-to-point layer on one node] (include/mnist_mpi/launch/launch_env.hpp)
+  if (const char* pml = pml_for_launch([](const char* name) { return std::getenv(name); }))
+    setenv("OMPI_MCA_pml", pml, 0);
   int provided = MPI_THREAD_SINGLE;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   return provided;

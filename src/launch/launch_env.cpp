@@ -48,6 +48,16 @@ std::string json_string(const std::string& s) {
 // rank on the first node, measured), so SLURM_LOCALID is trusted only when srun itself started the
 // rank (SLURM_STEP_ID is set for srun steps and absent in the batch shell). A Slurm job variable
 // without either means the batch shell ran the program itself, as one process.
+const char* pml_for_launch(const std::function<const char*(const char*)>& lookup) {
+  if (lookup("OMPI_MCA_pml")) return nullptr;  // the user's choice
+  const int world = get_int(lookup, "OMPI_COMM_WORLD_SIZE", -1);
+  if (world > 0) return get_int(lookup, "OMPI_COMM_WORLD_LOCAL_SIZE", -1) == world ? "ob1" : nullptr;
+  const int step_nodes = get_int(lookup, "SLURM_STEP_NUM_NODES", -1);
+  if (step_nodes > 0) return step_nodes == 1 ? "ob1" : nullptr;
+  if (lookup("SLURM_JOB_ID")) return get_int(lookup, "SLURM_NNODES", -1) == 1 ? "ob1" : nullptr;
+  return "ob1";  // a singleton: one process
+}
+
 LaunchEnv read_launch_env(const std::function<const char*(const char*)>& lookup) {
   LaunchEnv e;
   e.slurm_job_id = get(lookup, "SLURM_JOB_ID");
