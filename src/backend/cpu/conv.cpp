@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "mnist_mpi/check.hpp"
 #include "src/backend/cpu/kernels.hpp"
 
 namespace mnist_mpi::cpu {
@@ -29,44 +30,81 @@ namespace {
 // into OIHW. Each image's sum (OH * OW terms) is kept in float and the batch's sum of those in
 // double: one float sum over the whole batch (100,352 terms for tiny) would lose digits that
 // oneDNN's gemm-based kernel, summing per image, keeps. Fixed order, so deterministic.
+// The terms of one image: part (C, KH, KW, B) += x * dy over every output position, bsum (B) +=
+// dy. x is the image zero-padded to (C, Hp, Wp), so no position needs a bounds check: a padding
+// term adds v * g = +-0 to a sum that started at +0, which changes no bit of a finite sum. Each
+// (c, kh, kw, b) element is summed in the same order as before vectorising; the b loop is B
+// independent lanes (no FMA contraction in ISO C++ mode), so the bits do not depend on the ISA.
 template <int B>
-void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, const float* dy, float* part,
-                             double* acc, float* dw, float* db) {
+inline void image_weight_grad(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp,
+                              const float* __restrict xp, const float* __restrict dyp, float* __restrict part,
+                              float* __restrict bsum) {
+  for (int h = 0; h < OH; ++h)
+    for (int w = 0; w < OW; ++w) {
+      const float* __restrict g = dyp + (static_cast<std::int64_t>(h) * OW + w) * B;
+#pragma omp simd
+      for (int b = 0; b < B; ++b) bsum[b] += g[b];
+      for (int c = 0; c < C; ++c)
+        for (int kh = 0; kh < KH; ++kh) {
+          const float* __restrict xr = xp + (static_cast<std::int64_t>(c) * Hp + h * s + kh) * Wp + w * s;
+          float* __restrict t = part + (static_cast<std::int64_t>(c) * KH + kh) * KW * B;
+          for (int kw = 0; kw < KW; ++kw) {
+            const float v = xr[kw];
+#pragma omp simd
+            for (int b = 0; b < B; ++b) t[kw * B + b] += v * g[b];
+          }
+        }
+    }
+}
+
+// Built for AVX-512, AVX2 and the baseline, chosen at load time by the CPU (GCC's target_clones):
+// the rest of the program is built for the baseline x86-64 so that one build runs anywhere.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void image_weight_grad8(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp, const float* xp,
+                        const float* dyp, float* part, float* bsum) {
+  image_weight_grad<8>(C, KH, KW, s, OH, OW, Hp, Wp, xp, dyp, part, bsum);
+}
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void image_weight_grad16(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp, const float* xp,
+                         const float* dyp, float* part, float* bsum) {
+  image_weight_grad<16>(C, KH, KW, s, OH, OW, Hp, Wp, xp, dyp, part, bsum);
+}
+
+// xpad: (C, Hp, Wp) with Hp = (OH - 1) * stride + KH, Wp likewise, zero outside the image (its
+// border is never written, so it stays zero from construction on).
+template <int B>
+void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, const float* dy, float* xpad,
+                             float* part, double* acc, float* dw, float* db) {
   const int C = l.in.c, H = l.in.h, W = l.in.w, O = l.out.c, OH = l.out.h, OW = l.out.w, KH = l.kernel_h,
             KW = l.kernel_w, s = l.stride;
+  const int Hp = (OH - 1) * s + KH, Wp = (OW - 1) * s + KW;
   const std::int64_t per_block = static_cast<std::int64_t>(C) * KH * KW * B;  // (C, KH, KW, B)
-  for (int ob = 0; ob < O / B; ++ob) {
-    double* a = acc + ob * per_block;
-    double bias_sum[B] = {};
-    std::fill(a, a + per_block, 0.0);
-    for (int n = 0; n < batch; ++n) {
+  for (int ob = 0; ob < O / B; ++ob) std::fill(acc + ob * per_block, acc + (ob + 1) * per_block, 0.0);
+  double bias_sum[16 * 64] = {};  // (O): O <= 1024 is checked at construction
+  for (int n = 0; n < batch; ++n) {
+    const float* xs = x + static_cast<std::int64_t>(n) * C * H * W;  // (C, H, W)
+    for (int c = 0; c < C; ++c)
+      for (int i = 0; i < H; ++i) {
+        const int ph = i + l.pad_top;
+        if (ph < 0 || ph >= Hp) continue;
+        for (int j = 0; j < W; ++j) {
+          const int pw = j + l.pad_left;
+          if (pw >= 0 && pw < Wp) xpad[(static_cast<std::int64_t>(c) * Hp + ph) * Wp + pw] = xs[(static_cast<std::int64_t>(c) * H + i) * W + j];
+        }
+      }
+    for (int ob = 0; ob < O / B; ++ob) {
       // One image's sum in float (OH * OW terms), added to the batch's sum in double.
       std::fill(part, part + per_block, 0.0f);
       float bsum[B] = {};
       const float* dyp = dy + ((static_cast<std::int64_t>(n) * (O / B) + ob) * OH * OW) * B;  // (OH, OW, B)
-      const float* xs = x + static_cast<std::int64_t>(n) * C * H * W;                          // (C, H, W)
-      for (int h = 0; h < OH; ++h)
-        for (int w = 0; w < OW; ++w) {
-          const float* g = dyp + (static_cast<std::int64_t>(h) * OW + w) * B;
-          for (int b = 0; b < B; ++b) bsum[b] += g[b];
-          for (int c = 0; c < C; ++c)
-            for (int kh = 0; kh < KH; ++kh) {
-              const int ih = h * s + kh - l.pad_top;
-              if (ih < 0 || ih >= H) continue;
-              for (int kw = 0; kw < KW; ++kw) {
-                const int iw = w * s + kw - l.pad_left;
-                if (iw < 0 || iw >= W) continue;
-                const float v = xs[(static_cast<std::int64_t>(c) * H + ih) * W + iw];
-                float* t = part + ((static_cast<std::int64_t>(c) * KH + kh) * KW + kw) * B;
-                for (int b = 0; b < B; ++b) t[b] += v * g[b];
-              }
-            }
-        }
+      if constexpr (B == 8) image_weight_grad8(C, KH, KW, s, OH, OW, Hp, Wp, xpad, dyp, part, bsum);
+      else image_weight_grad16(C, KH, KW, s, OH, OW, Hp, Wp, xpad, dyp, part, bsum);
+      double* a = acc + ob * per_block;
       for (std::int64_t k = 0; k < per_block; ++k) a[k] += part[k];
-      for (int b = 0; b < B; ++b) bias_sum[b] += bsum[b];
+      for (int b = 0; b < B; ++b) bias_sum[ob * B + b] += bsum[b];
     }
-    for (int b = 0; b < B; ++b) db[ob * B + b] = static_cast<float>(bias_sum[b]);
   }
+  for (int o = 0; o < O; ++o) db[o] = static_cast<float>(bias_sum[o]);
   const std::int64_t k_count = static_cast<std::int64_t>(C) * KH * KW;
   for (int o = 0; o < O; ++o)
     for (std::int64_t k = 0; k < k_count; ++k)
@@ -128,8 +166,11 @@ class Conv final : public LayerKernel {
       desc_ += ", bwd-weights own loop (plain x, blocked dy)";
       l_ = l;
       b_ = b;
+      MNIST_CHECK(l.channels <= 1024, ExitCode::kUsage, "a first convolution of more than 1024 channels");
       own_part_.assign(static_cast<std::size_t>(l.channels * l.in.c * l.kernel_h * l.kernel_w), 0.0f);
       own_acc_.assign(own_part_.size(), 0.0);
+      own_xpad_.assign(static_cast<std::size_t>(l.in.c) * ((l.out.h - 1) * l.stride + l.kernel_h) *
+                           ((l.out.w - 1) * l.stride + l.kernel_w), 0.0f);
       return;
     }
     desc_ += ", bwd-weights " + impl(bw);
@@ -157,9 +198,10 @@ class Conv final : public LayerKernel {
     }
     float* db = b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w;
     if (b_.y_layout == Layout::kBlocked8)
-      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, own_part_.data(), own_acc_.data(), b_.dw, db);
+      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, own_xpad_.data(), own_part_.data(), own_acc_.data(), b_.dw, db);
     else
-      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, own_part_.data(), own_acc_.data(), b_.dw, db);
+      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, own_xpad_.data(), own_part_.data(), own_acc_.data(),
+                                  b_.dw, db);
   }
   std::string describe() const override { return desc_; }
 
@@ -173,6 +215,7 @@ class Conv final : public LayerKernel {
   LayerBuffers b_;
   std::vector<float> own_part_;  // one image's sum, (O/B, I, KH, KW, B) (only B-wide slices used)
   std::vector<double> own_acc_;  // the batch's sum, (O/B, I, KH, KW, B)
+  std::vector<float> own_xpad_;  // one image, zero-padded (I, Hp, Wp)
 };
 
 }  // namespace
