@@ -176,10 +176,10 @@ void check_fd(const std::string& what, Rig& rig, std::vector<float>& var, const 
 // reference works on plain copies.
 void check_layer(const std::string& text, Shape input, int classes, int batch, std::uint64_t seed,
                  double fwd_atol = 1e-4, double fwd_rtol = 1e-4, Layout x_layout = Layout::kPlain,
-                 Layout y_layout = Layout::kPlain) {
+                 Layout y_layout = Layout::kPlain, int threads = 1) {
   SCOPED_TRACE(text + " x block " + std::to_string(block_of(x_layout)) + " y block " +
-               std::to_string(block_of(y_layout)));
-  auto be = make_cpu_backend(1);
+               std::to_string(block_of(y_layout)) + ", " + std::to_string(threads) + " thread(s)");
+  auto be = make_cpu_backend(threads);
   const LayerSpec l = layer_of(text, input, classes);
   Rig rig(*be, l, batch, seed, true, true, 0, x_layout, y_layout);
   // Copied in place (never assigned): the kernel holds the buffer's address.
@@ -312,6 +312,8 @@ TEST(BlockedLayouts, Conv) {
     const std::string c = std::to_string(block_of(b));  // channels: one block
     // A first convolution (one input channel, plain) writing blocked output.
     check_layer("conv:5x5:" + c + ":same,fc:10", {1, 6, 6}, 10, 2, 81, 1e-4, 1e-4, Layout::kPlain, b);
+    // The same with its images shared out between 2 threads (3 images: uneven chunks).
+    check_layer("conv:5x5:" + c + ":same,fc:10", {1, 6, 6}, 10, 3, 91, 1e-4, 1e-4, Layout::kPlain, b, 2);
     // Blocked to blocked, odd sizes and a stride.
     check_layer("conv:3x3:" + c + ":same,fc:10", {block_of(b), 5, 5}, 10, 1, 82, 1e-4, 1e-4, b, b);
     check_layer("conv:3x3:" + c + ":valid:s2,fc:10", {block_of(b), 5, 5}, 10, 2, 83, 1e-4, 1e-4, b, b);
@@ -326,6 +328,7 @@ TEST(BlockedLayouts, MaxPool) {
     check_layer("maxpool:2,fc:10", {16, 7, 7}, 10, 2, 86, 0.0, 0.0, b, b);
     check_layer("maxpool:2,fc:10", {32, 4, 4}, 10, 2, 87, 0.0, 0.0, b, Layout::kPlain);  // before flatten
     check_layer("maxpool:3:2,fc:10", {16, 7, 7}, 10, 1, 88, 0.0, 0.0, b, b);           // overlapping
+    check_layer("maxpool:2,fc:10", {16, 7, 7}, 10, 3, 92, 0.0, 0.0, b, b, 2);          // samples on 2 threads
   }
 }
 

@@ -45,6 +45,8 @@ inline void pool_forward_blocked(const PoolShape& p, int batch, const float* __r
                                  std::int32_t* __restrict args) {
   const int ih = p.ih, iw = p.iw, oh = p.oh, ow = p.ow;
   const int k_h = K > 0 ? K : p.k_h, k_w = K > 0 ? K : p.k_w, s = K > 0 ? K : p.s;
+  // Samples are independent: with --threads > 1 they are shared out (same bits for any count).
+#pragma omp parallel for schedule(static)
   for (int n = 0; n < batch; ++n)
     for (int cb = 0; cb < p.cb_count; ++cb) {
       const std::int64_t base = static_cast<std::int64_t>(cb) * ih * iw * B;  // within the sample
@@ -131,9 +133,10 @@ class MaxPool final : public LayerKernel {
 
   void backward(const StepContext&) override {
     if (!b_.dx) return;
-    std::memset(b_.dx, 0, static_cast<std::size_t>(b_.batch * in_sample_) * sizeof(float));
+#pragma omp parallel for schedule(static)
     for (std::int64_t n = 0; n < b_.batch; ++n) {
       float* dx = b_.dx + n * in_sample_;  // one sample, in x's layout
+      std::memset(dx, 0, static_cast<std::size_t>(in_sample_) * sizeof(float));
       const float* dy = b_.dy + n * out_sample_;
       const std::int32_t* arg = argmax_.data() + n * out_sample_;
       for (std::int64_t o = 0; o < out_sample_; ++o) dx[arg[o]] += dy[o];
