@@ -341,24 +341,25 @@ TEST_F(Gpu, NonFiniteStepStopsTheRunAndNothingReachesTheParameters) {
   MPI_Comm self = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank(), 0, &self);
   const std::vector<float> two_steps = train(self, options("cuda", 32, 2));
-  setenv("MNIST_MPI_FAULT", "0:3:nan", 1);
-  auto c = make_mpi_communicator(self);
-  Trainer t(options("cuda", 32, 10), *c);
-  unsetenv("MNIST_MPI_FAULT");
-  ExitCode code = ExitCode::kOk;
-  std::string msg;
-  try {
-    t.run();
-  } catch (const Error& e) {
-    code = e.code();
-    msg = e.what();
+  {  // the trainer is destroyed before its communicator, and both before MPI_Comm_free
+    setenv("MNIST_MPI_FAULT", "0:3:nan", 1);
+    auto c = make_mpi_communicator(self);
+    Trainer t(options("cuda", 32, 10), *c);
+    unsetenv("MNIST_MPI_FAULT");
+    ExitCode code = ExitCode::kOk;
+    std::string msg;
+    try {
+      t.run();
+    } catch (const Error& e) {
+      code = e.code();
+      msg = e.what();
+    }
+    EXPECT_EQ(code, ExitCode::kNumerical) << msg;
+    EXPECT_NE(msg.find("non-finite gradient in step 3 (the loss was not finite on rank 0"), std::string::npos) << msg;
+    const std::vector<float> p = t.params_to_host();
+    EXPECT_TRUE(std::all_of(p.begin(), p.end(), [](float v) { return std::isfinite(v); }));
+    expect_agree("parameters after a NaN in step 3 against 2 steps", p, two_steps, 1e-6);
   }
-  EXPECT_EQ(code, ExitCode::kNumerical) << msg;
-  EXPECT_NE(msg.find("non-finite gradient in step 3 (the loss was not finite on rank 0"), std::string::npos) << msg;
-  const std::vector<float> p = t.params_to_host();
-  EXPECT_TRUE(std::all_of(p.begin(), p.end(), [](float v) { return std::isfinite(v); }));
-  expect_agree("parameters after a NaN in step 3 against 2 steps", p, two_steps, 1e-6);
-  c.reset();
   MPI_Comm_free(&self);
 }
 
