@@ -115,12 +115,12 @@ inline void image_weight_grad_any(int C, int KH, int KW, int s, int OH, int OW, 
 
 // Built for AVX-512, AVX2 and the baseline, chosen at load time by the CPU (GCC's target_clones):
 // the rest of the program is built for the baseline x86-64 so that one build runs anywhere.
-__attribute__((target_clones("avx512f", "avx2", "default")))
+MNIST_MPI_CPU_CLONES
 void image_weight_grad8(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp, const float* xp,
                         const float* dyp, float* part, float* bsum) {
   image_weight_grad_any<8>(C, KH, KW, s, OH, OW, Hp, Wp, xp, dyp, part, bsum);
 }
-__attribute__((target_clones("avx512f", "avx2", "default")))
+MNIST_MPI_CPU_CLONES
 void image_weight_grad16(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp, const float* xp,
                          const float* dyp, float* part, float* bsum) {
   image_weight_grad_any<16>(C, KH, KW, s, OH, OW, Hp, Wp, xp, dyp, part, bsum);
@@ -143,11 +143,11 @@ inline void bias_grad_blocked(int batch, int O, std::int64_t plane, const float*
     }
   for (int o = 0; o < O; ++o) db[o] = static_cast<float>(acc[o]);
 }
-__attribute__((target_clones("avx512f", "avx2", "default")))
+MNIST_MPI_CPU_CLONES
 void bias_grad_blocked8(int batch, int O, std::int64_t plane, const float* dy, double* acc, float* db) {
   bias_grad_blocked<8>(batch, O, plane, dy, acc, db);
 }
-__attribute__((target_clones("avx512f", "avx2", "default")))
+MNIST_MPI_CPU_CLONES
 void bias_grad_blocked16(int batch, int O, std::int64_t plane, const float* dy, double* acc, float* db) {
   bias_grad_blocked<16>(batch, O, plane, dy, acc, db);
 }

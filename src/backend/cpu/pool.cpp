@@ -103,11 +103,11 @@ inline void pool_forward_blocked_any(const PoolShape& p, int batch, const float*
 // Built for AVX-512, AVX2 and the baseline, chosen by the CPU at load time (as the convolution's
 // own loop in src/backend/cpu/conv.cpp): the B-wide compare-and-select needs blends, which the
 // baseline x86-64 (SSE2) lacks. Comparisons and selects only: the same bits on every ISA.
-__attribute__((target_clones("avx512f", "avx2", "default")))
+MNIST_MPI_CPU_CLONES
 void pool_forward_blocked8(const PoolShape& p, int batch, const float* x, float* y, std::int32_t* arg) {
   pool_forward_blocked_any<8>(p, batch, x, y, arg);
 }
-__attribute__((target_clones("avx512f", "avx2", "default")))
+MNIST_MPI_CPU_CLONES
 void pool_forward_blocked16(const PoolShape& p, int batch, const float* x, float* y, std::int32_t* arg) {
   pool_forward_blocked_any<16>(p, batch, x, y, arg);
 }
