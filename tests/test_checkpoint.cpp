@@ -190,11 +190,13 @@ TEST(Checkpoint, CountersWhoseProductsOverflowAreRefused) {
   meta.global_batch = std::int64_t{1} << 40;  // 2^80 images per epoch
   meta.epoch = meta.sampler_epoch = 0;
   EXPECT_NE(message_of(encode(spec, meta, sample_state(spec.param_count))).find("disagree"), std::string::npos);
+  // A product that wraps to 0 (2^62 * 4 = 2^64) with every other counter consistent with the
+  // wrapped value: only the overflow check refuses it, also in a build without UBSan.
   meta = sample_meta(spec);
-  meta.train_count = std::numeric_limits<std::int64_t>::max();
   meta.steps_per_epoch = std::int64_t{1} << 62;
-  meta.global_batch = 2;  // steps_per_epoch * global_batch = 2^63
-  meta.epoch = meta.sampler_epoch = 0;
+  meta.global_batch = 4;
+  meta.epoch = meta.sampler_epoch = 0;           // 37 / 2^62
+  meta.sampler_position = meta.step * 4;         // (37 % 2^62) * 4
   EXPECT_NE(message_of(encode(spec, meta, sample_state(spec.param_count))).find("disagree"), std::string::npos);
 }
 
