@@ -27,3 +27,44 @@ std::string mpi_error_string(int rc) {
 }
 
 }  // namespace mnist_mpi
+
+namespace mnist_mpi {
+
+// Note [Quoting what the user wrote] in include/mnist_mpi/check.hpp.
+std::string quote_input(std::string_view text, std::size_t max) {
+  auto escaped = [](std::string_view s) {
+    std::string out;
+    out.reserve(s.size());
+    for (const char ch : s) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c >= 0x20 && c < 0x7f && c != '\\') {
+        out += ch;
+      } else {
+        static const char* hex = "0123456789abcdef";
+        out += "\\x";
+        out += hex[c >> 4];
+        out += hex[c & 15];
+      }
+    }
+    return out;
+  };
+  if (max < 8) max = 8;
+  if (text.size() <= max) return "'" + escaped(text) + "'";
+  const std::size_t head = max * 2 / 3, tail = max - head;
+  return "'" + escaped(text.substr(0, head)) + "...(" + std::to_string(text.size() - head - tail) + " more bytes)..." +
+         escaped(text.substr(text.size() - tail)) + "'";
+}
+
+std::optional<std::int64_t> checked_mul(std::int64_t a, std::int64_t b) {
+  std::int64_t r = 0;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
+std::optional<std::int64_t> checked_add(std::int64_t a, std::int64_t b) {
+  std::int64_t r = 0;
+  if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
+}  // namespace mnist_mpi

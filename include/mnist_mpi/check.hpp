@@ -4,8 +4,12 @@
 // makes sure every rank ends (see Note [Ending every rank] in src/main.cpp).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace mnist_mpi {
 
@@ -18,6 +22,8 @@ enum class ExitCode : int {
   kCheckpoint = 4,   // a missing, corrupt or mismatched checkpoint (the last good one is kept)
   kNumerical = 5,    // a non-finite loss or gradient
   kDevice = 6,       // no usable GPU for --device cuda, or more ranks on a node than GPUs
+  kOutput = 7,       // training finished, but an output (metrics, TensorBoard, timeline, report, progress)
+                     // could not be written (Note [When an output cannot be written])
   kPreempted = 75,   // stopped by SIGTERM / SIGINT / SIGUSR1 after writing a checkpoint: rerun with
                      // --resume auto (75 is EX_TEMPFAIL: a temporary failure, try again)
 };
@@ -46,6 +52,18 @@ class AgreedError : public Error {
 [[noreturn]] void throw_call_error(ExitCode code, const char* lib, const char* stmt, const char* file, int line,
                                    const std::string& lib_msg);
 std::string mpi_error_string(int rc);
+
+// Note [Quoting what the user wrote]
+// Messages quote the user's input (option values, spec tokens, paths, config lines) through
+// quote_input(): in single quotes, control and non-ASCII bytes escaped as \xNN (a binary file
+// cannot write raw bytes to the terminal), and at most `max` characters of it: a longer text keeps
+// its head and tail around "...(N more bytes)...", so that a 10 MB value gives a one-line message.
+std::string quote_input(std::string_view text, std::size_t max = 80);
+
+// a * b and a + b for sizes computed from user input, or nullopt when they overflow int64 (or are
+// negative): callers turn that into an error naming what overflowed.
+std::optional<std::int64_t> checked_mul(std::int64_t a, std::int64_t b);
+std::optional<std::int64_t> checked_add(std::int64_t a, std::int64_t b);
 
 }  // namespace mnist_mpi
 

@@ -1,0 +1,41 @@
+// What a path is, found out before it is opened, and opening that cannot block.
+//
+// Note [Look before you open]
+// open() of a FIFO for reading blocks until a writer appears, and a directory, a socket or
+// /dev/zero behind a link "opens" but then reads nothing, an error, or an endless stream. Every
+// file the program reads (MNIST files, checkpoints, --config) therefore goes through
+// open_regular_file(): it opens with O_NONBLOCK (a FIFO then opens at once), asks fstat() what was
+// opened, refuses anything but a regular file with a message that says what it found, and only
+// then clears O_NONBLOCK. Checking the opened descriptor, not the name, leaves no window for the
+// path to change between the check and the read. Outputs go through check_output_path(): a
+// regular file, a missing one (created), or a character device (/dev/null) are fine; a
+// directory, a FIFO, a socket or a block device are refused.
+#pragma once
+
+#include <string>
+
+#include "mnist_mpi/check.hpp"
+
+namespace mnist_mpi {
+
+enum class FileKind { kMissing, kRegular, kDirectory, kFifo, kCharDevice, kBlockDevice, kSocket, kBrokenLink, kOther };
+
+// stat() (links followed; a link to nothing is kBrokenLink). Never opens the path.
+FileKind file_kind(const std::string& path);
+// "a regular file", "a directory", "a FIFO (named pipe)", "a character device", ...
+const char* file_kind_name(FileKind kind);
+// The kind as said in a message: "a FIFO (named pipe)", or "a symbolic link to a character
+// device ('/dev/zero')" when the path is a link.
+std::string describe_path(const std::string& path);
+
+// Opens `path` for reading without blocking and checks that it is a regular file. Returns the
+// descriptor (blocking again, close-on-exec; the caller closes it). Otherwise throws
+// Error(code, "<what> '<path>' <is missing | is a FIFO (named pipe), not a regular file>; <fix>").
+int open_regular_file(const std::string& path, const std::string& what, ExitCode code, const std::string& fix);
+// The same check without keeping the file open.
+void require_regular_file(const std::string& path, const std::string& what, ExitCode code, const std::string& fix);
+// An output path: refused (Error(code)) when it is a directory, a FIFO, a socket, a block device
+// or a broken link, or when its parent directory does not exist.
+void check_output_path(const std::string& path, const std::string& what, ExitCode code);
+
+}  // namespace mnist_mpi

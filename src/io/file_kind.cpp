@@ -1,0 +1,112 @@
+// File kinds and non-blocking opens (Note [Look before you open] in
+// include/mnist_mpi/io/file_kind.hpp).
+#include "mnist_mpi/io/file_kind.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+namespace mnist_mpi {
+namespace {
+
+FileKind kind_of_mode(mode_t m) {
+  if (S_ISREG(m)) return FileKind::kRegular;
+  if (S_ISDIR(m)) return FileKind::kDirectory;
+  if (S_ISFIFO(m)) return FileKind::kFifo;
+  if (S_ISCHR(m)) return FileKind::kCharDevice;
+  if (S_ISBLK(m)) return FileKind::kBlockDevice;
+  if (S_ISSOCK(m)) return FileKind::kSocket;
+  return FileKind::kOther;
+}
+
+bool is_link(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+std::string refusal(const std::string& path, const std::string& what, FileKind kind, const std::string& fix) {
+  const std::string head = what + " " + quote_input(path) + " ";
+  const std::string tail = fix.empty() ? std::string() : "; " + fix;
+  if (kind == FileKind::kMissing) return head + "does not exist" + tail;
+  return head + "is " + describe_path(path) + ", not a regular file" + tail;
+}
+
+}  // namespace
+
+FileKind file_kind(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) return kind_of_mode(st.st_mode);
+  return is_link(path) ? FileKind::kBrokenLink : FileKind::kMissing;
+}
+
+const char* file_kind_name(FileKind kind) {
+  switch (kind) {
+    case FileKind::kMissing: return "missing";
+    case FileKind::kRegular: return "a regular file";
+    case FileKind::kDirectory: return "a directory";
+    case FileKind::kFifo: return "a FIFO (named pipe)";
+    case FileKind::kCharDevice: return "a character device";
+    case FileKind::kBlockDevice: return "a block device";
+    case FileKind::kSocket: return "a socket";
+    case FileKind::kBrokenLink: return "a symbolic link to nothing";
+    case FileKind::kOther: return "not a file, directory or device";
+  }
+  return "?";
+}
+
+std::string describe_path(const std::string& path) {
+  const FileKind kind = file_kind(path);
+  if (kind == FileKind::kBrokenLink || !is_link(path)) return file_kind_name(kind);
+  std::error_code ec;
+  const std::string target = std::filesystem::canonical(path, ec).string();
+  return std::string("a symbolic link to ") + file_kind_name(kind) + (ec ? "" : " (" + quote_input(target) + ")");
+}
+
+int open_regular_file(const std::string& path, const std::string& what, ExitCode code, const std::string& fix) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) throw Error(code, refusal(path, what, file_kind(path), fix));
+    throw Error(code, what + " " + quote_input(path) + ": cannot open: " + std::strerror(err) +
+                          (fix.empty() ? "" : "; " + fix));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const FileKind kind = kind_of_mode(st.st_mode);
+    ::close(fd);
+    throw Error(code, refusal(path, what, kind == FileKind::kRegular ? FileKind::kOther : kind, fix));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+void require_regular_file(const std::string& path, const std::string& what, ExitCode code, const std::string& fix) {
+  ::close(open_regular_file(path, what, code, fix));
+}
+
+void check_output_path(const std::string& path, const std::string& what, ExitCode code) {
+  const FileKind kind = file_kind(path);
+  switch (kind) {
+    case FileKind::kRegular:
+    case FileKind::kCharDevice:
+      return;
+    case FileKind::kMissing: {
+      const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+      const FileKind p = parent.empty() ? FileKind::kDirectory : file_kind(parent.string());
+      if (p == FileKind::kDirectory) return;
+      throw Error(code, what + " " + quote_input(path) + ": its directory " + quote_input(parent.string()) +
+                            (p == FileKind::kMissing ? " does not exist" : std::string(" is ") + file_kind_name(p)) +
+                            "; create the directory or choose another path");
+    }
+    default:
+      throw Error(code, what + " " + quote_input(path) + " is " + describe_path(path) +
+                            ", not a file that can be written; choose a regular file's path");
+  }
+}
+
+}  // namespace mnist_mpi
