@@ -79,6 +79,9 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       code = static_cast<int>(ExitCode::kRuntime);
       message = e.what();
+    } catch (...) {
+      code = static_cast<int>(ExitCode::kRuntime);
+      message = "an unknown exception during set-up";
     }
   };
 
@@ -99,7 +102,27 @@ int main(int argc, char** argv) {
     comm = watch_communicator(std::move(comm), *watch);
     trainer = std::make_unique<Trainer>(options, *comm, start);
   });
-  if (exit_ok) return finish(0);  // every rank parsed the same --help / --version
+  // Note [Every rank takes part in the set-up agreement]
+  // A rank that leaves before the agreement (one rank of an MPMD launch given --version) would
+  // leave the others waiting in it until --collective-timeout. So --help and --version take part
+  // too: the ranks first learn whether all, none or only some of them were asked to exit, and a
+  // mix is a usage error on every rank, at once.
+  {
+    WatchScope scope(watch.get(), "the setup agreement (allreduce)");
+    std::int64_t asked[2] = {exit_ok ? 1 : 0, exit_ok ? 0 : 1};  // some said exit, some did not
+    MPI_Allreduce(MPI_IN_PLACE, asked, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    if (asked[0] != 0 && asked[1] != 0) {
+      if (code == 0) {
+        code = static_cast<int>(ExitCode::kUsage);
+        message = "the ranks were started with different options: some were given --help or --version, others a run "
+                "(this rank: " + std::string(exit_ok ? "--help/--version" : "a run") +
+                "); give every rank of the job the same options";
+      }
+      exit_ok = false;
+      trainer.reset();
+    }
+  }
+  if (exit_ok) return finish(0);  // every rank parsed --help / --version
   if (const std::int64_t worst = agree("the setup agreement (allreduce)"); worst != 0) return finish(worst);
   catching([&] { check_ranks_agree(*comm, trainer->job_description()); });
   if (const std::int64_t worst = agree("the same-job agreement (allreduce)"); worst != 0) return finish(worst);

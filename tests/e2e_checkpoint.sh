@@ -130,7 +130,7 @@ for c in "flipped:section 'PARM' at byte [0-9]+ fails its CRC32C check" "truncat
   expect_fail "corrupt_$name" 4 "badck/$name.ckpt.*$pattern" -- "${run2[@]}" ./rank.sh "$bin" "${sm[@]}" --max-steps 40 --resume "badck/$name.ckpt"
   [ "$(codes)" = "4 4 " ] && ok "corrupt_$name: exit 4 on both ranks" || bad "corrupt_$name: rank exit codes $(codes)"
 done
-expect_fail missing_file 4 "cannot open checkpoint 'badck/nope.ckpt': No such file" -- "${run2[@]}" "$bin" "${sm[@]}" --max-steps 40 --resume badck/nope.ckpt
+expect_fail missing_file 4 "checkpoint 'badck/nope.ckpt' does not exist" -- "${run2[@]}" "$bin" "${sm[@]}" --max-steps 40 --resume badck/nope.ckpt
 expect_fail evaluate_corrupt 4 "badck/flipped.ckpt.*CRC32C" -- "$bin" evaluate --checkpoint badck/flipped.ckpt --data-dir data
 
 # --resume auto skips a damaged newest checkpoint and takes the previous one.

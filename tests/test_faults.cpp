@@ -6,7 +6,14 @@
 #include <limits>
 #include <vector>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/joined_thread.hpp"
 #include "mnist_mpi/train/consistency.hpp"
 #include "mnist_mpi/train/fault.hpp"
 #include "mnist_mpi/train/finite.hpp"
@@ -27,6 +34,76 @@ TEST(Fault, ParsesRankStepKind) {
   EXPECT_EQ(parse_fault("0:1:throw").kind, FaultKind::kThrow);
   EXPECT_EQ(parse_fault("0:1:hang").kind, FaultKind::kHang);
   EXPECT_EQ(parse_fault("0:1:nan").kind, FaultKind::kNan);
+}
+
+TEST(Fault, ParsesAThreadStart) {
+  const Fault f = parse_fault("1:thread:checkpoint-writer");
+  EXPECT_EQ(f.rank, 1);
+  EXPECT_EQ(f.kind, FaultKind::kThreadStart);
+  EXPECT_EQ(f.thread, "checkpoint-writer");
+  EXPECT_FALSE(f.armed_for(1, 0));  // never a step fault
+  EXPECT_EQ(parse_fault("0:thread:communication").thread, "communication");
+  EXPECT_EQ(parse_fault("0:thread:watchdog").thread, "watchdog");
+  for (const char* bad : {"0:thread:", "0:thread:writer", "0:threads:watchdog", "x:thread:watchdog"})
+    EXPECT_THROW(parse_fault(bad), Error) << bad;
+}
+
+// An owner like the Checkpointer: starts a thread waiting on its condition variable, then throws
+// from its constructor (Note [Threads are joined on every path]). Its destructor never runs; the
+// JoinedThread member must stop and join the thread while the mutex and condition variable exist.
+class ThrowingOwner {
+ public:
+  explicit ThrowingOwner(std::atomic<bool>& exited) {
+    thread_.start(
+        [this, &exited] {
+          std::unique_lock<std::mutex> lk(mu_);
+          cv_.wait(lk, [this] { return quit_; });
+          exited = true;
+        },
+        [this] {
+          {
+            std::lock_guard<std::mutex> lk(mu_);
+            quit_ = true;
+          }
+          cv_.notify_all();
+        });
+    throw_error(ExitCode::kCheckpoint, "refused after the thread started");
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool quit_ = false;
+  JoinedThread thread_;  // last
+};
+
+TEST(JoinedThread, AnOwnerWhoseConstructorThrowsJoinsItsThread) {
+  std::atomic<bool> exited{false};
+  // In a thread of its own with a deadline: a hang would otherwise hang the test binary.
+  auto done = std::async(std::launch::async, [&] {
+    try {
+      ThrowingOwner owner(exited);
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return ExitCode::kOk;
+  });
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(20)), std::future_status::ready) << "the owner's unwinding hung";
+  EXPECT_EQ(done.get(), ExitCode::kCheckpoint);
+  EXPECT_TRUE(exited.load());  // the thread was woken and returned before the join
+}
+
+TEST(JoinedThread, JoinIsIdempotentAndAThreadNeverStartedIsFine) {
+  JoinedThread idle;
+  idle.join();
+  EXPECT_FALSE(idle.running());
+  int runs = 0;
+  JoinedThread t;
+  t.start([&] { ++runs; }, {});
+  t.join();
+  t.join();
+  EXPECT_EQ(runs, 1);
+  EXPECT_FALSE(t.running());
 }
 
 TEST(Fault, RejectsMalformedValues) {

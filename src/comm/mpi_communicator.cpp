@@ -21,7 +21,9 @@
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 
+#include "mnist_mpi/joined_thread.hpp"
 #include "mnist_mpi/launch/launch_env.hpp"
+#include "mnist_mpi/train/fault.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -91,17 +93,20 @@ class MpiCommunicator final : public Communicator {
     MPI_CHECK(MPI_Get_processor_name(name, &len));
     host_.assign(name, static_cast<std::size_t>(len));
     threaded_ = size_ > 1 && provided_thread_level() >= MPI_THREAD_MULTIPLE;
-    if (threaded_) worker_ = std::thread([this] { run_worker(); });
+    if (threaded_) {  // last (Note [Threads are joined on every path])
+      worker_.start([this] { run_worker(); },
+                    [this] {
+                      {
+                        std::lock_guard<std::mutex> lk(mu_);
+                        stop_ = true;
+                      }
+                      work_cv_.notify_all();
+                    });
+      fault_after_thread_start("communication", rank_);
+    }
   }
   ~MpiCommunicator() override {
-    if (worker_.joinable()) {
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        stop_ = true;
-      }
-      work_cv_.notify_all();
-      worker_.join();
-    }
+    worker_.join();
     MPI_Comm_free(&local_);
     MPI_Comm_free(&red_);
     MPI_Comm_free(&comm_);
@@ -393,13 +398,14 @@ class MpiCommunicator final : public Communicator {
   std::string worker_error_;
   ExitCode worker_error_code_ = ExitCode::kRuntime;
   bool threaded_ = false;
-  std::thread worker_;
 
   // Owned by whichever thread runs reduce().
   std::vector<float> scratch_;  // (world - 1, my chunk): the peers' contributions to my chunk
   std::vector<MPI_Request> reqs_;                  // the four groups of reduce()
   std::vector<std::pair<int, int>> send_peer_;     // (peer, segment) of each reduce-scatter send
   std::vector<int> indices_, arrived_;
+
+  JoinedThread worker_;  // last: joined first (Note [Threads are joined on every path])
 };
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "mnist_mpi/train/fault.hpp"
+
 namespace mnist_mpi {
 namespace {
 
@@ -41,17 +43,20 @@ CollectiveWatch::CollectiveWatch(double timeout_s, int rank, std::string host, O
       std::_Exit(1);
     };
   }
-  if (timeout_s_ > 0) thread_ = std::thread([this] { loop(); });
+  if (timeout_s_ > 0) {  // last (Note [Threads are joined on every path])
+    thread_.start([this] { loop(); },
+                  [this] {
+                    {
+                      std::lock_guard<std::mutex> lock(mutex_);
+                      stop_ = true;
+                    }
+                    wake_.notify_all();
+                  });
+    fault_after_thread_start("watchdog", rank_);
+  }
 }
 
-CollectiveWatch::~CollectiveWatch() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  wake_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
+CollectiveWatch::~CollectiveWatch() { thread_.join(); }
 
 void CollectiveWatch::begin(const char* what) {
   what_.store(what, std::memory_order_relaxed);

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/io/file_kind.hpp"
 #include "mnist_mpi/crc32c.hpp"
 
 namespace mnist_mpi {
@@ -433,17 +434,12 @@ struct Fd {
 }  // namespace
 
 std::vector<std::uint8_t> read_checkpoint_bytes(const std::string& path) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) {
-    const int e = errno;
-    throw_error(ExitCode::kCheckpoint, "cannot open checkpoint '" + path + "': " + errno_text(e) +
-                                           (e == ENOENT ? "; check the path given to --resume / --checkpoint"
-                                                        : "; check its permissions"));
-  }
+  Fd f;  // Note [Look before you open]: a FIFO named like a checkpoint must not block rank 0
+  f.fd = open_regular_file(path, "checkpoint", ExitCode::kCheckpoint,
+                           "give a checkpoint file written by mnist_mpi (--resume FILE, --checkpoint FILE)");
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode))
-    throw_error(ExitCode::kCheckpoint, "checkpoint '" + path + "' is not a regular file; give a checkpoint file");
+  if (::fstat(f.fd, &st) != 0)
+    throw_error(ExitCode::kCheckpoint, "cannot read checkpoint " + quote_input(path) + ": " + errno_text(errno));
   const auto size = static_cast<std::uint64_t>(st.st_size);
   if (size > kMaxCheckpointBytes)
     corrupt(path, "it is " + std::to_string(size) + " bytes, more than any checkpoint this program writes");
@@ -462,8 +458,7 @@ std::vector<std::uint8_t> read_checkpoint_bytes(const std::string& path) {
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {
   Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) throw_error(ExitCode::kCheckpoint, "cannot open checkpoint '" + path + "': " + errno_text(errno));
+  f.fd = open_regular_file(path, "checkpoint", ExitCode::kCheckpoint, "remove it or give a checkpoint file");
   std::uint8_t b[kHeaderBytes + kSectionHeaderBytes + kCheckpointMetaBytes];
   std::size_t done = 0;
   while (done < sizeof b) {
@@ -493,7 +488,11 @@ void write_file_atomically(const std::string& dir, const std::string& name, std:
                                            " or choose another --checkpoint-dir, then rerun with --resume auto");
   };
   Fd f;
-  f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Only the holder of the directory's lock writes here (Note [One job per checkpoint directory]), so
+  // a file of the temporary's name is a leftover of ours: remove it and create the temporary anew
+  // (O_EXCL | O_NOFOLLOW: never through a link, never into a FIFO that would block the open).
+  ::unlink(tmp.c_str());
+  f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (f.fd < 0) fail("cannot create '" + tmp + "'", errno);
   std::size_t done = 0;
   while (done < bytes.size()) {

@@ -2,7 +2,10 @@
 // the per-step agreement on preemption and write errors (include/mnist_mpi/train/checkpointer.hpp).
 #include "mnist_mpi/train/checkpointer.hpp"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,12 +13,17 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <limits>
 #include <sstream>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/io/file_kind.hpp"
+#include "mnist_mpi/train/fault.hpp"
 #include "mnist_mpi/train/finite.hpp"
 #include "mnist_mpi/train/preemption.hpp"
 
@@ -84,6 +92,54 @@ std::vector<std::string> list_temporaries(const std::string& dir) {
   return out;
 }
 
+
+// Note [One job per checkpoint directory]
+// Two jobs on one --checkpoint-dir (a job submitted twice, a requeued job while the old one is
+// still ending) would remove each other's temporary files as "left by a write that did not
+// finish" and interleave their checkpoints. Rank 0 therefore takes an advisory lock, flock() on
+// DIR/.mnist_mpi.lock, before it touches anything in the directory, and holds it for the job's
+// life; the kernel releases it when the process ends, however it ends, so a killed job leaves no
+// stale lock. The holder writes who it is into the file (host, pid, Slurm job, start time), and a
+// second job is refused at set-up (exit 4) with that line. flock works across the nodes of a
+// cluster on NFS (Linux emulates it with byte-range locks) and on Lustre mounted with flock.
+int lock_checkpoint_dir(const std::string& dir) {
+  const std::string path = dir + "/.mnist_mpi.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0644);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int e = errno;
+    if (fd >= 0) ::close(fd);
+    throw_error(ExitCode::kCheckpoint, "cannot take the lock " + quote_input(path) + " of the checkpoint directory: " +
+                                           (fd >= 0 ? "it is " + describe_path(path) : std::string(std::strerror(e))) +
+                                           "; remove it or choose another --checkpoint-dir");
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    char holder[512] = {0};
+    const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+    ::close(fd);
+    std::string who = n > 0 ? std::string(holder, static_cast<std::size_t>(n)) : std::string();
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    if (e != EWOULDBLOCK)
+      throw_error(ExitCode::kCheckpoint, "cannot lock the checkpoint directory " + quote_input(dir) + ": " +
+                                             std::strerror(e) + "; choose another --checkpoint-dir");
+    throw_error(ExitCode::kCheckpoint, "the checkpoint directory " + quote_input(dir) +
+                                           " is in use by another job (" + (who.empty() ? "holder unknown" : quote_input(who, 160)) +
+                                           "); wait for it to end, or give this job another --checkpoint-dir");
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const char* job = std::getenv("SLURM_JOB_ID");
+  const std::time_t now = std::time(nullptr);
+  char when[64] = {0};
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S %Z", std::localtime(&now));
+  const std::string me = std::string("host ") + host + ", pid " + std::to_string(::getpid()) +
+                         (job ? std::string(", Slurm job ") + job : std::string()) + ", since " + when + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size()))
+    warn("cannot write the holder into " + path + ": " + std::strerror(errno) + " (the lock is held anyway)");
+  return fd;
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(const Options& options, Communicator& comm, const CheckpointRun& run)
@@ -93,10 +149,12 @@ Checkpointer::Checkpointer(const Options& options, Communicator& comm, const Che
     std::error_code ec;
     fs::create_directories(dir_, ec);
     if (ec || !fs::is_directory(dir_))
-      throw_error(ExitCode::kCheckpoint, "cannot create the checkpoint directory '" + dir_ + "': " +
-                                             (ec ? ec.message() : std::string("a file of that name exists")) +
+      throw_error(ExitCode::kCheckpoint, "cannot create the checkpoint directory " + quote_input(dir_) + ": " +
+                                             (ec ? ec.message() : "it is " + describe_path(dir_)) +
                                              "; choose a writable --checkpoint-dir");
-    // A write that never finished leaves a temporary file: it is never read, so remove it.
+    lock_fd_ = lock_checkpoint_dir(dir_);  // before anything in the directory is touched
+    // A write that never finished leaves a temporary file: it is never read, so remove it. Only
+    // the holder of the lock gets here, so no other job's write is in flight.
     for (const std::string& t : list_temporaries(dir_)) {
       fs::remove(fs::path(dir_) / t, ec);
       if (!opt_.quiet) std::cout << "checkpoint: removed '" << dir_ << "/" << t << "', left by a write that did not finish\n";
@@ -113,18 +171,24 @@ Checkpointer::Checkpointer(const Options& options, Communicator& comm, const Che
     encoder_ = std::make_unique<CheckpointEncoder>(*run_.spec, config_for_checkpoint(opt_.resolved),
                                                    opt_.optimizer.kind == "adam");
     stats_.bytes = static_cast<double>(encoder_->size());
-    if (opt_.checkpoint_async) thread_ = std::thread(&Checkpointer::writer_loop, this);
   }
-  if (!opt_.resume.empty()) find_resume_checkpoint();
+  if (!opt_.resume.empty()) find_resume_checkpoint();  // may refuse: no thread runs yet
+  if (!dir_.empty() && opt_.checkpoint_async) {         // last (Note [Threads are joined on every path])
+    thread_.start([this] { writer_loop(); },
+                  [this] {
+                    {
+                      std::lock_guard<std::mutex> lk(mu_);
+                      quit_ = true;
+                    }
+                    cv_.notify_all();
+                  });
+    fault_after_thread_start("checkpoint-writer", comm_.rank());
+  }
 }
 
 Checkpointer::~Checkpointer() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    quit_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  thread_.join();
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock (the kernel does so for a dead process too)
 }
 
 void Checkpointer::find_resume_checkpoint() {
@@ -341,7 +405,7 @@ void Checkpointer::write(const StepEnd& s) {
   if (!opt_.quiet)
     std::printf("checkpoint after step %lld: %s/step-%08lld.ckpt\n", static_cast<long long>(s.step), dir_.c_str(),
                 static_cast<long long>(s.step));  // as checkpoint_file_name, without allocating
-  if (thread_.joinable()) {
+  if (thread_.running()) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       job_ = true;

@@ -14,11 +14,13 @@ namespace mnist_mpi {
 
 Fault parse_fault(const std::string& text) {
   const auto bad = [&]() -> Fault {
-    throw_error(ExitCode::kUsage, "MNIST_MPI_FAULT='" + text +
-                                      "' is not RANK:STEP:KIND with KIND one of kill, segv, throw, stop, hang, nan "
+    throw_error(ExitCode::kUsage, "MNIST_MPI_FAULT=" + quote_input(text) +
+                                      " is not RANK:STEP:KIND with KIND one of kill, segv, throw, stop, hang, nan, "
+                                      "nor RANK:thread:NAME with NAME one of checkpoint-writer, communication, watchdog "
                                       "(a testing hook; unset it for a normal run)");
   };
   Fault f;
+  if (text.size() > 200) return bad();
   const auto c1 = text.find(':');
   const auto c2 = c1 == std::string::npos ? std::string::npos : text.find(':', c1 + 1);
   if (c2 == std::string::npos) return bad();
@@ -27,6 +29,12 @@ Fault parse_fault(const std::string& text) {
     const std::string r = text.substr(0, c1), s = text.substr(c1 + 1, c2 - c1 - 1);
     f.rank = std::stoi(r, &used);
     if (used != r.size() || f.rank < 0) return bad();
+    if (s == "thread") {
+      f.kind = FaultKind::kThreadStart;
+      f.thread = text.substr(c2 + 1);
+      if (f.thread != "checkpoint-writer" && f.thread != "communication" && f.thread != "watchdog") return bad();
+      return f;
+    }
     f.step = std::stoll(s, &used);
     if (used != s.size() || f.step < 1) return bad();
   } catch (const std::logic_error&) {
@@ -47,6 +55,19 @@ Fault fault_from_env() {
   const char* v = std::getenv("MNIST_MPI_FAULT");
   if (v == nullptr || *v == '\0') return {};
   return parse_fault(v);
+}
+
+void fault_after_thread_start(const char* name, int rank) {
+  static const Fault f = [] {
+    try {
+      return fault_from_env();
+    } catch (const Error&) {
+      return Fault{};  // a malformed value is reported by the trainer, with its usage exit code
+    }
+  }();
+  if (f.kind == FaultKind::kThreadStart && f.rank == rank && f.thread == name)
+    throw_error(ExitCode::kRuntime, "MNIST_MPI_FAULT: rank " + std::to_string(rank) + " fails right after starting its " +
+                                        name + " thread, on purpose (a testing hook)");
 }
 
 void fire_fault(const Fault& f) {
@@ -71,7 +92,8 @@ void fire_fault(const Fault& f) {
       for (;;) pause();  // never returns: no signal handler of ours ends it
     case FaultKind::kThrow: throw_error(ExitCode::kRuntime, what);
     case FaultKind::kNone:
-    case FaultKind::kNan: break;
+    case FaultKind::kNan:
+    case FaultKind::kThreadStart: break;
   }
 }
 

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/joined_thread.hpp"
 
 namespace mnist_mpi {
 
@@ -51,7 +52,7 @@ class CollectiveWatch {
   std::mutex mutex_;  // only for the thread's sleep and shutdown, never taken by begin/end
   std::condition_variable wake_;
   bool stop_ = false;
-  std::thread thread_;
+  JoinedThread thread_;  // last: joined first (Note [Threads are joined on every path])
 };
 
 // Where this process is, for the watch's message: the training step (-1: before the first step),

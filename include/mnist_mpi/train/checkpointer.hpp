@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/joined_thread.hpp"
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/model/spec.hpp"
 #include "mnist_mpi/train/checkpoint.hpp"
@@ -113,12 +114,14 @@ class Checkpointer {
   double others_wait_s_ = 0, others_base_s_ = 0;
   std::int64_t others_n_ = 0, others_base_n_ = 0;
 
+  int lock_fd_ = -1;  // rank 0: holds the directory's lock (Note [One job per checkpoint directory])
+
   // The writer thread (rank 0, --checkpoint-async true).
-  std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool job_ = false, quit_ = false;
   std::string error_;  // the first write error, for the next agreement
+  JoinedThread thread_;  // last: joined first (Note [Threads are joined on every path])
 };
 
 }  // namespace mnist_mpi

@@ -2,6 +2,8 @@
 // checking a cluster) can see what the job does when a rank dies, crashes, throws, stops, hangs
 // or produces NaN. Read once at start-up from the environment variable MNIST_MPI_FAULT =
 // "RANK:STEP:KIND" (STEP counts from 1, as the progress lines do); unset means no fault.
+// "RANK:thread:NAME" instead makes rank RANK throw right after it has started its thread NAME
+// (checkpoint-writer, communication or watchdog): Note [Threads are joined on every path].
 #pragma once
 
 #include <cstdint>
@@ -17,12 +19,14 @@ enum class FaultKind {
   kStop,   // the rank sends itself SIGSTOP (a stopped or swapped-out process)
   kHang,   // the rank sleeps forever (a deadlock, a lost node that keeps its sockets)
   kNan,    // the rank's loss and loss gradient become NaN (numerical trouble)
+  kThreadStart,  // the rank throws right after starting the thread named by Fault::thread
 };
 
 struct Fault {
   int rank = -1;
   std::int64_t step = 0;  // 1-based
   FaultKind kind = FaultKind::kNone;
+  std::string thread;     // kThreadStart: checkpoint-writer | communication | watchdog
   bool armed_for(int r, std::int64_t step0) const { return kind != FaultKind::kNone && rank == r && step == step0 + 1; }
 };
 
@@ -31,6 +35,9 @@ struct Fault {
 Fault parse_fault(const std::string& text);
 // MNIST_MPI_FAULT from the environment (no fault when unset or empty).
 Fault fault_from_env();
+// For the owner of a thread, right after starting it: throws Error(kRuntime) when
+// MNIST_MPI_FAULT is "RANK:thread:NAME" for this rank and this thread name.
+void fault_after_thread_start(const char* name, int rank);
 // Carries out a fault of kind kill, segv, throw, stop or hang (kNan is the trainer's to apply).
 void fire_fault(const Fault& fault);
 
