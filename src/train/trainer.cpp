@@ -68,7 +68,13 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
               "MNIST_MPI_FAULT names rank " + std::to_string(fault_.rank) + " but the job has " +
                   std::to_string(world) + " rank(s)");
   accumulation_ = opt_.accumulation_steps;
-  const std::int64_t parts = world * accumulation_;  // micro-batches per global batch
+  // Sizes from the options are products of user input: 64-bit and overflow-checked, and the
+  // per-rank batch must fit the int that the kernels take.
+  const auto too_big = [](const std::string& what) -> std::int64_t {
+    throw_error(ExitCode::kUsage, what + " is too large to train (it overflows a 64-bit count)");
+  };
+  const std::int64_t parts = checked_mul(world, accumulation_).value_or(-1);  // micro-batches per global batch
+  if (parts < 0) too_big("--accumulation-steps " + std::to_string(accumulation_));
   if (opt_.global_batch_size > 0) {
     MNIST_CHECK(opt_.global_batch_size % parts == 0, ExitCode::kUsage,
                 "--global-batch-size " + std::to_string(opt_.global_batch_size) + " does not divide by the " +
@@ -79,8 +85,12 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
     batch_ = global_batch_ / parts;
   } else {
     batch_ = opt_.batch_size;
-    global_batch_ = batch_ * parts;
+    global_batch_ = checked_mul(batch_, parts).value_or(-1);
+    if (global_batch_ < 0) too_big("--batch-size " + std::to_string(batch_) + " x " + std::to_string(parts) + " micro-batches");
   }
+  MNIST_CHECK(batch_ <= std::numeric_limits<int>::max(), ExitCode::kUsage,
+              "a batch of " + std::to_string(batch_) + " images per rank is more than this program can hold; give a "
+              "smaller --batch-size or --global-batch-size");
 
   data_ = load_mnist(opt_.data_dir, opt_.validation_size, opt_.train_limit);
   const Shape input{1, data_.train.rows, data_.train.cols};
@@ -89,7 +99,8 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
 
   sampler_ = std::make_unique<Sampler>(data_.train.count, global_batch_, opt_.seed);
   steps_per_epoch_ = sampler_->steps_per_epoch();
-  total_steps_ = opt_.max_steps > 0 ? opt_.max_steps : opt_.epochs * steps_per_epoch_;
+  total_steps_ = opt_.max_steps > 0 ? opt_.max_steps : checked_mul(opt_.epochs, steps_per_epoch_).value_or(-1);
+  if (total_steps_ < 0) too_big("--epochs " + std::to_string(opt_.epochs));
   learning_rate(opt_.schedule, 0, 0, total_steps_);  // validates the schedule's name
 
   int threads = opt_.threads;
