@@ -2,7 +2,8 @@
 # End-to-end tests of issue 9 (seeing training): short runs on synthetic data with --tensorboard-dir,
 # --timeline and --report, checked by tests/check_observability.py against the run's metrics file;
 # the progress output on and off a terminal (a pty from util-linux's `script`); bad paths fail at
-# setup with exit 2; and nothing is written that was not asked for.
+# setup with exit 2; nothing is written that was not asked for; and an output that cannot be written
+# is reported once while the run goes on to exit code 7 (Note [When an output cannot be written]).
 # Usage: e2e_report.sh MNIST_MPI MAKE_SYNTHETIC_MNIST REPO_ROOT
 set -uo pipefail
 bin=$(realpath "$1") make_data=$2 root=$3
@@ -86,10 +87,40 @@ check_bad() {  # NAME PATTERN -- options...
     ok "$name (exit 2)"
   else bad "$name: exit $rc" "$work/bad.err"; fi
 }
-check_bad timeline_dir_missing "--timeline: the directory '$work/nodir' of .* does not exist" -- --timeline "$work/nodir/t.json"
-check_bad report_is_a_directory "--report: '$work' is a directory" -- --report "$work"
+check_bad timeline_dir_missing "--timeline '$work/nodir/t.json': its directory .* does not exist" -- --timeline "$work/nodir/t.json"
+check_bad report_is_a_directory "--report '$work' is a directory" -- --report "$work"
 check_bad tensorboard_under_a_file "--tensorboard-dir: cannot create the directory" -- --tensorboard-dir "$work/a_file/tb"
 check_bad progress_value "--progress must be auto, bar or lines" -- --progress fancy
+mkfifo "$work/fifo"  # opening it for writing would block until a reader comes
+check_bad metrics_is_a_directory "--metrics-file '$work' is a directory" -- --metrics-file "$work"
+check_bad metrics_is_a_fifo "--metrics-file '$work/fifo' is a FIFO" -- --metrics-file "$work/fifo"
+check_bad tensorboard_is_a_fifo "--tensorboard-dir '$work/fifo' is a FIFO .*not a directory" -- --tensorboard-dir "$work/fifo"
+
+# 6. An output that cannot be written: one warning naming it when it fails, the run finishes, the
+# summary lists it, and every rank exits 7. The timeline and the report go through a link to
+# /dev/full: a rename of PATH.tmp onto the link replaces only the link (the old code did that, and
+# onto /dev/full itself as root it would replace the device node).
+ln -s /dev/full "$work/full"
+check_lost() {  # NAME WHAT FILE -- command...; stdout goes to $lost_stdout
+  local name=$1 what=$2 file=$3 out=${lost_stdout:-$work/lost.out}
+  shift 4
+  timeout 60 "$@" >"$out" 2>"$work/lost.err"
+  local rc=$?
+  if [ $rc -eq 7 ] && [ "$(grep -c "mnist_mpi:" "$work/lost.err")" = 1 ] &&
+     grep -qF "mnist_mpi: warning: cannot write $what '$file': write: No space left on device" "$work/lost.err" &&
+     { [ "$out" = /dev/full ] || grep -qF "outputs lost (training finished; exit code 7):" "$out"; } &&
+     { [ "$out" = /dev/full ] || grep -qF "  $what '$file' (write: " "$out"; } && [ -c /dev/full ]; then
+    ok "$name (one warning, exit 7)"
+  else bad "$name: exit $rc" "$work/lost.err"; fi
+}
+lost_run=(mpirun -np 2 --oversubscribe "$bin" "${base[@]}" --batch-size 25 --max-steps 4 --log-every 2)
+check_lost metrics_on_a_full_disk "the metrics file (--metrics-file)" /dev/full -- \
+  "${lost_run[@]}" --metrics-file /dev/full
+check_lost timeline_on_a_full_disk "the timeline (--timeline)" "$work/full" -- "${lost_run[@]}" --timeline "$work/full"
+check_lost report_on_a_full_disk "the report (--report)" "$work/full" -- "${lost_run[@]}" --report "$work/full"
+# stdout on a full disk: rank 0 run directly (under mpirun, stdout is a pipe to mpirun).
+lost_stdout=/dev/full check_lost stdout_on_a_full_disk "standard output (progress and summary)" /dev/full -- \
+  "$bin" "${base[@]}" --batch-size 25 --max-steps 4 --log-every 2
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

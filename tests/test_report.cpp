@@ -4,10 +4,12 @@
 // and the bar's throttled redraws) with a clock the test controls.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -18,8 +20,11 @@
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
+#include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/crc32c.hpp"
 #include "mnist_mpi/report/html_report.hpp"
+#include "mnist_mpi/report/monitor.hpp"
+#include "mnist_mpi/report/output.hpp"
 #include "mnist_mpi/report/progress.hpp"
 #include "mnist_mpi/report/protobuf.hpp"
 #include "mnist_mpi/report/tensorboard.hpp"
@@ -278,7 +283,9 @@ TEST(Timeline, WritesOneFileWithSpansOnRankZerosClock) {
   t.bucket_updated(8, 1, a, a + std::chrono::microseconds(10), a + std::chrono::microseconds(12));
   t.step_done(8, a, a + std::chrono::microseconds(20), buckets);
   const std::string path = (dir / "t.json").string();
-  t.gather_and_write(*comm, path, "hostname");
+  OutputFile out("the timeline (--timeline)", path, OutputFile::Mode::kReplace);
+  t.gather_and_write(*comm, &out, "hostname");
+  EXPECT_FALSE(out.failed());
   std::ifstream f(path);
   std::stringstream ss;
   ss << f.rdbuf();
@@ -333,6 +340,264 @@ TEST(HtmlReport, EmbedsTheCurvesAndNeedsNoNetwork) {
     rest.erase(p, 26);
   EXPECT_EQ(rest.find("http"), std::string::npos);
   EXPECT_NE(html.find("<path fill=\"none\" stroke=\"#4e79a7\""), std::string::npos);  // the loss curve is drawn
+}
+
+// ---- outputs that cannot be written (Note [When an output cannot be written]) ----
+
+bool have_dev_full() { return fs::is_character_file("/dev/full"); }
+
+std::size_t lines_in(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
+
+// The one warning: names the output and the file, says why, once.
+void expect_one_warning(const std::string& err, const std::string& what, const std::string& path) {
+  EXPECT_EQ(lines_in(err), 1u) << err;
+  EXPECT_NE(err.find("mnist_mpi: warning: cannot write " + what + " '" + path + "': write: " + std::strerror(ENOSPC)),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("exit with code 7"), std::string::npos) << err;
+}
+
+TEST(OutputFile, FullDiskIsReportedOnceAndNeverThrows) {
+  if (!have_dev_full()) GTEST_SKIP() << "no /dev/full";
+  OutputFile f("the test output (--test)", "/dev/full");
+  ASSERT_TRUE(f.open());
+  EXPECT_FALSE(f.failed());
+  ::testing::internal::CaptureStderr();
+  bool any_ok = false;
+  EXPECT_NO_THROW({
+    for (int i = 0; i < 100; ++i) {
+      const bool ok = f.write("{\"event\":\"step\"}") && f.write("\n") && f.flush();
+      any_ok = any_ok || ok;
+    }
+    any_ok = f.print("%d\n", 7) || any_ok;
+    any_ok = f.close() || any_ok;
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(any_ok);
+  EXPECT_TRUE(f.failed());
+  expect_one_warning(err, "the test output (--test)", "/dev/full");
+  EXPECT_EQ(f.lost(), "the test output (--test) '/dev/full' (write: " + std::string(std::strerror(ENOSPC)) + ")");
+}
+
+TEST(OutputFile, WrittenFileIsNotFailedAndSaysNothing) {
+  const fs::path dir = fresh_dir("out");
+  const std::string path = (dir / "m.jsonl").string();
+  ::testing::internal::CaptureStderr();
+  {
+    OutputFile f("the test output (--test)", path);
+    ASSERT_TRUE(f.open());
+    EXPECT_TRUE(f.write("a\n") && f.print("%d\n", 2) && f.flush());
+    EXPECT_TRUE(f.close());
+    EXPECT_FALSE(f.failed());
+    EXPECT_EQ(f.lost(), "");
+  }
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_EQ(ss.str(), "a\n2\n");
+  fs::remove_all(dir);
+}
+
+TEST(OutputFile, ReplaceWritesATemporaryAndRenamesItOnlyOnClose) {
+  const fs::path dir = fresh_dir("outr");
+  const std::string path = (dir / "r.html").string();
+  {
+    OutputFile f("the report (--report)", path, OutputFile::Mode::kReplace);
+    ASSERT_TRUE(f.open());
+    EXPECT_TRUE(fs::exists(path + ".tmp"));
+    EXPECT_FALSE(fs::exists(path));
+    EXPECT_TRUE(f.write("<html>"));
+    EXPECT_TRUE(f.close());
+  }
+  EXPECT_TRUE(fs::is_regular_file(path));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  {  // not closed (an exception while writing it): nothing replaces the file, no temporary stays
+    OutputFile f("the report (--report)", path, OutputFile::Mode::kReplace);
+    ASSERT_TRUE(f.open());
+    EXPECT_TRUE(f.write("half"));
+  }
+  EXPECT_EQ(fs::file_size(path), 6u);
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  fs::remove_all(dir);
+}
+
+// A rename onto /dev/full would replace the device node (as root, /dev is writable): a
+// character device is written directly, and its failure is heard.
+TEST(OutputFile, ReplaceWritesACharacterDeviceDirectly) {
+  if (!have_dev_full()) GTEST_SKIP() << "no /dev/full";
+  {
+    OutputFile null("the report (--report)", "/dev/null", OutputFile::Mode::kReplace);
+    ASSERT_TRUE(null.open());
+    EXPECT_TRUE(null.write("x") && null.close());
+  }
+  OutputFile f("the report (--report)", "/dev/full", OutputFile::Mode::kReplace);
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(f.open());
+  EXPECT_FALSE(fs::exists("/dev/full.tmp"));
+  f.write(std::string(1 << 16, 'x'));
+  EXPECT_FALSE(f.close());
+  expect_one_warning(::testing::internal::GetCapturedStderr(), "the report (--report)", "/dev/full");
+  EXPECT_TRUE(fs::is_character_file("/dev/full"));
+  EXPECT_FALSE(fs::exists("/dev/null.tmp"));
+}
+
+TEST(OutputFile, FifoOrDirectoryIsRefusedWithoutBlocking) {
+  const fs::path dir = fresh_dir("outf");
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {fifo, dir.string()}) {
+    OutputFile f("the metrics file (--metrics-file)", path);
+    try {
+      f.open_or_throw(ExitCode::kUsage);  // open(2) of a FIFO without O_NONBLOCK would block here
+      FAIL() << "no error for " << path;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kUsage);
+      const std::string want = path == fifo ? "is a FIFO (named pipe)" : "is a directory";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Timeline, UnwritableFileIsALostOutputNotAnError) {
+  if (!have_dev_full()) GTEST_SKIP() << "no /dev/full";
+  auto comm = make_mpi_communicator(MPI_COMM_SELF);
+  Timeline t(0, 16, {"fc:10"});
+  t.align_clocks(*comm);
+  const auto a = Timeline::Clock::now();
+  for (int i = 0; i < 10; ++i) t.record(SpanKind::kStep, a, a + std::chrono::microseconds(10), i);
+  OutputFile out("the timeline (--timeline)", "/dev/full", OutputFile::Mode::kReplace);
+  ::testing::internal::CaptureStderr();
+  EXPECT_NO_THROW(t.gather_and_write(*comm, &out, "h"));
+  expect_one_warning(::testing::internal::GetCapturedStderr(), "the timeline (--timeline)", "/dev/full");
+  EXPECT_TRUE(out.failed());
+}
+
+TEST(HtmlReport, UnwritableFileIsALostOutputNotAnError) {
+  if (!have_dev_full()) GTEST_SKIP() << "no /dev/full";
+  ReportData d;
+  d.facts = {{"model", "fc:10"}};
+  OutputFile out("the report (--report)", "/dev/full", OutputFile::Mode::kReplace);
+  ::testing::internal::CaptureStderr();
+  bool written = true;
+  EXPECT_NO_THROW(written = write_html_report(out, d));
+  expect_one_warning(::testing::internal::GetCapturedStderr(), "the report (--report)", "/dev/full");
+  EXPECT_FALSE(written);
+}
+
+TEST(TensorBoard, DirectoryThatIsAFifoIsRefusedSayingSo) {
+  const fs::path dir = fresh_dir("tbfifo");
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    TensorBoardWriter w(fifo, "h");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("--tensorboard-dir '" + fifo + "' is a FIFO (named pipe), not a directory"),
+              std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+// The event file's name holds the time in seconds: links with every name it can take point to /dev/full.
+TEST(TensorBoard, FullDiskWarnsOnceAndTheRunGoesOn) {
+  if (!have_dev_full()) GTEST_SKIP() << "no /dev/full";
+  const fs::path dir = fresh_dir("tbfull");
+  const auto now = static_cast<long long>(
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  for (long long t = now - 1; t <= now + 5; ++t)
+    fs::create_symlink("/dev/full",
+                       dir / ("events.out.tfevents." + std::to_string(t) + ".h." + std::to_string(::getpid())));
+  ::testing::internal::CaptureStderr();
+  std::string path;
+  EXPECT_NO_THROW({
+    TensorBoardWriter w(dir.string(), "h");
+    path = w.path();
+    for (int i = 0; i < 10; ++i) w.scalars(i, {{"train/loss", 1.0}});
+    EXPECT_TRUE(w.failed());
+    EXPECT_FALSE(w.close());
+    EXPECT_NE(w.lost().find("the TensorBoard file (--tensorboard-dir)"), std::string::npos);
+  });
+  expect_one_warning(::testing::internal::GetCapturedStderr(), "the TensorBoard file (--tensorboard-dir)", path);
+  EXPECT_TRUE(fs::is_character_file("/dev/full"));
+  fs::remove_all(dir);
+}
+
+// ---- the monitor: the metrics file and the verdict of the run ----
+
+MonitorSetup small_setup() {
+  MonitorSetup ms;
+  ms.host = "h";
+  ms.total_steps = 4;
+  ms.steps_per_epoch = 2;
+  ms.global_batch = 8;
+  ms.process_start = Monitor::Clock::now();
+  return ms;
+}
+
+TEST(Monitor, LostMetricsFileIsReportedOnceListedAndAgreed) {
+  if (!have_dev_full()) GTEST_SKIP() << "no /dev/full";
+  auto comm = make_mpi_communicator(MPI_COMM_SELF);
+  Options opt;
+  opt.quiet = true;
+  opt.metrics_file = "/dev/full";
+  Monitor m(opt, small_setup());
+  ::testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
+  for (int i = 0; i < 3; ++i) EXPECT_NO_THROW(m.metrics("{\"event\":\"step\",\"step\":" + std::to_string(i) + "}"));
+  EXPECT_NO_THROW(m.finish(*comm, FinalFacts{}));
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  expect_one_warning(::testing::internal::GetCapturedStderr(), "the metrics file (--metrics-file)", "/dev/full");
+  EXPECT_TRUE(m.outputs_lost());
+  ASSERT_EQ(m.lost_outputs().size(), 1u);
+  EXPECT_NE(m.lost_outputs()[0].find("the metrics file (--metrics-file) '/dev/full'"), std::string::npos);
+  EXPECT_NE(out.find("outputs lost (training finished; exit code 7):\n  the metrics file (--metrics-file) '/dev/full'"),
+            std::string::npos) << out;
+}
+
+TEST(Monitor, NothingLostWhenEveryOutputIsWritten) {
+  auto comm = make_mpi_communicator(MPI_COMM_SELF);
+  const fs::path dir = fresh_dir("mon");
+  Options opt;
+  opt.quiet = true;
+  opt.metrics_file = (dir / "m.jsonl").string();
+  opt.report_file = (dir / "r.html").string();
+  Monitor m(opt, small_setup());
+  m.metrics("{\"event\":\"start\"}");
+  ::testing::internal::CaptureStdout();
+  m.finish(*comm, FinalFacts{});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_FALSE(m.outputs_lost());
+  EXPECT_TRUE(m.lost_outputs().empty());
+  EXPECT_EQ(out.find("outputs lost"), std::string::npos);
+  std::ifstream in(opt.metrics_file);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "{\"event\":\"start\"}");
+  EXPECT_TRUE(fs::is_regular_file(opt.report_file));
+  fs::remove_all(dir);
+}
+
+TEST(Monitor, MetricsFileThatIsADirectoryOrAFifoIsRefusedAtSetUp) {
+  const fs::path dir = fresh_dir("monbad");
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {fifo, dir.string()}) {
+    Options opt;
+    opt.quiet = true;
+    opt.metrics_file = path;
+    try {
+      Monitor m(opt, small_setup());
+      FAIL() << "no error for " << path;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kUsage);
+      EXPECT_NE(std::string(e.what()).find("--metrics-file '" + path + "' is " +
+                                           (path == fifo ? "a FIFO (named pipe)" : "a directory")),
+                std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(dir);
 }
 
 // ---- progress ----

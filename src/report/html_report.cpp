@@ -3,14 +3,13 @@
 #include "mnist_mpi/report/html_report.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <sstream>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/report/output.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -198,17 +197,9 @@ std::string render_html_report(const ReportData& d) {
   return o.str();
 }
 
-void write_html_report(const std::string& path, const ReportData& data) {
+bool write_html_report(OutputFile& out, const ReportData& data) {
   const std::string html = render_html_report(data);
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  MNIST_CHECK(f != nullptr, ExitCode::kRuntime, "--report: cannot write '" + tmp + "' (" + std::strerror(errno) + ")");
-  const bool ok = std::fwrite(html.data(), 1, html.size(), f) == html.size();
-  const bool closed = std::fclose(f) == 0;
-  MNIST_CHECK(ok && closed, ExitCode::kRuntime, "--report: writing '" + tmp + "' failed (disk full?)");
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  MNIST_CHECK(!ec, ExitCode::kRuntime, "--report: cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+  return out.open() && out.write(html) && out.close();
 }
 
 }  // namespace mnist_mpi

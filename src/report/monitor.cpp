@@ -4,10 +4,14 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <span>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/io/file_kind.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -29,8 +33,22 @@ Monitor::Monitor(const Options& options, MonitorSetup setup)
   const std::int64_t evaluations = setup_.total_steps / std::max<std::int64_t>(setup_.steps_per_epoch, 1) + 2 +
                                    (opt_.eval_every > 0 ? setup_.total_steps / opt_.eval_every : 0);
   if (rank0_) {
-    if (!opt_.timeline_file.empty()) check_output_path("--timeline", opt_.timeline_file);
-    if (!opt_.report_file.empty()) check_output_path("--report", opt_.report_file);
+    // Bad paths fail here, at set-up (exit 2), not after an hour of training.
+    if (!opt_.metrics_file.empty()) {
+      check_output_path(opt_.metrics_file, "--metrics-file", ExitCode::kUsage);
+      metrics_file_ = std::make_unique<OutputFile>("the metrics file (--metrics-file)", opt_.metrics_file);
+      metrics_file_->open_or_throw(ExitCode::kUsage);
+    }
+    if (!opt_.timeline_file.empty()) {
+      check_replaced_output("--timeline", opt_.timeline_file);
+      timeline_file_ = std::make_unique<OutputFile>("the timeline (--timeline)", opt_.timeline_file,
+                                                    OutputFile::Mode::kReplace);
+    }
+    if (!opt_.report_file.empty()) {
+      check_replaced_output("--report", opt_.report_file);
+      report_file_ =
+          std::make_unique<OutputFile>("the report (--report)", opt_.report_file, OutputFile::Mode::kReplace);
+    }
     if (!opt_.tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(opt_.tensorboard_dir, setup_.host);
     const std::int64_t logs = opt_.log_every > 0 ? setup_.total_steps / opt_.log_every + 1 : 0;
     report_.train.reserve(static_cast<std::size_t>(logs));
@@ -45,18 +63,32 @@ Monitor::Monitor(const Options& options, MonitorSetup setup)
         setup_.layer_names);
 }
 
-// A bad path fails at setup (exit 2), not after an hour of training.
-void Monitor::check_output_path(const char* option, const std::string& path) const {
+// An output written at the end through PATH.tmp and a rename: a directory, a FIFO or a missing
+// directory is refused (Note [Look before you open]), and so is a directory we cannot create the
+// temporary file in. A character device (/dev/null) is written directly.
+void Monitor::check_replaced_output(const char* option, const std::string& path) const {
+  check_output_path(path, option, ExitCode::kUsage);
+  if (file_kind(path) == FileKind::kCharDevice) return;
   namespace fs = std::filesystem;
   const fs::path p(path);
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   std::error_code ec;
-  MNIST_CHECK(fs::is_directory(dir, ec), ExitCode::kUsage,
-              std::string(option) + ": the directory '" + dir.string() + "' of '" + path + "' does not exist; create it first");
-  MNIST_CHECK(!fs::is_directory(p, ec), ExitCode::kUsage,
-              std::string(option) + ": '" + path + "' is a directory; give a file name");
   MNIST_CHECK(::access(dir.c_str(), W_OK) == 0 && (!fs::exists(p, ec) || ::access(p.c_str(), W_OK) == 0),
-              ExitCode::kUsage, std::string(option) + ": cannot write '" + path + "'; give a writable path");
+              ExitCode::kUsage, std::string(option) + " " + quote_input(path) + ": cannot write there (" +
+                                    std::strerror(errno) + "); choose a writable path");
+}
+
+void Monitor::metrics(std::string_view json_line) {
+  if (metrics_file_ && metrics_file_->write(json_line) && metrics_file_->write("\n")) metrics_file_->flush();
+}
+
+std::vector<std::string> Monitor::lost_outputs() const {
+  std::vector<std::string> lost;
+  for (const OutputFile* f : {metrics_file_.get(), timeline_file_.get(), report_file_.get()})
+    if (f && f->failed()) lost.push_back(f->lost());
+  if (tensorboard_ && tensorboard_->failed()) lost.push_back(tensorboard_->lost());
+  if (rank0_ && OutputFile::standard_output().failed()) lost.push_back(OutputFile::standard_output().lost());
+  return lost;
 }
 
 void Monitor::start(Communicator& comm) {
@@ -122,46 +154,60 @@ void Monitor::on_eval(std::int64_t step, std::int64_t epoch, const char* split, 
 }
 
 void Monitor::finish(Communicator& comm, const FinalFacts& f) {
-  if (timeline_) timeline_->gather_and_write(comm, opt_.timeline_file, setup_.host);
-  if (!rank0_) return;
-  const double all_s = std::chrono::duration<double>(Clock::now() - setup_.process_start).count();
-  const StepPhases& t = total_;
-  std::vector<TimeShare>& time = report_.time;
-  time = {{"start-up", f.startup_s},  {"data", t.data},
-          {"forward", t.forward},     {"backward", t.backward},
-          {"exposed communication", t.exposed_comm}, {"optimizer", t.optimizer},
-          {"evaluation", eval_s_}};
-  double known = 0;
-  for (const TimeShare& s : time) known += s.seconds;
-  time.push_back({"other", std::max(0.0, all_s - known)});
+  if (timeline_) timeline_->gather_and_write(comm, timeline_file_.get(), setup_.host);
+  if (rank0_) {
+    OutputFile& out = OutputFile::standard_output();
+    const double all_s = std::chrono::duration<double>(Clock::now() - setup_.process_start).count();
+    const StepPhases& t = total_;
+    std::vector<TimeShare>& time = report_.time;
+    time = {{"start-up", f.startup_s},  {"data", t.data},
+            {"forward", t.forward},     {"backward", t.backward},
+            {"exposed communication", t.exposed_comm}, {"optimizer", t.optimizer},
+            {"evaluation", eval_s_}};
+    double known = 0;
+    for (const TimeShare& s : time) known += s.seconds;
+    time.push_back({"other", std::max(0.0, all_s - known)});
 
-  std::printf("where the time went (rank 0, %lld steps, %.2f s from process start):\n", static_cast<long long>(f.steps), all_s);
-  std::printf("  %-22s %9s %7s %14s\n", "phase", "seconds", "share", "ms/step (all)");
-  for (const TimeShare& s : time) {
-    const bool per_step = s.name != "start-up" && s.name != "evaluation" && s.name != "other";
-    std::printf("  %-22s %9.3f %6.1f%% %14s\n", s.name.c_str(), s.seconds, all_s > 0 ? 100.0 * s.seconds / all_s : 0.0,
+    out.print("where the time went (rank 0, %lld steps, %.2f s from process start):\n", static_cast<long long>(f.steps),
+              all_s);
+    out.print("  %-22s %9s %7s %14s\n", "phase", "seconds", "share", "ms/step (all)");
+    for (const TimeShare& s : time) {
+      const bool per_step = s.name != "start-up" && s.name != "evaluation" && s.name != "other";
+      out.print("  %-22s %9.3f %6.1f%% %14s\n", s.name.c_str(), s.seconds, all_s > 0 ? 100.0 * s.seconds / all_s : 0.0,
                 per_step && f.steps > 0 ? fmt("%.3f", 1e3 * s.seconds / static_cast<double>(f.steps)).c_str() : "");
-  }
-  if (timeline_) {
-    std::printf("timeline: %s (open it in Perfetto or chrome://tracing)\n", opt_.timeline_file.c_str());
-  }
-  if (tensorboard_) std::printf("tensorboard: %s (tensorboard --logdir %s)\n", tensorboard_->path().c_str(), opt_.tensorboard_dir.c_str());
-  std::fflush(stdout);
+    }
+    if (timeline_ && !timeline_file_->failed())
+      out.print("timeline: %s (open it in Perfetto or chrome://tracing)\n", opt_.timeline_file.c_str());
+    if (tensorboard_ && tensorboard_->close())
+      out.print("tensorboard: %s (tensorboard --logdir %s)\n", tensorboard_->path().c_str(),
+                opt_.tensorboard_dir.c_str());
+    out.flush();
 
-  if (!opt_.report_file.empty()) {
-    report_.facts = {{"model", f.model},
-                     {"ranks", std::to_string(setup_.world)},
-                     {"global batch", std::to_string(setup_.global_batch)},
-                     {"steps", std::to_string(f.steps) + " (" + fmt("%.2f", f.epochs) + " epochs)"},
-                     {"test accuracy", fmt("%.4f", f.test_accuracy)},
-                     {"test loss", fmt("%.4f", f.test_loss)},
-                     {"images/s (steady)", fmt("%.0f", f.images_per_s)},
-                     {"wall time", fmt("%.2f s", all_s)},
-                     {"params_hash", f.params_hash}};
-    write_html_report(opt_.report_file, report_);
-    std::printf("report: %s\n", opt_.report_file.c_str());
-    std::fflush(stdout);
+    if (report_file_) {
+      report_.facts = {{"model", f.model},
+                       {"ranks", std::to_string(setup_.world)},
+                       {"global batch", std::to_string(setup_.global_batch)},
+                       {"steps", std::to_string(f.steps) + " (" + fmt("%.2f", f.epochs) + " epochs)"},
+                       {"test accuracy", fmt("%.4f", f.test_accuracy)},
+                       {"test loss", fmt("%.4f", f.test_loss)},
+                       {"images/s (steady)", fmt("%.0f", f.images_per_s)},
+                       {"wall time", fmt("%.2f s", all_s)},
+                       {"params_hash", f.params_hash}};
+      if (write_html_report(*report_file_, report_)) out.print("report: %s\n", opt_.report_file.c_str());
+    }
+    if (metrics_file_) metrics_file_->close();
+    // The summary names what was lost (each was reported on stderr when it happened).
+    const std::vector<std::string> lost = lost_outputs();
+    if (!lost.empty()) {
+      out.print("outputs lost (training finished; exit code 7):\n");
+      for (const std::string& l : lost) out.print("  %s\n", l.c_str());
+    }
+    out.flush();
   }
+  // Only rank 0 writes outputs; every rank exits alike (Note [When an output cannot be written]).
+  std::int64_t lost = rank0_ && !lost_outputs().empty() ? 1 : 0;
+  comm.allreduce_max(std::span<std::int64_t>(&lost, 1));
+  outputs_lost_ = lost != 0;
 }
 
 }  // namespace mnist_mpi

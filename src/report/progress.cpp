@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/report/output.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -84,12 +85,14 @@ void Progress::draw(std::int64_t step, Clock::time_point now, bool final) {
   std::snprintf(text, sizeof text, "\repoch %lld [%s] %lld/%lld loss %s %.0f img/s %s %s\033[K",
                 static_cast<long long>(epoch + 1), bar, static_cast<long long>(done), static_cast<long long>(in_epoch),
                 loss, rate, final ? "took" : "ETA", clock_text(final ? elapsed : eta).c_str());
-  std::fputs(text, stdout);
+  // A failure of stdout is reported once and the run goes on (Note [When an output cannot be written]).
+  OutputFile& out = OutputFile::standard_output();
+  out.write(text);
   if (final) {
-    std::fputc('\n', stdout);
+    out.write("\n");
     epoch_start_ = now;
   }
-  std::fflush(stdout);
+  out.flush();
   drawn_ = !final;
   last_draw_ = now;
 }
@@ -97,18 +100,18 @@ void Progress::draw(std::int64_t step, Clock::time_point now, bool final) {
 void Progress::log(std::int64_t step, double loss, double lr, double images_per_s) {
   loss_ = loss;
   if (mode_ != ProgressMode::kLines) return;
-  std::printf("epoch %lld step %lld/%lld loss %.4f lr %.3g %.0f img/s\n",
-              static_cast<long long>(step / steps_per_epoch_ + 1), static_cast<long long>(step + 1),
-              static_cast<long long>(total_steps_), loss, lr, images_per_s);
-  std::fflush(stdout);
+  OutputFile& out = OutputFile::standard_output();
+  if (out.print("epoch %lld step %lld/%lld loss %.4f lr %.3g %.0f img/s\n",
+                static_cast<long long>(step / steps_per_epoch_ + 1), static_cast<long long>(step + 1),
+                static_cast<long long>(total_steps_), loss, lr, images_per_s))
+    out.flush();
 }
 
 void Progress::line(const char* text) {
   if (mode_ == ProgressMode::kOff) return;
-  if (drawn_) std::fputs("\r\033[K", stdout);
-  std::fputs(text, stdout);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
+  OutputFile& out = OutputFile::standard_output();
+  if (drawn_) out.write("\r\033[K");
+  if (out.write(text) && out.write("\n")) out.flush();
   drawn_ = false;
   last_draw_ = Clock::time_point{};  // redraw at the next step
 }

@@ -5,13 +5,12 @@
 
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/crc32c.hpp"
+#include "mnist_mpi/io/file_kind.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -36,30 +35,28 @@ void tfrecord_frame(std::string_view payload, std::string& out) {
 }
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir, const std::string& host) {
+  const FileKind kind = file_kind(dir);
+  MNIST_CHECK(kind == FileKind::kMissing || kind == FileKind::kDirectory, ExitCode::kUsage,
+              "--tensorboard-dir " + quote_input(dir) + " is " + describe_path(dir) +
+                  ", not a directory; give a directory (it is created when missing)");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   MNIST_CHECK(!ec && std::filesystem::is_directory(dir), ExitCode::kUsage,
               "--tensorboard-dir: cannot create the directory '" + dir + "'" + (ec ? " (" + ec.message() + ")" : "") +
                   "; give a writable directory");
   const double now = unix_seconds();
-  path_ = (std::filesystem::path(dir) / ("events.out.tfevents." + std::to_string(static_cast<long long>(now)) + "." +
-                                         host + "." + std::to_string(::getpid())))
-              .string();
-  file_ = std::fopen(path_.c_str(), "wb");
-  MNIST_CHECK(file_ != nullptr, ExitCode::kUsage,
-              "--tensorboard-dir: cannot write '" + path_ + "' (" + std::strerror(errno) +
-                  "); give a writable directory");
+  const std::string name = "events.out.tfevents." + std::to_string(static_cast<long long>(now)) + "." + host + "." +
+                           std::to_string(::getpid());
+  const std::string path = (std::filesystem::path(dir) / name).string();
+  file_.emplace("the TensorBoard file (--tensorboard-dir)", path);
+  file_->open_or_throw(ExitCode::kUsage);
   event_.float64(1, now);
   event_.string(3, "brain.Event:2");
   write_event(event_);
 }
 
-TensorBoardWriter::~TensorBoardWriter() {
-  if (file_) std::fclose(file_);
-}
-
 void TensorBoardWriter::scalars(std::int64_t step, const std::vector<std::pair<std::string_view, double>>& values) {
-  if (!file_) return;
+  if (file_->failed()) return;
   summary_.clear();
   for (const auto& [tag, v] : values) {
     value_.clear();
@@ -74,14 +71,10 @@ void TensorBoardWriter::scalars(std::int64_t step, const std::vector<std::pair<s
   write_event(event_);
 }
 
+// A failure is reported once by the OutputFile, which then writes nothing more.
 void TensorBoardWriter::write_event(const ProtoWriter& event) {
   tfrecord_frame(event.data(), record_);
-  if (std::fwrite(record_.data(), 1, record_.size(), file_) != record_.size() || std::fflush(file_) != 0) {
-    std::fprintf(stderr, "mnist_mpi: warning: cannot write the TensorBoard file '%s' (%s); no more events go to it\n",
-                 path_.c_str(), std::strerror(errno));
-    std::fclose(file_);
-    file_ = nullptr;
-  }
+  if (file_->write(record_)) file_->flush();
 }
 
 }  // namespace mnist_mpi

@@ -2,12 +2,11 @@
 #include "mnist_mpi/report/timeline.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/report/output.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -98,7 +97,7 @@ void Timeline::align_clocks(Communicator& comm) {
   offset_ns_ = hosts[static_cast<std::size_t>(rank_)] == hosts[0] ? 0 : diffs[kRounds / 2];
 }
 
-void Timeline::gather_and_write(Communicator& comm, const std::string& path, const std::string& host) {
+void Timeline::gather_and_write(Communicator& comm, OutputFile* out, const std::string& host) {
   // This rank's message: dropped count, host name, then its spans on rank 0's clock.
   std::vector<std::uint8_t> mine;
   mine.reserve(64 + host.size() + size_ * sizeof(Span));
@@ -114,22 +113,19 @@ void Timeline::gather_and_write(Communicator& comm, const std::string& path, con
   std::vector<std::uint8_t> all;
   std::vector<std::int64_t> counts;
   comm.gather(mine, all, counts, 0);
-  if (comm.rank() != 0) return;
+  if (comm.rank() != 0 || out == nullptr || !out->open()) return;
 
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  MNIST_CHECK(f != nullptr, ExitCode::kRuntime,
-              "--timeline: cannot write '" + tmp + "' (" + std::strerror(errno) + "); give a writable path");
+  OutputFile& f = *out;  // after a failed write every call below does nothing (and the loops stop)
   std::string dropped_json;
-  std::fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+  f.print("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
   bool first = true;
   auto sep = [&] {
-    if (!first) std::fputs(",\n", f);
+    if (!first) f.write(",\n");
     first = false;
   };
   const std::uint8_t* p = all.data();
   std::vector<std::int64_t> lane_end;  // per communication lane: when its last span ended
-  for (std::size_t r = 0; r < counts.size(); ++r) {
+  for (std::size_t r = 0; r < counts.size() && !f.failed(); ++r) {
     const std::uint8_t* end = p + counts[r];
     const auto dropped = read_pod<std::int64_t>(p);
     const auto host_len = read_pod<std::int64_t>(p);
@@ -138,16 +134,16 @@ void Timeline::gather_and_write(Communicator& comm, const std::string& path, con
     if (r) dropped_json += ',';
     dropped_json += std::to_string(dropped);
     sep();
-    std::fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":0,\"args\":{\"name\":\"rank %zu (%s)\"}}",
+    f.print("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":0,\"args\":{\"name\":\"rank %zu (%s)\"}}",
                  r, r, json_escape(rank_host).c_str());
     sep();
-    std::fprintf(f, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%zu,\"tid\":0,\"args\":{\"sort_index\":%zu}}", r, r);
+    f.print("{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%zu,\"tid\":0,\"args\":{\"sort_index\":%zu}}", r, r);
     sep();
-    std::fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":0,\"args\":{\"name\":\"compute\"}}", r);
+    f.print("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":0,\"args\":{\"name\":\"compute\"}}", r);
     // Allreduce spans of different buckets overlap in time; each goes to the first communication
     // lane (tid 1, 2, ...) that is free at its start, so spans on one row never overlap.
     lane_end.clear();
-    for (; p < end; p += sizeof(Span)) {
+    for (; p < end && !f.failed(); p += sizeof(Span)) {
       Span s;
       std::memcpy(&s, p, sizeof(Span));
       std::size_t tid = 0;
@@ -157,7 +153,7 @@ void Timeline::gather_and_write(Communicator& comm, const std::string& path, con
         if (lane == lane_end.size()) {
           lane_end.push_back(0);
           sep();
-          std::fprintf(f,
+          f.print(
                        "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":%zu,\"args\":{\"name\":\"communication %zu\"}}",
                        r, lane + 1, lane + 1);
         }
@@ -180,24 +176,19 @@ void Timeline::gather_and_write(Communicator& comm, const std::string& path, con
       else
         std::snprintf(name, sizeof name, "%s", span_name(s.kind));
       sep();
-      std::fprintf(f,
+      f.print(
                    "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%zu,\"tid\":%zu,\"ts\":%.3f,\"dur\":%.3f,"
                    "\"args\":{\"step\":%lld,\"index\":%d}}",
                    json_escape(name).c_str(), span_name(s.kind), r, tid, static_cast<double>(s.begin_ns) * 1e-3,
                    static_cast<double>(s.end_ns - s.begin_ns) * 1e-3, static_cast<long long>(s.step), s.index);
     }
   }
-  std::fprintf(f,
+  f.print(
                "\n],\"otherData\":{\"producer\":\"mnist_mpi " MNIST_MPI_VERSION "\",\"ranks\":%zu,"
                "\"clock\":\"steady_clock, offsets to rank 0 measured at start (Note [Timeline clocks])\","
                "\"dropped_spans\":[%s]}}\n",
                counts.size(), dropped_json.c_str());
-  const bool ok = std::ferror(f) == 0;
-  const bool closed = std::fclose(f) == 0;
-  MNIST_CHECK(ok && closed, ExitCode::kRuntime, "--timeline: writing '" + tmp + "' failed (disk full?)");
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  MNIST_CHECK(!ec, ExitCode::kRuntime, "--timeline: cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+  f.close();  // renames PATH.tmp onto PATH
 }
 
 }  // namespace mnist_mpi

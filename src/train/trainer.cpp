@@ -184,18 +184,15 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
     if (data_.validation.count > 0) validation_data_ = backend_->make_data_source(data_.validation, eb);
     test_data_ = backend_->make_data_source(data_.test, eb);
     eval_loss_ = backend_->make_loss_meter();
-    if (!opt_.metrics_file.empty()) {
-      metrics_.open(opt_.metrics_file, std::ios::out | std::ios::trunc);
-      MNIST_CHECK(metrics_.good(), ExitCode::kUsage, "--metrics-file: cannot write '" + opt_.metrics_file + "'");
-      log_event("{\"event\":\"start\",\"world_size\":" + std::to_string(world) + ",\"global_batch\":" +
-                std::to_string(global_batch_) + ",\"launcher\":\"" + launch_.launcher + "\"" + launch_.json_fields() + "}");
-    }
   }
   MonitorSetup ms{comm_.rank(), comm_.size(), comm_.host(), {}, reducer_->buckets().size(), total_steps_,
                   steps_per_epoch_, global_batch_, accumulation_, start_};
   for (const LayerSpec& l : spec_.layers) ms.layer_names.push_back(l.text);
-  monitor_ = std::make_unique<Monitor>(opt_, std::move(ms));
+  monitor_ = std::make_unique<Monitor>(opt_, std::move(ms));  // opens the metrics file (rank 0)
   timeline_ = monitor_->timeline();
+  if (rank0_)
+    log_event("{\"event\":\"start\",\"world_size\":" + std::to_string(world) + ",\"global_batch\":" +
+              std::to_string(global_batch_) + ",\"launcher\":\"" + launch_.launcher + "\"" + launch_.json_fields() + "}");
   if (rank0_ && !opt_.quiet) {
     if (!device_.note.empty()) std::cout << device_.note << "\n";
     std::cout << "mnist_mpi " MNIST_MPI_VERSION ": " << world << " rank(s), backend " << backend_->name() << ", ";
@@ -224,9 +221,7 @@ std::string Trainer::job_description() const {
          "world size = " + std::to_string(comm_.size()) + "\n";
 }
 
-void Trainer::log_event(const std::string& json) {
-  if (metrics_.is_open()) metrics_ << json << '\n' << std::flush;
-}
+void Trainer::log_event(const std::string& json) { monitor_->metrics(json); }
 
 void Trainer::load_batch(std::int64_t step, std::int64_t first) {
   const std::int64_t epoch = step / steps_per_epoch_;
@@ -682,6 +677,7 @@ RunResult Trainer::run() {
   }
   monitor_->finish(comm_, FinalFacts{res.steps, res.epochs, startup_s, res.images_per_s, res.test.accuracy,
                                      res.test.loss, res.params_hash, spec_.text});
+  res.outputs_lost = monitor_->outputs_lost();  // agreed by every rank (exit code 7)
   return res;
 }
 

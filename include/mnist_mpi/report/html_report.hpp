@@ -34,7 +34,9 @@ struct ReportData {
 
 std::string report_json(const ReportData& data);
 std::string render_html_report(const ReportData& data);
-// Writes render_html_report(data) to path (through path.tmp and a rename). Throws Error(kRuntime).
-void write_html_report(const std::string& path, const ReportData& data);
+class OutputFile;
+// Writes render_html_report(data) to `out` (a kReplace OutputFile: through PATH.tmp and a rename).
+// false when it could not be written: a lost output, reported by `out`, not an error.
+bool write_html_report(OutputFile& out, const ReportData& data);
 
 }  // namespace mnist_mpi

@@ -1,20 +1,24 @@
 // What a person sees of a run, in one object the trainer calls at a few points: the console
 // progress (bar or lines), TensorBoard scalars (--tensorboard-dir), the timeline of every rank
 // (--timeline), the summary table of where the time went, and the HTML report (--report).
-// Construction does only local work (it checks the paths, so bad ones fail at setup on every
-// rank); start() and finish() are collective when --timeline is on. Nothing is written that was
-// not asked for.
+// It also writes the metrics file (--metrics-file, JSON lines the trainer composes). Construction
+// does only local work (it checks the paths and opens the metrics file, so bad ones fail at setup
+// on every rank); start() is collective when --timeline is on, finish() always. Nothing is written
+// that was not asked for. An output that cannot be written is lost, not fatal (Note [When an
+// output cannot be written] in include/mnist_mpi/report/output.hpp).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/report/html_report.hpp"
+#include "mnist_mpi/report/output.hpp"
 #include "mnist_mpi/report/progress.hpp"
 #include "mnist_mpi/report/tensorboard.hpp"
 #include "mnist_mpi/report/timeline.hpp"
@@ -57,17 +61,27 @@ class Monitor {
   // An evaluation on rank 0 after `step` steps; print: show the usual console line.
   void on_eval(std::int64_t step, std::int64_t epoch, const char* split, double accuracy, double loss,
                Clock::time_point begin, Clock::time_point end, bool print);
-  // Collective when --timeline: gathers and writes it; rank 0 prints the table and writes the report.
+  // One JSON line of the metrics file (rank 0; nothing without --metrics-file), flushed so that a
+  // reader following the file sees it.
+  void metrics(std::string_view json_line);
+  // Collective: gathers and writes the timeline (--timeline); rank 0 prints the table, writes the
+  // report and closes every output; then all ranks agree whether an output was lost.
   void finish(Communicator& comm, const FinalFacts& facts);
+  // After finish(), on every rank: whether rank 0 lost an output (exit code 7).
+  bool outputs_lost() const { return outputs_lost_; }
+  // On rank 0: "<output> '<file>' (<error>)" for each output that could not be written so far.
+  std::vector<std::string> lost_outputs() const;
 
  private:
-  void check_output_path(const char* option, const std::string& path) const;
+  void check_replaced_output(const char* option, const std::string& path) const;
 
   const Options& opt_;
   MonitorSetup setup_;
   bool rank0_;
   Progress progress_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::unique_ptr<OutputFile> metrics_file_, timeline_file_, report_file_;  // rank 0, when asked for
+  bool outputs_lost_ = false;
   std::unique_ptr<Timeline> timeline_;
   StepPhases total_{}, window_{};  // seconds: the whole run, and since the last log
   std::int64_t window_steps_ = 0;

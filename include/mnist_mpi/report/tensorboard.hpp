@@ -5,12 +5,13 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "mnist_mpi/report/output.hpp"
 #include "mnist_mpi/report/protobuf.hpp"
 
 namespace mnist_mpi {
@@ -27,23 +28,26 @@ inline std::string tfrecord_frame(std::string_view payload) {
 class TensorBoardWriter {
  public:
   // Creates dir (and its parents) and the file events.out.tfevents.<unix seconds>.<host>.<pid>
-  // in it, and writes the file_version record. Throws Error(kUsage) naming dir when it cannot.
+  // in it, and writes the file_version record. Throws Error(kUsage) naming dir when it cannot
+  // (dir is not a directory and cannot be made one, or the file cannot be created).
   TensorBoardWriter(const std::string& dir, const std::string& host);
-  ~TensorBoardWriter();
   TensorBoardWriter(const TensorBoardWriter&) = delete;
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
 
   // One Event at `step` holding every (tag, value) pair as a simple_value scalar; flushed, so a
   // running TensorBoard sees it. A failed write warns once on stderr and disables the writer:
-  // losing the event file must not end a training run.
+  // losing the event file must not end a training run (Note [When an output cannot be written]).
   void scalars(std::int64_t step, const std::vector<std::pair<std::string_view, double>>& values);
-  const std::string& path() const { return path_; }
+  // At the end of the run: false when the file was lost (then or earlier).
+  bool close() { return file_->close(); }
+  bool failed() const { return file_->failed(); }
+  std::string lost() const { return file_->lost(); }
+  const std::string& path() const { return file_->path(); }
 
  private:
   void write_event(const ProtoWriter& event);
 
-  std::string path_;
-  std::FILE* file_ = nullptr;
+  std::optional<OutputFile> file_;  // always engaged once constructed
   ProtoWriter event_, summary_, value_;  // reused: their buffers grow to the largest event once
   std::string record_;
 };

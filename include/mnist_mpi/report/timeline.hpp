@@ -16,6 +16,8 @@
 
 namespace mnist_mpi {
 
+class OutputFile;
+
 enum class SpanKind : std::uint8_t {
   kStep,        // a whole training step, data to optimiser
   kData,        // sampling and pixel conversion of one micro-batch
@@ -73,9 +75,10 @@ class Timeline {
   std::size_t capacity() const { return spans_.size(); }
   std::int64_t dropped() const { return dropped_; }
 
-  // Collective: every rank sends its spans to rank 0, which writes the JSON file at `path`.
-  // Throws Error(kRuntime) on rank 0 when the file cannot be written.
-  void gather_and_write(Communicator& comm, const std::string& path, const std::string& host);
+  // Collective: every rank sends its spans to rank 0, which writes the JSON file to `out` (rank 0's;
+  // null on the others). A file that cannot be written is a lost output, reported by `out`, not an
+  // error (Note [When an output cannot be written]).
+  void gather_and_write(Communicator& comm, OutputFile* out, const std::string& host);
 
   // A span as stored and sent to rank 0: nanoseconds of this rank's steady clock.
   struct Span {

@@ -1,13 +1,12 @@
 // The training loop of one rank: the sampler's slice of each global batch, forward, softmax
 // cross-entropy, backward, the gradient allreduce, the fused optimiser step; rank 0 evaluates,
-// logs and writes metrics. Construction does only local work (so that setup errors can be agreed
-// on by all ranks before any collective, see Note [Ending every rank] in src/main.cpp); run() does
-// the collectives.
+// logs, and composes the metrics lines that the Monitor writes. Construction does only local work
+// (so that setup errors can be agreed on by all ranks before any collective, see Note [Ending every
+// rank] in src/main.cpp); run() does the collectives.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -54,6 +53,9 @@ struct RunResult {
   int preempted_signal = 0;      // the signal that stopped the run early (exit code 75), else 0
   CheckpointStats checkpoints;   // rank 0's numbers (others_wait_* from every rank)
   std::int64_t skipped_steps = 0;  // non-finite steps skipped (--skip-nonfinite-steps)
+  // Training finished but an output (metrics, TensorBoard, timeline, report, stdout) could not be
+  // written: exit code 7, on every rank alike (Note [When an output cannot be written]).
+  bool outputs_lost = false;
 };
 
 class Trainer {
@@ -117,8 +119,7 @@ class Trainer {
   std::unique_ptr<DataSource> train_data_, validation_data_, test_data_;  // where the backend computes
   std::unique_ptr<LossMeter> train_loss_, eval_loss_;
   std::vector<std::uint64_t> replica_hashes_;  // (world)
-  std::ofstream metrics_;
-  std::unique_ptr<Monitor> monitor_;  // progress, TensorBoard, timeline, report (src/report/)
+  std::unique_ptr<Monitor> monitor_;  // progress, metrics file, TensorBoard, timeline, report (src/report/)
   Timeline* timeline_ = nullptr;      // null unless --timeline: then every step records spans
   LaunchEnv launch_;  // Slurm job, launcher (src/launch/launch_env.cpp)
   bool rank0_ = false;
