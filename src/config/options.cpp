@@ -4,22 +4,221 @@
 
 #include <boost/program_options.hpp>
 
-#include <fstream>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string_view>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/io/file_kind.hpp"
 
 namespace po = boost::program_options;
 
 namespace mnist_mpi {
 namespace {
 
+// Note [Messages built from what the user wrote]
+// Boost.ProgramOptions puts the user's text verbatim into what(): a 10 MB value gave a 10 MB line, a
+// binary --config file wrote raw control bytes to the terminal with no file name or line number,
+// and a text holding one of its own %placeholders% made what() loop forever (found by
+// fuzz_options: "--b:%original_token%" hung the program). So our messages are built from the kind
+// of error, the option's name and the value we handed to Boost, each quoted with quote_input()
+// (Note [Quoting what the user wrote] in include/mnist_mpi/check.hpp). To know the value, the
+// command line is stored one option at a time, and the --config file is read here, line by line,
+// each line stored on its own: an error then belongs to one option, one value and one line.
+// Storing one option per po::store() loses Boost's check that an option is given once; it is
+// done here instead (a --config key given twice is refused too; the command line still wins over
+// the file, as store() skips an option that an earlier store() gave). what() is called only for
+// an error kind we do not know, and only when no text it could hold has a placeholder.
+
 // The placeholders Boost.ProgramOptions (1.74, errors.cpp) substitutes into its error messages.
 const char* boost_placeholder_in(std::string_view text) {
   for (const char* p : {"%option%", "%value%", "%prefix%", "%original_token%", "%canonical_option%", "%invalid_line%"})
     if (text.find(p) != std::string_view::npos) return p;
   return nullptr;
+}
+
+// The message for a Boost error about option `name` (as the user would write it; empty when Boost
+// could not tell which) given `value` (null when none): see Note [Messages built from what the
+// user wrote]. `texts` are all the user's texts Boost may have seen, checked before what() is used.
+std::string explain(const po::error& e, std::string name, const std::string* value, const std::vector<std::string>& texts) {
+  const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
+  if (name.empty() && named != nullptr) name = named->get_option_name();  // never loops, unlike what()
+  const std::string option = quote_input(name);
+  const std::string given = value != nullptr ? " " + quote_input(*value) : std::string();
+  if (dynamic_cast<const po::unknown_option*>(&e)) return "unrecognised option " + option;
+  if (const auto* a = dynamic_cast<const po::ambiguous_option*>(&e)) {
+    std::string alternatives;
+    const std::string dashes = name.rfind("--", 0) == 0 ? "--" : "";
+    for (const std::string& alt : a->alternatives())
+      alternatives += (alternatives.empty() ? "" : ", ") + quote_input(dashes + alt);
+    return "option " + option + " is ambiguous: it could be " + alternatives;
+  }
+  if (dynamic_cast<const po::multiple_occurrences*>(&e)) return "option " + option + " is given more than once";
+  if (dynamic_cast<const po::too_many_positional_options_error*>(&e))
+    return "an argument that is not an option was given (options start with --)";
+  if (const auto* v = dynamic_cast<const po::validation_error*>(&e)) {
+    if (v->kind() == po::validation_error::invalid_bool_value)
+      return "option " + option + ": the value" + given + " is not true or false";
+    if (v->kind() == po::validation_error::invalid_option_value)
+      return "option " + option + ": the value" + given + " is not valid";
+    if (v->kind() == po::validation_error::multiple_values_not_allowed)
+      return "option " + option + " takes one value";
+    if (v->kind() == po::validation_error::at_least_one_value_required)
+      return "option " + option + " needs a value";
+  }
+  if (const auto* s = dynamic_cast<const po::invalid_syntax*>(&e)) {
+    switch (s->kind()) {
+      case po::invalid_syntax::missing_parameter: return "option " + option + " needs a value";
+      case po::invalid_syntax::extra_parameter:
+        return "option " + option + " takes no value" + (value != nullptr ? ", but was given" + given : std::string());
+      case po::invalid_syntax::empty_adjacent_parameter: return "option " + option + " has an empty value";
+      default: break;
+    }
+  }
+  // An error kind not named above: Boost's own text, if what() can be called at all.
+  for (const std::string& t : texts)
+    if (const char* p = boost_placeholder_in(t))
+      return "the options hold '" + std::string(p) + "', and one of them is wrong; remove the '" + p + "' to see which";
+  const std::string quoted = quote_input(e.what(), 200);
+  return quoted.substr(1, quoted.size() - 2);
+}
+
+// po::store() of one option, with the same checks and defaults as a store() of them all.
+void store_one(const po::options_description& all, const po::option& opt, po::variables_map& vm) {
+  po::parsed_options one(&all);
+  one.options.push_back(opt);
+  po::store(one, vm);
+}
+
+// Note [Reading --config ourselves]
+// The file is opened with open_regular_file() (Note [Look before you open]): a directory given to
+// --config was silently read as empty by std::ifstream and the run went on with the defaults, and a
+// FIFO would block. It is then split the way Boost's INI parser did (1.74, config_file.cpp): lines
+// at '\n', '#' starts a comment anywhere, blanks and tabs trimmed, "[section]" makes the following
+// keys "section.key", and every other line is "key = value". A line holding a control byte is
+// refused with its number: such a file is not text, and echoing it would write raw bytes.
+struct ConfigLine {
+  int number = 0;
+  std::string key, value;
+};
+
+constexpr std::size_t kMaxConfigBytes = std::size_t{64} << 20;  // a file of options is a few KB
+
+std::string trim(std::string_view s) {
+  const std::size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string_view::npos) return {};
+  return std::string(s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1));
+}
+
+std::vector<ConfigLine> read_config(const std::string& path) {
+  const std::string what = "--config " + quote_input(path);
+  const int fd = open_regular_file(path, "--config", ExitCode::kUsage, "give a text file of key = value lines");
+  std::string text;
+  {
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t got = ::read(fd, buf, sizeof buf);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) throw_error(ExitCode::kUsage, what + ": cannot read: " + std::strerror(errno));
+      if (got == 0) break;
+      text.append(buf, static_cast<std::size_t>(got));
+      if (text.size() > kMaxConfigBytes)
+        throw_error(ExitCode::kUsage, what + " is larger than " + std::to_string(kMaxConfigBytes >> 20) +
+                                          " MiB; is it a text file of key = value lines?");
+    }
+  }
+  std::vector<ConfigLine> lines;
+  std::string prefix;
+  std::size_t begin = 0;
+  for (int number = 1; begin < text.size(); ++number) {
+    std::size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line(text.data() + begin, end - begin);
+    begin = end + 1;
+    const std::string where = what + " line " + std::to_string(number) + ": ";
+    for (std::size_t i = 0; i < line.size(); ++i) {
+      const auto c = static_cast<unsigned char>(line[i]);
+      const bool crlf = c == '\r' && i + 1 == line.size();
+      if ((c < 0x20 && c != '\t' && !crlf) || c == 0x7f)
+        throw_error(ExitCode::kUsage, where + "holds the control byte " + quote_input(line.substr(i, 1)) +
+                                          " at column " + std::to_string(i + 1) +
+                                          "; is it a text file of key = value lines?");
+    }
+    const std::string s = trim(line.substr(0, line.find('#')));
+    if (s.empty()) continue;
+    if (s.front() == '[' && s.back() == ']') {
+      prefix = s.substr(1, s.size() - 2);
+      if (prefix.empty() || prefix.back() != '.') prefix += '.';
+      continue;
+    }
+    const std::size_t eq = s.find('=');
+    if (eq == std::string::npos)
+      throw_error(ExitCode::kUsage, where + quote_input(s) + " is not a line of the form key = value");
+    lines.push_back({number, prefix + trim(std::string_view(s).substr(0, eq)), trim(std::string_view(s).substr(eq + 1))});
+  }
+  return lines;
+}
+
+// Note [One check for every floating-point option]
+// A double option must be a finite number in its range, checked here at parse time: --lr inf or
+// --beta1 nan were accepted and the run then stopped at step 2 with "non-finite gradient", naming
+// no option. Every double of Options, OptimizerConfig and ScheduleConfig has a row; `range` says the
+// allowed values in words, lo / hi bound them (open: the bound itself is excluded).
+struct RealOption {
+  const char* name;
+  double value;
+  double lo;
+  bool lo_open;
+  double hi;
+  bool hi_open;
+  const char* range;
+};
+
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+void check_real_options(const Options& o) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  // 1e6 MB: far beyond any gradient, and MB * 2^20 / 4 elements fits int64 comfortably.
+  const RealOption rows[] = {
+      {"lr", o.schedule.base_lr, 0.0, true, kInf, true, "a finite number > 0"},
+      {"momentum", o.optimizer.momentum, 0.0, false, 1.0, true, "in [0, 1)"},
+      {"beta1", o.optimizer.beta1, 0.0, false, 1.0, true, "in [0, 1)"},
+      {"beta2", o.optimizer.beta2, 0.0, false, 1.0, true, "in [0, 1)"},
+      {"eps", o.optimizer.eps, 0.0, true, kInf, true, "a finite number > 0"},
+      {"weight-decay", o.optimizer.weight_decay, 0.0, false, kInf, true, "a finite number >= 0"},
+      {"lr-gamma", o.schedule.gamma, 0.0, true, kInf, true, "a finite number > 0"},
+      {"lr-step-epochs", o.schedule.step_epochs, 0.0, true, kInf, true, "a finite number of epochs > 0"},
+      {"lr-min", o.schedule.min_lr, 0.0, false, kInf, true, "a finite number >= 0"},
+      {"bucket-mb", o.bucket_mb, 0.0, true, 1e6, false, "> 0 and <= 1e6 (MB)"},
+      {"first-bucket-mb", o.first_bucket_mb, 0.0, true, 1e6, false, "> 0 and <= 1e6 (MB)"},
+      {"collective-timeout", o.collective_timeout, 0.0, false, 1e9, false, ">= 0 and <= 1e9 seconds (0 = never)"},
+  };
+  for (const RealOption& r : rows) {
+    const bool above_lo = r.lo_open ? r.value > r.lo : r.value >= r.lo;
+    const bool below_hi = r.hi_open ? r.value < r.hi : r.value <= r.hi;
+    if (!std::isfinite(r.value) || !above_lo || !below_hi)
+      throw_error(ExitCode::kUsage,
+                  std::string("--") + r.name + " must be " + r.range + ", got " + number_text(r.value));
+  }
+  if (o.schedule.kind != "constant" && o.schedule.min_lr > o.schedule.base_lr)
+    throw_error(ExitCode::kUsage, "--lr-min " + number_text(o.schedule.min_lr) + " is above --lr " +
+                                      number_text(o.schedule.base_lr) + ": the " + o.schedule.kind +
+                                      " schedule goes down from --lr to --lr-min; give an --lr-min <= --lr");
 }
 
 }  // namespace
@@ -99,42 +298,63 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   all.add(general).add(data).add(model).add(train).add(red).add(ck).add(sys).add(rep);
 
   po::variables_map vm;
-  std::string config_text;
+  std::vector<std::string> args;  // what the user wrote, for explain()
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  po::parsed_options command_line(&all);
   try {
-    po::store(po::parse_command_line(argc, argv, all), vm);
-    if (vm.count("help")) {
-      std::ostringstream os;
-      os << all;
-      text = os.str();
-      return ParseOutcome::kExitOk;
+    command_line = po::command_line_parser(argc, argv).options(all).run();
+  } catch (const po::error& e) {
+    throw_error(ExitCode::kUsage, explain(e, "", nullptr, args) + " (see --help)");
+  }
+  // Note [Messages built from what the user wrote]: one option per store(), so that an error
+  // belongs to a known option and value.
+  std::set<std::string> given;
+  for (const po::option& opt : command_line.options) {
+    if (opt.string_key.empty()) continue;
+    const std::string name = "--" + opt.string_key;
+    if (!given.insert(opt.string_key).second)
+      throw_error(ExitCode::kUsage, "option " + quote_input(name) + " is given more than once (see --help)");
+    const std::string* value = opt.value.empty() ? nullptr : &opt.value.front();
+    try {
+      store_one(all, opt, vm);
+    } catch (const po::error& e) {
+      throw_error(ExitCode::kUsage, explain(e, name, value, args) + " (see --help)");
     }
-    if (vm.count("version")) {
-      text = "mnist_mpi " MNIST_MPI_VERSION "\n";
-      return ParseOutcome::kExitOk;
+  }
+  if (vm.count("help")) {
+    std::ostringstream os;
+    os << all;
+    text = os.str();
+    return ParseOutcome::kExitOk;
+  }
+  if (vm.count("version")) {
+    text = "mnist_mpi " MNIST_MPI_VERSION "\n";
+    return ParseOutcome::kExitOk;
+  }
+  if (vm.count("config")) {
+    const std::string path = vm["config"].as<std::string>();
+    std::map<std::string, int> first_line;  // key -> the line that set it
+    for (const ConfigLine& line : read_config(path)) {
+      const std::string where = "--config " + quote_input(path) + " line " + std::to_string(line.number) + ": ";
+      const po::option_description* known = all.find_nothrow(line.key, false);
+      if (known == nullptr || known->long_name() != line.key)
+        throw_error(ExitCode::kUsage, where + "unknown option " + quote_input(line.key) + " (see --help)");
+      if (const auto [it, fresh] = first_line.emplace(line.key, line.number); !fresh)
+        throw_error(ExitCode::kUsage, where + quote_input(line.key) + " is set again (first on line " +
+                                          std::to_string(it->second) + "); keep one of the two lines");
+      po::option opt(line.key, {line.value});
+      opt.original_tokens = {line.key, line.value};
+      try {
+        store_one(all, opt, vm);  // skipped when the command line gave the option: it wins
+      } catch (const po::error& e) {
+        throw_error(ExitCode::kUsage, where + explain(e, line.key, &line.value, {line.key, line.value}));
+      }
     }
-    if (vm.count("config")) {
-      const std::string path = vm["config"].as<std::string>();
-      std::ifstream f(path);
-      if (!f) throw_error(ExitCode::kUsage, "--config: cannot open '" + path + "'");
-      std::ostringstream whole;
-      whole << f.rdbuf();
-      config_text = whole.str();
-      std::istringstream in(config_text);
-      po::store(po::parse_config_file(in, all), vm);
-    }
+  }
+  try {
     po::notify(vm);
   } catch (const po::error& e) {
-    // Boost builds what() by replacing %option%, %value%, ... in a template with the user's text, in
-    // a loop that never ends when that text holds the same placeholder (found by fuzz_options:
-    // "--b:%original_token%" hung the program). Such input gets our own message, without what().
-    for (int i = 1; i <= argc; ++i) {
-      const std::string_view where = i < argc ? std::string_view(argv[i]) : std::string_view(config_text);
-      if (const char* p = boost_placeholder_in(where))
-        throw_error(ExitCode::kUsage, std::string(i < argc ? "the command line" : "the --config file") +
-                                          " holds '" + p + "', and an option in it is wrong; remove the '" + p +
-                                          "' to see which (see --help)");
-    }
-    throw_error(ExitCode::kUsage, std::string(e.what()) + " (see --help)");
+    throw_error(ExitCode::kUsage, explain(e, "", nullptr, args) + " (see --help)");
   }
 
   auto positive = [](std::int64_t v, const char* name, bool allow_zero) {
@@ -154,8 +374,6 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   positive(o.eval_batch_size, "eval-batch-size", false);
   positive(o.check_replicas_every, "check-replicas-every", true);
   positive(o.schedule.warmup_steps, "warmup-steps", true);
-  if (!(o.bucket_mb > 0.0) || !(o.first_bucket_mb > 0.0))
-    throw_error(ExitCode::kUsage, "--bucket-mb and --first-bucket-mb must be > 0");
   positive(o.checkpoint_every, "checkpoint-every", true);
   positive(o.keep_checkpoints, "keep-checkpoints", true);
   if (o.checkpoint_dir.empty() && o.resume == "auto")
@@ -163,18 +381,15 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   if (o.checkpoint_dir.empty() && o.checkpoint_every > 0)
     throw_error(ExitCode::kUsage, "--checkpoint-every needs --checkpoint-dir DIR to write into");
   if (o.progress != "auto" && o.progress != "bar" && o.progress != "lines")
-    throw_error(ExitCode::kUsage, "--progress must be auto, bar or lines, got '" + o.progress + "'");
+    throw_error(ExitCode::kUsage, "--progress must be auto, bar or lines, got " + quote_input(o.progress));
   if (o.threads < 0) throw_error(ExitCode::kUsage, "--threads must be >= 0");
-  if (!(o.collective_timeout >= 0.0) || o.collective_timeout > 1e9)
-    throw_error(ExitCode::kUsage, "--collective-timeout must be >= 0 seconds (0 = never), got " +
-                                      std::to_string(o.collective_timeout));
   if ((o.batch_size == 0) == (o.global_batch_size == 0))
     throw_error(ExitCode::kUsage, "give exactly one of --batch-size (per rank) and --global-batch-size");
-  if (!(o.schedule.base_lr > 0.0)) throw_error(ExitCode::kUsage, "--lr must be > 0");
+  check_real_options(o);  // Note [One check for every floating-point option]
   if (o.device != "cpu" && o.device != "auto" && o.device != "cuda")
-    throw_error(ExitCode::kUsage, "--device must be cpu, cuda or auto, got '" + o.device + "'");
+    throw_error(ExitCode::kUsage, "--device must be cpu, cuda or auto, got " + quote_input(o.device));
   if (o.precision != "fp32" && o.precision != "tf32")
-    throw_error(ExitCode::kUsage, "--precision must be fp32 or tf32, got '" + o.precision + "'");
+    throw_error(ExitCode::kUsage, "--precision must be fp32 or tf32, got " + quote_input(o.precision));
 
   std::ostringstream res;
   for (const auto& [name, value] : vm) {
