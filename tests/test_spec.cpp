@@ -126,6 +126,103 @@ TEST(Spec, BadSpecsThrowUsageNamingTheToken) {
   expect_usage("relu:2,flatten,fc:10", "'relu:2'");
 }
 
+// The message of the usage error parse_model_spec throws for spec (on a 28x28 input).
+std::string usage_error(const std::string& spec) {
+  try {
+    parse_model_spec(spec, {1, 28, 28}, 10);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    return e.what();
+  }
+  ADD_FAILURE() << "no throw for " << spec.substr(0, 200);
+  return "";
+}
+
+// Class 4 of issue 13: sizes from the spec that do not fit 32 bits. conv:1:3000000 outputs 2.35e9
+// values per image; they were cast to int by flatten and the fc fan-in and init_params segfaulted.
+// Every size is computed in 64 bits, and what the kernels cannot take is refused naming the layer.
+TEST(Spec, SizesThatOverflow32BitsAreRefusedNamingTheLayer) {
+  EXPECT_EQ(usage_error("conv:1:3000000,flatten,fc:10"),
+            "model spec: layer 0 'conv:1:3000000' outputs 3000000x28x28 = 2352000000 values per image, more than "
+            "the 2147483647 a tensor can hold; use fewer channels or units, or pool before it");
+  // A fan-in of 50000 * 50000 = 2.5e9 inputs per output.
+  EXPECT_THAT(usage_error("conv:50000x50000:1,flatten,fc:10"),
+              HasSubstr("layer 0 'conv:50000x50000:1': each of its 1 outputs sums 2500000000 inputs"));
+  // A count above INT32_MAX is "too large", not "not an integer".
+  EXPECT_THAT(usage_error("flatten,fc:3000000000,fc:10"), HasSubstr("'3000000000' is too large (at most 2147483647)"));
+  // Four layers of 2^62 weights: each fits int64, their sum does not.
+  EXPECT_THAT(usage_error("flatten,fc:2147483647,fc:2147483647,fc:2147483647,fc:2147483647,fc:10"),
+              HasSubstr("the model has more parameters than 64 bits can count"));
+  // A stride near INT32_MAX overflowed (in + stride - 1) in int; in 64 bits it is one output pixel.
+  const ModelSpec s = parse_model_spec("conv:3x3:2:s2147483647,flatten,fc:10", {1, 28, 28}, 10);
+  EXPECT_EQ(s.layers[0].out, (Shape{2, 1, 1}));
+  EXPECT_EQ(s.layers[0].pad_top + s.layers[0].pad_bottom, 0);
+  EXPECT_EQ(s.param_count, 2 * 9 + 2 + 10 * 2 + 10);
+  // The largest that the kernels take is still accepted: 2^31 - 1 values per image after flatten.
+  const ModelSpec edge = parse_model_spec("flatten,fc:2147483647,fc:10", {1, 28, 28}, 10);
+  EXPECT_EQ(edge.params.front().fan_in, 2147483647);
+  EXPECT_EQ(edge.param_count, 10LL * 2147483647 + 10 + 784LL * 2147483647 + 2147483647);
+}
+
+// Class 8 of issue 13: the spec text and the token were echoed whole (a 10 MB --model gave a 10 MB
+// message) and raw. They are quoted, cut to ~80 characters and escaped.
+TEST(Spec, HugeOrBinarySpecTextGivesAShortEscapedMessage) {
+  const std::string huge(10 << 20, 'q');
+  std::string relus = "flatten,fc:12";  // ends with 12 outputs: the whole text is echoed
+  while (relus.size() < huge.size()) relus += ",relu";
+  for (const std::string& spec : {"conv:3x3:8," + huge + ",fc:10", "fc:" + huge, huge + ",,fc:10", relus}) {
+    const std::string msg = usage_error(spec);
+    EXPECT_LT(msg.size(), 400u) << msg.substr(0, 500);  // two quotes of <= 80 and 40 characters, and words
+  }
+  const std::string msg = usage_error("conv:3x3:8,\x1b[2Jbogus\x01,flatten,fc:10");
+  EXPECT_THAT(msg, HasSubstr("bad layer '\\x1b[2Jbogus\\x01'"));
+  for (const char c : msg) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << msg;
+}
+
+// Note [Will the model fit?]: the estimate adds up the buffers a rank allocates.
+TEST(Spec, MemoryEstimateCountsStateAndActivations) {
+  const ModelSpec s = parse_model_spec("flatten,fc:10", {1, 2, 2}, 10);  // 4 * 10 + 10 = 50 parameters
+  MemoryEstimate e = estimate_model_memory(s, 3, 5, /*adam=*/true, /*rank0=*/true);
+  EXPECT_FALSE(e.overflow);
+  EXPECT_EQ(e.state_bytes, 50 * 4 * 4);                      // params, grads, two moments
+  EXPECT_EQ(e.activation_bytes, (3 + 5) * 4 * 4 + (2 * 3 + 5) * 10 * 4);  // input; fc output and its gradient
+  EXPECT_EQ(e.total_bytes, 800 + 128 + 440);
+  EXPECT_EQ(e.largest_layer, 1);
+  EXPECT_EQ(e.largest_layer_bytes, 800 + 440);
+  e = estimate_model_memory(s, 3, 5, /*adam=*/false, /*rank0=*/false);
+  EXPECT_EQ(e.total_bytes, 50 * 3 * 4 + 3 * 4 * 4 + 2 * 3 * 10 * 4);
+  e = estimate_model_memory(s, std::int64_t{1} << 62, 5, true, true);
+  EXPECT_TRUE(e.overflow);
+}
+
+// A model or batch that cannot fit in this machine's memory is refused before anything is allocated,
+// naming the total and the largest layer; lenet for a normal batch fits.
+TEST(Spec, AModelLargerThanMemoryIsRefusedNamingTheLargestLayer) {
+  EXPECT_GT(physical_memory_bytes(), 0);
+  check_model_fits_memory(parse_model_spec(kLenet, {1, 28, 28}, 10), 100, 250, true, true);  // no throw
+  // 1.6e12 parameters: 25 TB with gradients and adam's moments.
+  const ModelSpec huge = parse_model_spec("flatten,fc:2000000000,fc:10", {1, 28, 28}, 10);
+  try {
+    check_model_fits_memory(huge, 32, 250, true, true);
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    const std::string msg = e.what();
+    EXPECT_THAT(msg, HasSubstr(" TiB of memory on this rank (1590000000010 parameters with their gradients and adam"));
+    EXPECT_THAT(msg, HasSubstr("more than this machine's"));
+    EXPECT_THAT(msg, HasSubstr("the largest layer is 1 'fc:2000000000' (about 25.1 TiB)"));
+    EXPECT_THAT(msg, HasSubstr("use a smaller --model or --batch-size"));
+  }
+  // A batch whose activations overflow int64.
+  try {
+    check_model_fits_memory(parse_model_spec(kTiny, {1, 28, 28}, 10), std::int64_t{1} << 60, 250, false, false);
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("needs more than 8 EiB"));
+    EXPECT_THAT(e.what(), HasSubstr("a batch of 1152921504606846976"));
+  }
+}
+
 // ---- initialisers ----
 
 struct Moments {

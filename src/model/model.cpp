@@ -3,6 +3,7 @@
 // forward() and backward() only run prepared kernels: nothing is planned or allocated per step.
 #include "mnist_mpi/model/model.hpp"
 
+#include <optional>
 #include <sstream>
 
 #include "mnist_mpi/check.hpp"
@@ -23,10 +24,16 @@ Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* pa
       dact_ptr_[i] = dact_ptr_[i - 1];
       continue;
     }
-    acts_.push_back(backend.allocate(batch * s.size()));
+    // Note [Sizes of a model] in src/model/spec.cpp: s.size() fits int; times the batch, int64 is
+    // checked too (check_model_fits_memory() normally refuses such a batch first).
+    const std::optional<std::int64_t> n = checked_mul(batch, s.size());
+    MNIST_CHECK(n.has_value(), ExitCode::kUsage,
+                "a batch of " + std::to_string(batch) + " images of layer " + std::to_string(i) +
+                    "'s input has more values than 64 bits can count; use a smaller --batch-size");
+    acts_.push_back(backend.allocate(*n));
     act_ptr_[i] = acts_.back()->data();
     if (training_ && i > 0) {  // no gradient for the input image
-      dacts_.push_back(backend.allocate(batch * s.size()));
+      dacts_.push_back(backend.allocate(*n));
       dact_ptr_[i] = dacts_.back()->data();
     }
   }

@@ -58,9 +58,32 @@ struct ModelSpec {
 };
 
 // Parses and shape-checks; throws Error(kUsage) naming the bad token. The last layer must output
-// num_classes values.
+// num_classes values. Every size is checked for overflow (Note [Sizes of a model] in
+// src/model/spec.cpp): a per-sample activation or a weight's fan-in above INT32_MAX is refused.
 ModelSpec parse_model_spec(const std::string& text, Shape input, int num_classes);
 InitSpec parse_init_spec(const std::string& text);
+
+// What a rank holds in memory for a model (Note [Will the model fit?] in src/model/spec.cpp), in
+// bytes: parameters, gradients and optimiser moments (adam: two, sgd: one); the activations and
+// their gradients for train_batch images; on rank 0 the evaluation model's activations for
+// eval_batch images. An estimate: a backend's workspaces and copies come on top.
+struct MemoryEstimate {
+  bool overflow = false;               // some product or sum exceeded int64: far beyond any machine
+  std::int64_t total_bytes = 0;
+  std::int64_t state_bytes = 0;        // parameters, gradients, optimiser moments
+  std::int64_t activation_bytes = 0;   // training and evaluation activations (and their gradients)
+  int largest_layer = -1;              // index into ModelSpec::layers; -1: no layer holds anything
+  std::int64_t largest_layer_bytes = 0;
+};
+MemoryEstimate estimate_model_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch,
+                                     bool adam, bool rank0);
+// This machine's physical memory in bytes (sysconf), or 0 when it cannot be told.
+std::int64_t physical_memory_bytes();
+// Throws Error(kUsage) naming the estimate, the machine's memory and the largest layer when the
+// estimate exceeds physical_memory_bytes(): a clear message instead of std::bad_alloc or the
+// kernel's OOM killer in the middle of set-up.
+void check_model_fits_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch, bool adam,
+                             bool rank0);
 // Fills params (size spec.param_count) from the initialisers, deterministically from seed.
 void init_params(const ModelSpec& spec, const InitSpec& weight_init, const InitSpec& bias_init,
                  std::uint64_t seed, float* params);
