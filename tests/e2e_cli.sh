@@ -58,7 +58,28 @@ if grep -qE "cuda[A-Z][A-Za-z]+|CUDA call failed|error [0-9]+" "$work/err"; then
   failed=$((failed + 1)); echo "FAIL cuda_unavailable: the message shows CUDA error codes:"; cat "$work/err"
 else passed=$((passed + 1)); echo "ok   cuda_unavailable message is in words: $(grep "mnist_mpi: error" "$work/err")"; fi
 check bad_precision 2 "--precision must be fp32 or tf32" -- "${run2[@]}" "${base[@]}" --batch-size 10 --precision fp16
-check missing_config 2 "cannot open '$work/nope.ini'" -- "${run2[@]}" --config "$work/nope.ini"
+check missing_config 2 "--config '$work/nope.ini' does not exist" -- "${run2[@]}" --config "$work/nope.ini"
+# Issue 13. Class 2: a --config that is a directory was ignored (the run went on with the defaults);
+# a FIFO blocked in open(). Class 8: a binary config wrote raw bytes, naming no file or line; a huge
+# value or --model gave a line of its size. Class 7: non-finite option values were accepted.
+mkdir "$work/dir.ini"
+check config_is_a_directory 2 "--config '$work/dir.ini' is a directory, not a regular file" -- "${run2[@]}" --config "$work/dir.ini" "${base[@]}" --batch-size 10
+mkfifo "$work/fifo.ini"
+check config_is_a_fifo 2 "--config '$work/fifo.ini' is a FIFO \(named pipe\)" -- "${run2[@]}" --config "$work/fifo.ini" "${base[@]}" --batch-size 10
+printf 'lr = 0.1\n\177ELF\002\001\001\000\000\033[2J = 1\n' >"$work/binary.ini"
+check config_is_binary 2 "--config '$work/binary.ini' line 2: holds the control byte '\\\\x7f' at column 1" -- "${run2[@]}" --config "$work/binary.ini" "${base[@]}" --batch-size 10
+long=$(head -c 100000 /dev/zero | tr '\0' 'q')
+printf 'batch-size = 10\nepochs = %s\n' "$long" >"$work/long.ini"
+check config_long_value 2 "--config '$work/long.ini' line 2: option 'epochs': the value 'qqq.*\\(99[0-9]{3} more bytes\\)" -- "${run2[@]}" --config "$work/long.ini"
+check model_long_token 2 "model spec: bad layer 'qqq.*more bytes" -- "${run2[@]}" --data-dir "$work/good" --validation-size 100 --threads 1 --batch-size 10 --model "conv:3x3:4,$long,fc:10"
+if awk 'length > 400 { found = 1 } END { exit !found }' "$work/err" || grep -q $'\033' "$work/err"; then
+  failed=$((failed + 1)); echo "FAIL model_long_token: a line over 400 bytes or a raw escape byte on stderr"
+else passed=$((passed + 1)); echo "ok   model_long_token message is short and escaped"; fi
+check lr_inf 2 "--lr must be a finite number > 0, got inf" -- "${run2[@]}" "${base[@]}" --batch-size 10 --lr inf
+check beta1_nan 2 "--beta1 must be in \\[0, 1\\), got nan" -- "${run2[@]}" "${base[@]}" --batch-size 10 --beta1 nan
+check momentum_inf 2 "--momentum must be in \\[0, 1\\), got inf" -- "${run2[@]}" "${base[@]}" --batch-size 10 --optimizer sgd --momentum inf
+# Class 4: a layer of 2.35e9 values per image segfaulted in init_params.
+check model_over_32_bits 2 "layer 0 'conv:1:3000000' outputs 3000000x28x28 = 2352000000 values per image" -- "${run2[@]}" --data-dir "$work/good" --validation-size 100 --batch-size 10 --threads 1 --model conv:1:3000000,flatten,fc:10
 check missing_data_dir 3 "$work/missing.*fetch_mnist.sh" -- "${run2[@]}" --data-dir "$work/missing" --batch-size 10
 check batch_larger_than_data 2 "larger than the training split" -- "${run2[@]}" "${base[@]}" --batch-size 400
 check validation_too_large 2 "--validation-size 5000 must be >= 0 and < the training count 600" -- "${run2[@]}" --data-dir "$work/good" --batch-size 10
@@ -78,6 +99,12 @@ d=$(corrupt mismatch); "$make_data" "$work/other" 500 100; cp "$work/other/train
 check count_mismatch 3 "600.*500|500.*600" -- "${run2[@]}" --data-dir "$d" --batch-size 10
 d=$(corrupt missingfile); rm "$d/t10k-labels-idx1-ubyte"
 check missing_file 3 "t10k-labels-idx1-ubyte.*fetch_mnist.sh" -- "${run2[@]}" --data-dir "$d" --batch-size 10
+# Issue 13, class 2: what is there in place of an MNIST file is said, not "not found ... fetch it".
+d=$(corrupt fifo); rm "$d/train-images-idx3-ubyte"; mkfifo "$d/train-images-idx3-ubyte"
+check data_file_is_a_fifo 3 "MNIST file '$d/train-images-idx3-ubyte' is a FIFO \(named pipe\), not a regular file; replace it" -- "${run2[@]}" --data-dir "$d" --batch-size 10
+d=$(corrupt devzero); rm "$d/t10k-images-idx3-ubyte"; ln -s /dev/zero "$d/t10k-images-idx3-ubyte"
+check data_file_is_dev_zero 3 "t10k-images-idx3-ubyte' is a symbolic link to a character device \('/dev/zero'\)" -- "${run2[@]}" --data-dir "$d" --batch-size 10
+check data_dir_is_a_file 3 "MNIST data directory '$work/good/t10k-labels-idx1-ubyte' is a regular file, not a directory" -- "${run2[@]}" --data-dir "$work/good/t10k-labels-idx1-ubyte" --batch-size 10
 d=$(corrupt gz); gzip "$d"/*-ubyte
 check gzipped_data_trains 0 "test accuracy" -- "${run2[@]}" --data-dir "$d" --validation-size 100 --model "$small" --threads 1 --batch-size 10 --max-steps 5
 

@@ -2,8 +2,8 @@
 // gzip-compressed, checking the magic number, the dimension count, every
 // dimension, the exact file length and the label range before trusting any of
 // it, and assembles the MNIST train / validation / test splits from them. Every
-// error is an Error(ExitCode::kData) whose message starts with the offending
-// path.
+// error is an Error(ExitCode::kData) whose message names the offending path
+// (quoted: it comes from --data-dir).
 #include "mnist_mpi/data/idx.hpp"
 
 #include <zlib.h>
@@ -11,15 +11,20 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
 
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <new>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/io/file_kind.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -33,33 +38,43 @@ constexpr int kMaxSide = 4096;
 constexpr const char* kFetchHint =
     "fetch it with scripts/fetch_mnist.sh (or point --data-dir at it)";
 
+// The path is quoted (Note [Quoting what the user wrote] in include/mnist_mpi/check.hpp): it comes
+// from --data-dir.
 [[noreturn]] void data_error(const std::string& path, const std::string& msg) {
-  throw Error(ExitCode::kData, path + ": " + msg);
+  throw Error(ExitCode::kData, quote_input(path) + ": " + msg);
 }
+
+constexpr const char* kReplaceHint = "replace it with the MNIST file (scripts/fetch_mnist.sh)";
 
 bool ends_with_gz(const std::string& path) {
   return path.size() >= 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
 }
 
-// A sequential byte source over a raw or gzip-compressed file.
+// A sequential byte source over a raw or gzip-compressed file. It is opened with
+// open_regular_file() (Note [Look before you open]): a FIFO, a directory or a link to /dev/zero is
+// refused at once, saying what it is, and a FIFO never blocks the rank. Everything is read through
+// that one descriptor.
 class Reader {
  public:
-  explicit Reader(const std::string& path) : path_(path), gz_(ends_with_gz(path)) {
-    errno = 0;
+  explicit Reader(const std::string& path)
+      : path_(path),
+        gz_(ends_with_gz(path)),
+        fd_(open_regular_file(path, "IDX file", ExitCode::kData, "scripts/fetch_mnist.sh fetches the MNIST files")) {
     if (gz_) {
-      gz_file_ = gzopen(path.c_str(), "rb");
+      errno = 0;
+      gz_file_ = gzdopen(fd_, "rb");
       if (gz_file_ == nullptr) {
-        data_error(path, std::string("cannot open: ") +
-                             (errno != 0 ? std::strerror(errno) : "gzopen failed"));
+        const int err = errno;
+        ::close(fd_);
+        data_error(path, std::string("cannot open: ") + (err != 0 ? std::strerror(err) : "gzdopen failed"));
       }
+      fd_ = -1;  // gzclose() closes it
       gzbuffer(gz_file_, 1 << 17);
-    } else {
-      in_.open(path, std::ios::binary);
-      if (!in_) data_error(path, std::string("cannot open: ") + std::strerror(errno));
     }
   }
   ~Reader() {
     if (gz_file_ != nullptr) gzclose(gz_file_);
+    if (fd_ >= 0) ::close(fd_);
   }
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;
@@ -92,9 +107,14 @@ class Reader {
         total += static_cast<std::size_t>(got);
       }
     } else {
-      in_.read(reinterpret_cast<char*>(dst), static_cast<std::streamsize>(n));
-      total = static_cast<std::size_t>(in_.gcount());
-      if (in_.bad()) data_error(path_, "read error");
+      while (total < n) {
+        const ssize_t got = ::read(fd_, dst + total, std::min<std::size_t>(n - total, std::size_t{1} << 30));
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) data_error(path_, std::string("read error: ") + std::strerror(errno));
+        if (got == 0) break;
+        total += static_cast<std::size_t>(got);
+      }
+      offset_ += total;
     }
     return total;
   }
@@ -103,30 +123,36 @@ class Reader {
   // decompressing tells).
   std::optional<std::uint64_t> remaining() {
     if (gz_) return std::nullopt;
-    const std::streamoff at = in_.tellg();
-    std::error_code ec;
-    const std::uintmax_t size = fs::file_size(path_, ec);
-    if (ec || at < 0 || size < static_cast<std::uintmax_t>(at)) return std::nullopt;
-    return size - static_cast<std::uint64_t>(at);
+    struct stat st;
+    if (::fstat(fd_, &st) != 0 || st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) < offset_)
+      return std::nullopt;
+    return static_cast<std::uint64_t>(st.st_size) - offset_;
   }
 
-  // Counts the bytes left until the end of the file (reads and discards them).
-  std::uint64_t count_rest() {
+  // Note [Trailing data is probed, not counted]
+  // Bytes after the payload make the file wrong whatever their number, and counting them means
+  // decompressing them: a .gz with 32 GiB of trailing zeros (a few MB on disk) took 30 s to refuse.
+  // So at most kTrailingProbe bytes are read; the message then says "at least" that many.
+  static constexpr std::size_t kTrailingProbe = std::size_t{1} << 20;
+  // The bytes left, counted up to kTrailingProbe; second: whether the end was reached.
+  std::pair<std::uint64_t, bool> probe_rest() {
     std::array<std::uint8_t, 1 << 14> buf{};
     std::uint64_t rest = 0;
-    for (;;) {
+    while (rest < kTrailingProbe) {
       const std::size_t got = read(buf.data(), buf.size());
       rest += got;
-      if (got < buf.size()) break;
+      if (got < buf.size()) return {rest, true};
     }
-    return rest;
+    std::uint8_t one = 0;
+    return {rest, read(&one, 1) == 0};
   }
 
  private:
   std::string path_;
   bool gz_;
+  int fd_ = -1;                // raw files; -1 once gzdopen() owns it
+  std::uint64_t offset_ = 0;   // raw files: bytes read so far
   gzFile gz_file_ = nullptr;
-  std::ifstream in_;
 };
 
 // A path that does not exist but whose ".gz" sibling does is read from the
@@ -195,8 +221,37 @@ void reserve_huge(std::vector<std::uint8_t>& v, std::size_t n) {
   if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);  // a hint only
 }
 
-std::vector<std::uint8_t> read_payload(Reader& r, const std::string& path, std::size_t n,
-                                       const char* what) {
+// Note [A payload must fit in memory]
+// kMaxCount x kMaxSide^2 is 1.6e15 bytes, so a header that passes the field checks can still
+// declare more than the machine holds; a gzip member that really inflates that far grew the buffer
+// until std::bad_alloc, which named no file. A declared payload larger than physical memory is
+// refused before anything is read, and a std::bad_alloc while reading (other processes took the
+// memory) becomes an Error(kData) that names the file and its size.
+std::string gib(std::uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+std::vector<std::uint8_t> read_payload_unchecked(Reader& r, const std::string& path, std::size_t n, const char* what);
+
+std::vector<std::uint8_t> read_payload(Reader& r, const std::string& path, std::size_t n, const char* what,
+                                       const std::string& declared) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && n / static_cast<std::uint64_t>(page) >= static_cast<std::uint64_t>(pages))
+    data_error(path, "its header declares " + declared + " = " + std::to_string(n) + " bytes of " + what +
+                         ", more than this machine's " +
+                         gib(static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page)) +
+                         " of memory; the file is corrupt or not an MNIST file");
+  try {
+    return read_payload_unchecked(r, path, n, what);
+  } catch (const std::bad_alloc&) {
+    data_error(path, "out of memory while reading its " + std::to_string(n) + " bytes of " + what + " (" + declared +
+                         "); free memory or run fewer ranks on this machine");
+  }
+}
+
+std::vector<std::uint8_t> read_payload_unchecked(Reader& r, const std::string& path, std::size_t n, const char* what) {
   if (const std::optional<std::uint64_t> rest = r.remaining()) {  // Note [Reading the data in one pass]
     if (*rest < n)
       data_error(path, "truncated: expected " + std::to_string(n) + " bytes of " + what + ", got " +
@@ -228,12 +283,9 @@ std::vector<std::uint8_t> read_payload(Reader& r, const std::string& path, std::
     data_error(path, "truncated: expected " + std::to_string(n) + " bytes of " + what + ", got " +
                          std::to_string(got));
   }
-  std::uint8_t probe = 0;
-  if (r.read(&probe, 1) != 0) {
-    const std::uint64_t extra = 1 + r.count_rest();
-    data_error(path, std::to_string(extra) + " trailing byte(s) after the " + std::to_string(n) +
-                         " bytes of " + what);
-  }
+  if (const auto [extra, at_end] = r.probe_rest(); extra > 0)  // Note [Trailing data is probed, not counted]
+    data_error(path, (at_end ? "" : "at least ") + std::to_string(extra) + " trailing byte(s) after the " +
+                         std::to_string(n) + " bytes of " + what);
   return data;
 }
 
@@ -244,12 +296,20 @@ void check_count(const std::string& path, std::uint32_t count) {
   }
 }
 
+// The path of an MNIST file, raw or .gz. Something that is there but is not a regular file (a
+// directory, a FIFO, a link to /dev/zero) is refused saying what it is (Note [Look before you
+// open]); "not found, fetch it" is only for a file that is really missing.
 std::string require_file(const fs::path& dir, const char* name) {
   const std::string path = (dir / name).string();
-  std::error_code ec;
-  if (fs::is_regular_file(path, ec) || fs::is_regular_file(path + ".gz", ec)) return path;
-  throw Error(ExitCode::kData,
-              "MNIST file '" + path + "' not found (nor '" + path + ".gz'); " + kFetchHint);
+  for (const std::string& p : {path, path + ".gz"}) {  // the order resolve() takes them in
+    const FileKind kind = file_kind(p);
+    if (kind == FileKind::kRegular) return path;
+    if (kind != FileKind::kMissing)
+      throw Error(ExitCode::kData, "MNIST file " + quote_input(p) + " is " + describe_path(p) +
+                                       ", not a regular file; " + kReplaceHint);
+  }
+  throw Error(ExitCode::kData, "MNIST file " + quote_input(path) + " not found (nor " + quote_input(path + ".gz") +
+                                   "); " + kFetchHint);
 }
 
 Split make_split(const IdxImages& images, const IdxLabels& labels, std::int64_t begin,
@@ -290,8 +350,8 @@ Split whole_split(IdxImages&& images, IdxLabels&& labels) {
 void check_agree(const IdxImages& images, const std::string& images_path, const IdxLabels& labels,
                  const std::string& labels_path) {
   if (images.count != labels.count) {
-    throw Error(ExitCode::kData, "'" + images_path + "' has " + std::to_string(images.count) +
-                                     " images but '" + labels_path + "' has " +
+    throw Error(ExitCode::kData, quote_input(images_path) + " has " + std::to_string(images.count) +
+                                     " images but " + quote_input(labels_path) + " has " +
                                      std::to_string(labels.count) + " labels");
   }
 }
@@ -316,7 +376,9 @@ IdxImages read_idx_images(const std::string& requested) {
   out.cols = static_cast<int>(dims[2]);
   const std::size_t n = static_cast<std::size_t>(out.count) * static_cast<std::size_t>(out.rows) *
                         static_cast<std::size_t>(out.cols);
-  out.pixels = read_payload(r, path, n, "pixels");
+  out.pixels = read_payload(r, path, n, "pixels",
+                            std::to_string(out.count) + " images of " + std::to_string(out.rows) + "x" +
+                                std::to_string(out.cols));
   return out;
 }
 
@@ -330,7 +392,8 @@ IdxLabels read_idx_labels(const std::string& requested, int num_classes) {
   check_count(path, dims[0]);
   IdxLabels out;
   out.count = dims[0];
-  out.labels = read_payload(r, path, static_cast<std::size_t>(out.count), "labels");
+  out.labels = read_payload(r, path, static_cast<std::size_t>(out.count), "labels",
+                            std::to_string(out.count) + " labels");
   for (std::int64_t i = 0; i < out.count; ++i) {
     const int v = out.labels[static_cast<std::size_t>(i)];
     if (v >= num_classes) {
@@ -342,9 +405,11 @@ IdxLabels read_idx_labels(const std::string& requested, int num_classes) {
 }
 
 Mnist load_mnist(const std::string& dir, std::int64_t validation_size, std::int64_t train_limit) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    throw Error(ExitCode::kData, "MNIST data directory '" + dir + "' not found; " + kFetchHint);
+  if (const FileKind kind = file_kind(dir); kind == FileKind::kMissing) {
+    throw Error(ExitCode::kData, "MNIST data directory " + quote_input(dir) + " not found; " + kFetchHint);
+  } else if (kind != FileKind::kDirectory) {
+    throw Error(ExitCode::kData, "MNIST data directory " + quote_input(dir) + " is " + describe_path(dir) +
+                                     ", not a directory; point --data-dir at the directory of the four MNIST files");
   }
   const fs::path d(dir);
   const std::string train_images_path = require_file(d, "train-images-idx3-ubyte");
@@ -360,9 +425,9 @@ Mnist load_mnist(const std::string& dir, std::int64_t validation_size, std::int6
   check_agree(test_images, resolve(test_images_path), test_labels, resolve(test_labels_path));
   if (test_images.rows != train_images.rows || test_images.cols != train_images.cols) {
     throw Error(ExitCode::kData,
-                "'" + resolve(test_images_path) + "' has " + std::to_string(test_images.rows) +
-                    "x" + std::to_string(test_images.cols) + " images but '" +
-                    resolve(train_images_path) + "' has " + std::to_string(train_images.rows) +
+                quote_input(resolve(test_images_path)) + " has " + std::to_string(test_images.rows) +
+                    "x" + std::to_string(test_images.cols) + " images but " +
+                    quote_input(resolve(train_images_path)) + " has " + std::to_string(train_images.rows) +
                     "x" + std::to_string(train_images.cols));
   }
 
@@ -374,8 +439,8 @@ Mnist load_mnist(const std::string& dir, std::int64_t validation_size, std::int6
   if (validation_size < 0 || validation_size >= n_train) {
     throw Error(ExitCode::kUsage, "--validation-size " + std::to_string(validation_size) +
                                      " must be >= 0 and < the training count " +
-                                     std::to_string(n_train) + " (from '" +
-                                     resolve(train_images_path) + "')");
+                                     std::to_string(n_train) + " (from " +
+                                     quote_input(resolve(train_images_path)) + ")");
   }
 
   Mnist m;

@@ -22,7 +22,8 @@ struct IdxLabels {
 };
 
 // Reads an IDX3 image file (magic 2051). A path ending in ".gz" is gunzipped; a path that does
-// not exist but whose ".gz" sibling does is read from the sibling.
+// not exist but whose ".gz" sibling does is read from the sibling. A header that declares more
+// bytes than the machine's memory is refused before reading (Note [A payload must fit in memory]).
 IdxImages read_idx_images(const std::string& path);
 // Reads an IDX1 label file (magic 2049) and checks every label is < num_classes.
 IdxLabels read_idx_labels(const std::string& path, int num_classes = 10);
@@ -47,7 +48,8 @@ struct Mnist {
 // t10k-labels-idx1-ubyte (each raw or .gz) from dir. Checks that images and labels agree in
 // count, that validation_size < the training count, and (train_limit > 0) keeps only the first
 // train_limit training images (for quick runs). A missing directory or file names the path and
-// the fetch command (scripts/fetch_mnist.sh).
+// the fetch command (scripts/fetch_mnist.sh); a path that is there but is not a directory (or not a
+// regular file: a FIFO, a link to /dev/zero) says what it is, and is never opened in a way that blocks.
 Mnist load_mnist(const std::string& dir, std::int64_t validation_size, std::int64_t train_limit = 0);
 
 }  // namespace mnist_mpi
