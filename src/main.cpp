@@ -2,6 +2,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -36,6 +37,8 @@ int main(int argc, char** argv) {
   // `mnist_mpi evaluate ...`: one process, no MPI.
   if (argc >= 2 && std::string(argv[1]) == "evaluate") return evaluate_checkpoint_main(argc - 1, argv + 1);
   install_preemption_handlers();  // first: a signal during start-up must not kill a rank either
+  // A closed pipe on stdout is an output that cannot be written (exit 7), not a reason to die.
+  std::signal(SIGPIPE, SIG_IGN);
   mnist_mpi::init_mpi(&argc, &argv);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // errors come back to MPI_CHECK
   int rank = 0;
@@ -131,6 +134,7 @@ int main(int argc, char** argv) {
   try {
     const RunResult r = trainer->run();
     if (r.preempted_signal != 0) exit_code = static_cast<int>(ExitCode::kPreempted);
+    else if (r.outputs_lost) exit_code = static_cast<int>(ExitCode::kOutput);  // agreed by every rank
   } catch (const AgreedError& e) {  // every rank threw it; the message is on one of them
     if (*e.what()) report(e.what());
     exit_code = static_cast<int>(e.code());
