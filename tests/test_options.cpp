@@ -268,6 +268,11 @@ TEST(Options, ConfigMistakesNameTheLine) {
   std::tie(code, msg) = parse_within_10s({"--batch-size", "10", "--config", unknown.str()});
   EXPECT_EQ(code, ExitCode::kUsage);
   EXPECT_NE(msg.find(" line 3: unknown option 'bogus-key'"), std::string::npos) << msg;
+  // Found by fuzz_options: Boost's find_nothrow() threw ambiguous_option for an empty name.
+  const TempFile no_key("lr = 0.1\n = 3\n");
+  std::tie(code, msg) = parse_within_10s({"--batch-size", "10", "--config", no_key.str()});
+  EXPECT_EQ(code, ExitCode::kUsage);
+  EXPECT_NE(msg.find(" line 2: no option name before the '='"), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -336,7 +336,12 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
     std::map<std::string, int> first_line;  // key -> the line that set it
     for (const ConfigLine& line : read_config(path)) {
       const std::string where = "--config " + quote_input(path) + " line " + std::to_string(line.number) + ": ";
-      const po::option_description* known = all.find_nothrow(line.key, false);
+      if (line.key.empty()) throw_error(ExitCode::kUsage, where + "no option name before the '='");
+      const po::option_description* known = nullptr;
+      try {
+        known = all.find_nothrow(line.key, false);
+      } catch (const po::error&) {  // "nothrow" still throws ambiguous_option for some names
+      }
       if (known == nullptr || known->long_name() != line.key)
         throw_error(ExitCode::kUsage, where + "unknown option " + quote_input(line.key) + " (see --help)");
       if (const auto [it, fresh] = first_line.emplace(line.key, line.number); !fresh)
