@@ -30,8 +30,9 @@ Monitor::Monitor(const Options& options, MonitorSetup setup)
       rank0_(setup_.rank == 0),
       progress_(rank0_ ? resolve_progress_mode(opt_.progress, opt_.quiet) : ProgressMode::kOff, setup_.total_steps,
                 setup_.steps_per_epoch, setup_.global_batch) {
-  const std::int64_t evaluations = setup_.total_steps / std::max<std::int64_t>(setup_.steps_per_epoch, 1) + 2 +
-                                   (opt_.eval_every > 0 ? setup_.total_steps / opt_.eval_every : 0);
+  const std::int64_t steps = std::min<std::int64_t>(setup_.total_steps, std::int64_t{1} << 48);  // no overflow below
+  const std::int64_t evaluations = steps / std::max<std::int64_t>(setup_.steps_per_epoch, 1) + 2 +
+                                   (opt_.eval_every > 0 ? steps / opt_.eval_every : 0);
   if (rank0_) {
     // Bad paths fail here, at set-up (exit 2), not after an hour of training.
     if (!opt_.metrics_file.empty()) {
@@ -50,9 +51,12 @@ Monitor::Monitor(const Options& options, MonitorSetup setup)
           std::make_unique<OutputFile>("the report (--report)", opt_.report_file, OutputFile::Mode::kReplace);
     }
     if (!opt_.tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(opt_.tensorboard_dir, setup_.host);
-    const std::int64_t logs = opt_.log_every > 0 ? setup_.total_steps / opt_.log_every + 1 : 0;
-    report_.train.reserve(static_cast<std::size_t>(logs));
-    report_.evals.reserve(static_cast<std::size_t>(evaluations));
+    // Reserved up front so that logging allocates nothing, up to a cap: --max-steps comes from the
+    // user, and a run of 2^63 steps must not ask for exabytes here (it grows past the cap instead).
+    constexpr std::int64_t kMaxReserved = std::int64_t{1} << 20;
+    const std::int64_t logs = opt_.log_every > 0 ? steps / opt_.log_every + 1 : 0;
+    report_.train.reserve(static_cast<std::size_t>(std::min(logs, kMaxReserved)));
+    report_.evals.reserve(static_cast<std::size_t>(std::min(evaluations, kMaxReserved)));
     scalars_.reserve(8);
   }
   if (!opt_.timeline_file.empty())

@@ -96,6 +96,11 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   const Shape input{1, data_.train.rows, data_.train.cols};
   spec_ = parse_model_spec(opt_.model, input, 10);
   const InitSpec wi = parse_init_spec(opt_.weight_init), bi = parse_init_spec(opt_.bias_init);
+  if (!device_.cuda) {  // before anything is allocated (Note [Will the model fit?]); a GPU reports its own
+    const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
+    check_model_fits_memory(spec_, batch_, std::min(opt_.eval_batch_size, largest), opt_.optimizer.kind == "adam",
+                            rank0_);
+  }
 
   sampler_ = std::make_unique<Sampler>(data_.train.count, global_batch_, opt_.seed);
   steps_per_epoch_ = sampler_->steps_per_epoch();
@@ -303,7 +308,7 @@ RunResult Trainer::run() {
                                                          *optimizer_);
   if (first_step > 0 && backend_->on_device()) backend_->upload(host_params_, params_->data());
   res.first_step = first_step;
-  // Rank 0's initial parameters are everyone's (DESIGN.md invariant 1).
+  // Rank 0's initial parameters are everyone's: no rank trains weights of its own.
   grad_comm_->broadcast(std::span<float>(params_->data(), static_cast<std::size_t>(spec_.param_count)), 0);
   check_replicas(first_step);
   monitor_->start(comm_);
