@@ -13,7 +13,7 @@ namespace {
 // An element's mask bit is a pure function of (seed, global step, the sample's position in the
 // GLOBAL batch, layer index, element index). A sample therefore gets the same mask whichever rank
 // processes it and however the global batch is split, which is what makes 1, 2 and 3 ranks follow
-// the same trajectory (DESIGN.md invariant 4) and a resumed run repeat the masks of the run that
+// the same trajectory and a resumed run repeat the masks of the run that
 // never stopped. Both backends call the same two functions, rng::dropout_key and
 // rng::dropout_scale (include/mnist_mpi/rng.hpp, compiled for host and device).
 class Dropout final : public LayerKernel {
