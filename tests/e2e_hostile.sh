@@ -73,5 +73,18 @@ wait "$first" 2>/dev/null
 expect lock_released_by_a_dead_job 0 60 "checkpoint after step 20: shared/step-00000020.ckpt" -- \
   "${job[@]}" --max-steps 20 --checkpoint-dir shared
 
+# CONF holds the resolved batch sizes and no host paths: the same training state written from two
+# data directories into two checkpoint directories gives byte-identical files (docs/checkpoint.md).
+"${run2[@]}" "${opts[@]}" --data-dir "$work/data" --max-steps 3 --checkpoint-dir conf_a >/dev/null 2>&1
+"${run2[@]}" "${opts[@]}" --data-dir "$work/other" --max-steps 3 --checkpoint-dir conf_b >/dev/null 2>&1
+if cmp -s conf_a/step-00000003.ckpt conf_b/step-00000003.ckpt &&
+   "$bin" evaluate --checkpoint conf_a/step-00000003.ckpt --show-config 2>&1 | grep -q "^global-batch-size = 20$" &&
+   ! "$bin" evaluate --checkpoint conf_a/step-00000003.ckpt --show-config 2>&1 | grep -qE "^(data-dir|checkpoint-dir) ="; then
+  passed=$((passed + 1)); echo "ok   same state from other paths: identical checkpoint files, CONF resolved"
+else
+  failed=$((failed + 1)); echo "FAIL checkpoints of the same state differ, or CONF is not resolved"
+  "$bin" evaluate --checkpoint conf_a/step-00000003.ckpt --show-config 2>&1 | tail -30
+fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -90,6 +90,16 @@ std::string explain(const po::error& e, std::string name, const std::string* val
   return quoted.substr(1, quoted.size() - 2);
 }
 
+}  // namespace
+
+std::string option_error_message(const po::error& e, int argc, const char* const* argv) {
+  std::vector<std::string> texts;
+  for (int i = 1; i < argc; ++i) texts.emplace_back(argv[i]);
+  return explain(e, std::string(), nullptr, texts);
+}
+
+namespace {
+
 // po::store() of one option, with the same checks and defaults as a store() of them all.
 void store_one(const po::options_description& all, const po::option& opt, po::variables_map& vm) {
   po::parsed_options one(&all);

@@ -42,13 +42,22 @@ void warn(const std::string& msg) {
   std::fflush(stderr);
 }
 
-// The resolved options as they go into CONF: everything but --resume, which says how a run
-// started, not what state it is in.
-std::string config_for_checkpoint(const std::string& resolved) {
+// The resolved options as they go into CONF (docs/checkpoint.md, "CONF"): every option that
+// shapes the training state, with the batch sizes this run really uses, and without what says
+// where or how a run started rather than what state it is in (resume, the data and checkpoint
+// directories; the output paths are not in `resolved` at all): identical training states must give
+// identical files on any machine.
+std::string config_for_checkpoint(const std::string& resolved, std::int64_t global_batch, std::int64_t per_rank_batch) {
   std::istringstream in(resolved);
   std::string line, out;
-  while (std::getline(in, line))
-    if (line.rfind("resume = ", 0) != 0) out += line + "\n";
+  while (std::getline(in, line)) {
+    if (line.rfind("resume = ", 0) == 0 || line.rfind("data-dir = ", 0) == 0 ||
+        line.rfind("checkpoint-dir = ", 0) == 0)
+      continue;
+    if (line.rfind("global-batch-size = ", 0) == 0) line = "global-batch-size = " + std::to_string(global_batch);
+    else if (line.rfind("batch-size = ", 0) == 0) line = "batch-size = " + std::to_string(per_rank_batch);
+    out += line + "\n";
+  }
   return out;
 }
 
@@ -168,7 +177,7 @@ Checkpointer::Checkpointer(const Options& options, Communicator& comm, const Che
       throw_error(ExitCode::kCheckpoint, "the checkpoint directory '" + dir_ + "' is not writable (" + e.what() + ")");
     }
     fs::remove(fs::path(dir_) / probe, ec);
-    encoder_ = std::make_unique<CheckpointEncoder>(*run_.spec, config_for_checkpoint(opt_.resolved),
+    encoder_ = std::make_unique<CheckpointEncoder>(*run_.spec, config_for_checkpoint(opt_.resolved, run_.global_batch, per_rank_batch()),
                                                    opt_.optimizer.kind == "adam");
     stats_.bytes = static_cast<double>(encoder_->size());
   }
@@ -255,7 +264,7 @@ std::string Checkpointer::check_compatible(const Checkpoint& ck, const std::stri
                                            ", past the end of this run (" + std::to_string(run_.total_steps) +
                                            " steps): raise --max-steps or --epochs to train on from it");
   // Everything else may change on resume; say what did.
-  const auto a = config_map(ck.config), b = config_map(config_for_checkpoint(opt_.resolved));
+  const auto a = config_map(ck.config), b = config_map(config_for_checkpoint(opt_.resolved, run_.global_batch, per_rank_batch()));
   std::string diff;
   for (const auto& [k, v] : b) {
     const auto it = a.find(k);

@@ -2,6 +2,8 @@
 // model on the CPU backend, evaluated batch by batch like rank 0's evaluation in the trainer.
 #include "mnist_mpi/train/evaluate_checkpoint.hpp"
 
+#include "mnist_mpi/config/options.hpp"
+
 #include <boost/program_options.hpp>
 
 #include <algorithm>
@@ -127,7 +129,7 @@ int evaluate_checkpoint_main(int argc, char** argv) {
       po::store(po::parse_command_line(argc, argv, desc), vm);
       po::notify(vm);
     } catch (const po::error& e) {
-      throw_error(ExitCode::kUsage, std::string(e.what()) + " (see mnist_mpi evaluate --help)");
+      throw_error(ExitCode::kUsage, option_error_message(e, argc, argv) + " (see mnist_mpi evaluate --help)");
     }
     if (vm.count("help")) {
       std::cout << desc;

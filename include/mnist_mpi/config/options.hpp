@@ -9,6 +9,10 @@
 
 #include "mnist_mpi/train/optimizer.hpp"
 
+namespace boost::program_options {
+class error;
+}
+
 namespace mnist_mpi {
 
 struct Options {
@@ -67,5 +71,9 @@ enum class ParseOutcome { kRun, kExitOk };
 
 // Parses argv. On --help / --version writes the text into `text` and returns kExitOk.
 ParseOutcome parse_options(int argc, const char* const* argv, Options& out, std::string& text);
+
+// One line for a Boost.ProgramOptions error about argv, with the user's text quoted
+// (Note [Messages built from what the user wrote]); never Boost's what() on text that would hang it.
+std::string option_error_message(const boost::program_options::error& e, int argc, const char* const* argv);
 
 }  // namespace mnist_mpi

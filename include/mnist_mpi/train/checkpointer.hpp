@@ -90,6 +90,7 @@ class Checkpointer {
 
  private:
   void find_resume_checkpoint();
+  std::int64_t per_rank_batch() const { return run_.global_batch / (comm_.size() * opt_.accumulation_steps); }
   // Throws when ck cannot continue this run; returns the options that differ (for a note).
   std::string check_compatible(const Checkpoint& ck, const std::string& path) const;
   void write(const StepEnd& s);   // rank 0
