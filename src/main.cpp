@@ -30,7 +30,7 @@ using namespace mnist_mpi;
 // non-zero). Errors the ranks agreed on after training started (AgreedError: a failed checkpoint
 // write, a non-finite gradient) and preemption (exit code 75) end every rank normally, through
 // MPI_Finalize. A rank that dies, or hangs so that a collective never finishes, is handled by
-// mpirun and the collective watchdog (src/comm/watchdog.cpp; README "Faults"). Errors go to
+// mpirun and the collective watchdog (src/comm/watchdog.cpp; docs/faults.md). Errors go to
 // stderr, prefixed with the rank and host.
 int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();

@@ -224,7 +224,7 @@ preempt_case() {
     # While mpirun waits odls_base_sigkill_timeout it does not read the ranks' output: a rank that
     # prints blocks in write() and never reaches the step boundary (gdb: rank 0 in pipe_write,
     # rank 1 spinning in the allreduce; CI lost the checkpoint so). So the ranks are --quiet, and
-    # get 3 s instead of 1 to write, as the README advises.
+    # get 3 s instead of 1 to write, as docs/launching.md advises.
     mpirun_TERM) "${run2[@]}" --mca odls_base_sigkill_timeout 3 "$bin" "${sm[@]}" --quiet --max-steps 100000 \
                    --checkpoint-every 10 --checkpoint-dir "$dir" >out 2>err & ;;
   esac
@@ -245,7 +245,7 @@ preempt_case() {
   case $how in
     rank1_TERM|single_INT) [ "$(codes)" = "$want_codes" ] || codes_ok=0 ;;
     mpirun_USR1) [ "$jrc" -eq 75 ] || codes_ok=0 ;;
-    mpirun_TERM) [ "$jrc" -ne 0 ] || codes_ok=0 ;;  # mpirun itself exits 1 after a SIGTERM (README)
+    mpirun_TERM) [ "$jrc" -ne 0 ] || codes_ok=0 ;;  # mpirun itself exits 1 after a SIGTERM (docs/launching.md)
   esac
   if [ $codes_ok -eq 1 ] && [ -n "$ck" ] && "$py" "$reader" "$ck" >/dev/null; then
     ok "$name: stopped with a checkpoint ($ck; launcher exit $jrc, rank exits $(codes))"

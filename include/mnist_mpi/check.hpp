@@ -13,7 +13,7 @@
 
 namespace mnist_mpi {
 
-// Exit codes, documented in README.md.
+// Exit codes, documented in docs/faults.md ("Exit codes").
 enum class ExitCode : int {
   kOk = 0,
   kRuntime = 1,      // an error while training (a library call failed, a rank died)

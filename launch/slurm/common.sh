@@ -3,7 +3,7 @@
 # picks the launcher (srun --mpi=pmix, or mpirun inside the allocation), adds --checkpoint-dir
 # (one per job name) and --resume auto, runs the ranks as one step, forwards a preemption signal
 # to them, and requeues the job when they stopped for preemption (exit 75 after a checkpoint).
-# See README.md, "Launching". Every message starts with the script's name.
+# See docs/launching.md. Every message starts with the script's name.
 
 mm_say() { echo "${MM_SCRIPT:-mnist_mpi job}: $*" >&2; }
 mm_die() {  # mm_die CODE MESSAGE: one line naming the problem and the fix, then exit CODE
@@ -164,6 +164,6 @@ mm_job() {
         exit 75
       fi
       mm_die 75 "could not requeue job $SLURM_JOB_ID (was it submitted with --no-requeue?): submit the same script again with --job-name=$SLURM_JOB_NAME, it resumes from $from" ;;
-    *) mm_die "$MM_RC" "mnist_mpi ended with exit code $MM_RC (its message is above; codes in README.md): not requeued" ;;
+    *) mm_die "$MM_RC" "mnist_mpi ended with exit code $MM_RC (its message is above; codes in docs/faults.md): not requeued" ;;
   esac
 }

@@ -247,7 +247,7 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       ("train-limit", po::value(&o.train_limit)->default_value(d.train_limit), "images: train on the first N training images only (0 = all)");
   po::options_description model("Model");
   model.add_options()
-      ("model", po::value(&o.model)->default_value(d.model), "layer spec (see README.md, 'Writing a model spec')")
+      ("model", po::value(&o.model)->default_value(d.model), "layer spec (see docs/usage.md, 'Writing a model spec')")
       ("weight-init", po::value(&o.weight_init)->default_value(d.weight_init), "truncated_normal:STD | normal:STD | xavier | he | zeros | constant:V")
       ("bias-init", po::value(&o.bias_init)->default_value(d.bias_init), "initialiser for biases, as --weight-init");
   po::options_description train("Training");

@@ -35,7 +35,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 // include/mnist_mpi/check.hpp): a spec of megabytes gives a one-line message.
 [[noreturn]] void bad(const std::string& token, const std::string& why) {
   throw_error(ExitCode::kUsage, "model spec: bad layer " + quote_input(token) + ": " + why +
-                                    " (see README.md, 'Writing a model spec')");
+                                    " (see docs/usage.md, 'Writing a model spec')");
 }
 
 constexpr std::int64_t kMaxDim = std::numeric_limits<int>::max();
