@@ -58,9 +58,12 @@ TEST(Sampler, RankSlicesTileTheStepWindow) {
       const auto perm = Sampler::permutation(n, 9, epoch);
       std::vector<std::int64_t> all;
       for (int r = 0; r < world; ++r) {
-        std::vector<std::int64_t> out(static_cast<std::size_t>(b), -1);
-        sampler.indices(step, r * b, b, out.data());
-        all.insert(all.end(), out.begin(), out.end());
+        const Slice sl = sampler.slice(step, r, world);
+        EXPECT_EQ(sl.epoch, epoch);
+        EXPECT_EQ(sl.first, r * b);
+        ASSERT_EQ(sl.count, b);
+        const auto order = sampler.order(sl.epoch);
+        all.insert(all.end(), order.begin() + sl.position, order.begin() + sl.position + sl.count);
       }
       const std::vector<std::int64_t> want(perm.begin() + s * B, perm.begin() + (s + 1) * B);
       EXPECT_EQ(all, want) << "step " << step;
@@ -74,9 +77,9 @@ TEST(Sampler, EpochCoversDistinctImages) {
   ASSERT_EQ(sampler.steps_per_epoch(), 3);
   std::vector<std::int64_t> seen;
   for (std::int64_t step = 0; step < 3; ++step) {
-    std::vector<std::int64_t> out(static_cast<std::size_t>(B));
-    sampler.indices(step, 0, B, out.data());
-    seen.insert(seen.end(), out.begin(), out.end());
+    const Slice sl = sampler.slice(step, 0, 1);
+    const auto order = sampler.order(sl.epoch);
+    seen.insert(seen.end(), order.begin() + sl.position, order.begin() + sl.position + sl.count);
   }
   std::sort(seen.begin(), seen.end());
   EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end()) << "an image twice in one epoch";

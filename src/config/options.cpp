@@ -92,6 +92,18 @@ std::string explain(const po::error& e, std::string name, const std::string* val
 
 }  // namespace
 
+std::map<std::string, std::string> key_value_lines(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto eq = line.find(" = ");
+    if (eq == std::string::npos) out[line] = "";
+    else out[line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return out;
+}
+
 std::string option_error_message(const po::error& e, int argc, const char* const* argv) {
   std::vector<std::string> texts;
   for (int i = 1; i < argc; ++i) texts.emplace_back(argv[i]);

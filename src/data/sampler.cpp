@@ -41,11 +41,14 @@ std::span<const std::int64_t> Sampler::order(std::int64_t epoch) {
   return perm_;
 }
 
-void Sampler::indices(std::int64_t step, std::int64_t offset, std::int64_t count, std::int64_t* out) {
-  const std::int64_t spe = steps_per_epoch();
-  order(step / spe);
-  const std::int64_t base = (step % spe) * global_batch_ + offset;
-  for (std::int64_t i = 0; i < count; ++i) out[i] = perm_[static_cast<std::size_t>(base + i)];
+Slice Sampler::slice(std::int64_t step, std::int64_t part, std::int64_t parts) const {
+  const std::int64_t spe = steps_per_epoch(), b = global_batch_ / parts;
+  Slice s;
+  s.epoch = step / spe;
+  s.first = part * b;
+  s.position = (step % spe) * global_batch_ + s.first;
+  s.count = b;
+  return s;
 }
 
 }  // namespace mnist_mpi

@@ -100,8 +100,8 @@ void Monitor::start(Communicator& comm) {
   progress_.start(Clock::now());
 }
 
-void Monitor::on_step(std::int64_t step, const StepPhases& p, Clock::time_point end) {
-  for (StepPhases* s : {&total_, &window_}) {
+void Monitor::on_step(std::int64_t step, const StepTiming& p, Clock::time_point end) {
+  for (StepTiming* s : {&total_, &window_}) {
     s->data += p.data;
     s->forward += p.forward;
     s->backward += p.backward;
@@ -122,7 +122,7 @@ void Monitor::on_log(std::int64_t step, double loss, double lr, double images_pe
   report_.train.push_back(TrainPoint{step + 1, loss, lr, images_per_s});
   if (tensorboard_) {
     const double n = static_cast<double>(std::max<std::int64_t>(window_steps_, 1));
-    const StepPhases& w = window_;
+    const StepTiming& w = window_;
     scalars_.clear();
     scalars_.emplace_back("train/loss", loss);
     scalars_.emplace_back("train/learning_rate", lr);
@@ -131,7 +131,7 @@ void Monitor::on_log(std::int64_t step, double loss, double lr, double images_pe
     scalars_.emplace_back("time/exposed_comm_ms", 1e3 * w.exposed_comm / n);
     tensorboard_->scalars(step + 1, scalars_);
   }
-  window_ = StepPhases{};
+  window_ = StepTiming{};
   window_steps_ = 0;
 }
 
@@ -162,7 +162,7 @@ void Monitor::finish(Communicator& comm, const FinalFacts& f) {
   if (rank0_) {
     OutputFile& out = OutputFile::standard_output();
     const double all_s = std::chrono::duration<double>(Clock::now() - setup_.process_start).count();
-    const StepPhases& t = total_;
+    const StepTiming& t = total_;
     std::vector<TimeShare>& time = report_.time;
     time = {{"start-up", f.startup_s},  {"data", t.data},
             {"forward", t.forward},     {"backward", t.backward},

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/hash.hpp"
 #include "mnist_mpi/report/output.hpp"
 
 namespace mnist_mpi {
@@ -14,15 +15,6 @@ namespace {
 constexpr const char* kSpanNames[] = {"step", "data", "forward", "backward", "wait for bucket",
                                       "optimizer", "allreduce", "evaluation", "checkpoint"};
 static_assert(sizeof kSpanNames / sizeof kSpanNames[0] == static_cast<std::size_t>(SpanKind::kCount));
-
-std::uint64_t fnv1a(const std::string& s) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
 
 std::string json_escape(const std::string& s) {
   std::string out;

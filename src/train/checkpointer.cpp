@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -61,17 +62,6 @@ std::string config_for_checkpoint(const std::string& resolved, std::int64_t glob
   return out;
 }
 
-std::map<std::string, std::string> config_map(const std::string& text) {
-  std::map<std::string, std::string> m;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto eq = line.find(" = ");
-    if (eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 3);
-  }
-  return m;
-}
-
 std::uint32_t schedule_kind(const std::string& k) { return k == "step" ? 1u : k == "cosine" ? 2u : 0u; }
 
 // Checkpoint files of a directory, newest step first.
@@ -115,6 +105,10 @@ int lock_checkpoint_dir(const std::string& dir) {
   const std::string path = dir + "/.mnist_mpi.lock";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0644);
   struct stat st {};
+  if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS))
+    throw_error(ExitCode::kCheckpoint, "the checkpoint directory " + quote_input(dir) +
+                                           " is not writable (cannot create its lock file .mnist_mpi.lock: " +
+                                           std::strerror(errno) + "); choose a writable --checkpoint-dir");
   if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const int e = errno;
     if (fd >= 0) ::close(fd);
@@ -264,7 +258,7 @@ std::string Checkpointer::check_compatible(const Checkpoint& ck, const std::stri
                                            ", past the end of this run (" + std::to_string(run_.total_steps) +
                                            " steps): raise --max-steps or --epochs to train on from it");
   // Everything else may change on resume; say what did.
-  const auto a = config_map(ck.config), b = config_map(config_for_checkpoint(opt_.resolved, run_.global_batch, per_rank_batch()));
+  const auto a = key_value_lines(ck.config), b = key_value_lines(config_for_checkpoint(opt_.resolved, run_.global_batch, per_rank_batch()));
   std::string diff;
   for (const auto& [k, v] : b) {
     const auto it = a.find(k);

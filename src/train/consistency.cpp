@@ -8,31 +8,11 @@
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/config/options.hpp"  // key_value_lines
+#include "mnist_mpi/hash.hpp"
 
 namespace mnist_mpi {
 namespace {
-
-std::uint64_t fnv1a(const std::string& s) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
-// "key = value" lines to key -> value (a line without " = " is its own key, value empty).
-std::map<std::string, std::string> lines_by_key(const std::string& text) {
-  std::map<std::string, std::string> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto eq = line.find(" = ");
-    if (eq == std::string::npos) out[line] = "";
-    else out[line.substr(0, eq)] = line.substr(eq + 3);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -62,7 +42,7 @@ void check_ranks_agree(Communicator& comm, const std::string& description) {
   comm.broadcast(std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(root_text.data()), root_text.size()), 0);
   if (mine == hashes[0]) return;
 
-  const auto theirs = lines_by_key(root_text), ours = lines_by_key(description);
+  const auto theirs = key_value_lines(root_text), ours = key_value_lines(description);
   std::map<std::string, bool> keys;
   for (const auto& kv : theirs) keys[kv.first] = true;
   for (const auto& kv : ours) keys[kv.first] = true;

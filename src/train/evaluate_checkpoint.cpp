@@ -25,12 +25,9 @@ namespace mnist_mpi {
 namespace {
 
 std::string config_value(const std::string& config, const std::string& key, const std::string& fallback) {
-  std::istringstream in(config);
-  std::string line;
-  const std::string prefix = key + " = ";
-  while (std::getline(in, line))
-    if (line.rfind(prefix, 0) == 0) return line.substr(prefix.size());
-  return fallback;
+  const auto lines = key_value_lines(config);
+  const auto it = lines.find(key);
+  return it == lines.end() ? fallback : it->second;
 }
 
 // FILE, or the newest valid checkpoint of a directory (damaged ones are reported and skipped).

@@ -23,22 +23,6 @@
 
 namespace mnist_mpi {
 
-std::uint64_t hash_floats(const float* p, std::int64_t n) {
-  const auto* b = reinterpret_cast<const unsigned char*>(p);
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (std::int64_t i = 0; i < n * static_cast<std::int64_t>(sizeof(float)); ++i) {
-    h ^= b[i];
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
-std::string hex64(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -228,14 +212,12 @@ std::string Trainer::job_description() const {
 
 void Trainer::log_event(const std::string& json) { monitor_->metrics(json); }
 
-void Trainer::load_batch(std::int64_t step, std::int64_t first) {
-  const std::int64_t epoch = step / steps_per_epoch_;
-  if (epoch != order_epoch_) {  // once per epoch (a GPU copies the permutation then)
-    train_data_->set_order(sampler_->order(epoch));
-    order_epoch_ = epoch;
+void Trainer::load_batch(const Slice& slice) {
+  if (slice.epoch != order_epoch_) {  // once per epoch (a GPU copies the permutation then)
+    train_data_->set_order(sampler_->order(slice.epoch));
+    order_epoch_ = slice.epoch;
   }
-  // The sampler's slice: positions [s*B + first, + batch_) of the epoch's permutation.
-  train_data_->gather((step % steps_per_epoch_) * global_batch_ + first, batch_, train_model_->input());
+  train_data_->gather(slice.position, slice.count, train_model_->input());
 }
 
 const float* Trainer::host_params() {
@@ -390,20 +372,18 @@ RunResult Trainer::run() {
     if (fault_.armed_for(comm_.rank(), step) && fault_.kind != FaultKind::kNan) fire_fault(fault_);
     const std::int64_t epoch = step / steps_per_epoch_;
     const double lr = learning_rate(opt_.schedule, step, epoch, total_steps_);
-    // Note [Micro-batches and positions]
-    // Rank r's micro-batch m covers positions [(r*K + m)*b, +b) of the global batch, so 1 rank with
-    // K = 2 sees exactly the samples (and dropout keys) that 2 ranks with K = 1 see.
     using sec = std::chrono::duration<double>;
     double t_data = 0, t_fwd = 0, t_bwd = 0;
     std::chrono::steady_clock::time_point backward_end;
     bool loss_finite = true;  // this rank's loss in this step (CPU ranks; Note [One verdict on every rank])
     for (std::int64_t micro = 0; micro < accumulation_; ++micro) {
       const bool last = micro + 1 == accumulation_;
-      const std::int64_t first = (comm_.rank() * accumulation_ + micro) * batch_;
+      // Note [Micro-batches and positions] (include/mnist_mpi/data/sampler.hpp)
+      const Slice slice = sampler_->slice(step, comm_.rank() * accumulation_ + micro, comm_.size() * accumulation_);
       const auto m0 = std::chrono::steady_clock::now();
-      load_batch(step, first);
+      load_batch(slice);
       const auto m1 = std::chrono::steady_clock::now();
-      StepContext ctx{true, opt_.seed, step, first};
+      StepContext ctx{true, opt_.seed, step, slice.first};
       train_model_->forward(ctx);
       backend_->softmax_cross_entropy(train_model_->logits(), train_data_->labels(), static_cast<int>(batch_),
                                       spec_.num_classes(), train_model_->dlogits(), grad_scale, *train_loss_);
@@ -495,7 +475,7 @@ RunResult Trainer::run() {
     const auto t5 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t5 - t0).count();
     if (timeline_) timeline_->step_done(step, t0, t5, reducer_->bucket_timings());
-    monitor_->on_step(step, StepPhases{t_data, t_fwd, t_bwd, exposed, t_opt}, t5);
+    monitor_->on_step(step, StepTiming{t_data, t_fwd, t_bwd, exposed, t_opt}, t5);
     if (step - first_step >= kWarmup || total_steps_ - first_step <= kWarmup) {
       steady_s += dt;
       ++steady_steps;

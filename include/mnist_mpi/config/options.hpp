@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,10 @@ enum class ParseOutcome { kRun, kExitOk };
 
 // Parses argv. On --help / --version writes the text into `text` and returns kExitOk.
 ParseOutcome parse_options(int argc, const char* const* argv, Options& out, std::string& text);
+
+// "key = value" lines (the form of Options::resolved, of a checkpoint's CONF and of the job
+// description the ranks compare) to key -> value; a line without " = " is its own key, value empty.
+std::map<std::string, std::string> key_value_lines(const std::string& text);
 
 // One line for a Boost.ProgramOptions error about argv, with the user's text quoted
 // (Note [Messages built from what the user wrote]); never Boost's what() on text that would hang it.

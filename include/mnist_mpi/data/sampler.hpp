@@ -9,13 +9,22 @@
 
 namespace mnist_mpi {
 
+// Which images one micro-batch of one rank takes: positions [position, position + count) of the
+// permutation of `epoch`; `first` is where they start within the global batch (the dropout masks
+// are keyed by it: Note [Dropout masks do not depend on the rank]).
+struct Slice {
+  std::int64_t epoch = 0, position = 0, first = 0, count = 0;
+};
+
 class Sampler {
  public:
   Sampler(std::int64_t dataset_size, std::int64_t global_batch, std::uint64_t seed);
   std::int64_t steps_per_epoch() const { return dataset_size_ / global_batch_; }
-  // Dataset indices of rank `rank`'s slice of global step `step` (counted from the run's start),
-  // `count` of them starting at position `offset` within the global batch.
-  void indices(std::int64_t step, std::int64_t offset, std::int64_t count, std::int64_t* out);
+  // Note [Micro-batches and positions]
+  // The global batch is cut into parts = world x K equal micro-batches (K = --accumulation-steps);
+  // rank r's micro-batch m is part r*K + m, so 1 rank with K = 2 sees exactly the samples (and
+  // dropout keys) that 2 ranks with K = 1 see. `step` counts from the run's start.
+  Slice slice(std::int64_t step, std::int64_t part, std::int64_t parts) const;
   // The whole permutation of `epoch` (a view of a buffer made at construction, valid until an
   // other epoch is asked for); step s, offset o of that epoch reads positions s*B + o onwards.
   std::span<const std::int64_t> order(std::int64_t epoch);

@@ -26,8 +26,11 @@
 namespace mnist_mpi {
 
 // Seconds of one step on this rank, by phase.
-struct StepPhases {
+// Where a step's time went, in seconds (one step, or a sum or mean over steps), and the bytes
+// each rank reduced per step: the one timing record of the trainer, the monitor and the report.
+struct StepTiming {
   double data = 0, forward = 0, backward = 0, exposed_comm = 0, optimizer = 0;
+  double reduced_bytes = 0;  // per step, per rank (set in the run's summary only)
 };
 
 struct MonitorSetup {
@@ -55,7 +58,7 @@ class Monitor {
 
   void start(Communicator& comm);  // collective when --timeline (aligns clocks); then training starts
   // Every step, before on_log (every rank; only rank 0's figures are shown).
-  void on_step(std::int64_t step, const StepPhases& phases, Clock::time_point end);
+  void on_step(std::int64_t step, const StepTiming& phases, Clock::time_point end);
   // At --log-every: the global mean training loss over the window, the learning rate, images/s.
   void on_log(std::int64_t step, double loss, double lr, double images_per_s);
   // An evaluation on rank 0 after `step` steps; print: show the usual console line.
@@ -83,7 +86,7 @@ class Monitor {
   std::unique_ptr<OutputFile> metrics_file_, timeline_file_, report_file_;  // rank 0, when asked for
   bool outputs_lost_ = false;
   std::unique_ptr<Timeline> timeline_;
-  StepPhases total_{}, window_{};  // seconds: the whole run, and since the last log
+  StepTiming total_{}, window_{};  // seconds: the whole run, and since the last log
   std::int64_t window_steps_ = 0;
   Clock::time_point last_end_{};
   double eval_s_ = 0;

@@ -18,6 +18,7 @@
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/data/idx.hpp"
 #include "mnist_mpi/data/sampler.hpp"
+#include "mnist_mpi/hash.hpp"  // hash_floats, hex64
 #include "mnist_mpi/launch/launch_env.hpp"
 #include "mnist_mpi/model/model.hpp"
 #include "mnist_mpi/report/monitor.hpp"
@@ -34,14 +35,9 @@ struct EvalResult {
   std::int64_t count = 0;
 };
 
-// Seconds per step, averaged over the steady steps (the first 10 excluded).
-struct StepTiming {
-  double data = 0, forward = 0, backward = 0, exposed_comm = 0, optimizer = 0;
-  double reduced_bytes = 0;  // per step, per rank
-};
 
 struct RunResult {
-  StepTiming timing;
+  StepTiming timing;  // seconds per step, averaged over the steady steps (the first 10 excluded)
   std::int64_t steps = 0;
   double epochs = 0.0;
   double last_train_loss = 0.0;  // global mean of the last logged step
@@ -82,7 +78,7 @@ class Trainer {
   std::string job_description() const;
 
  private:
-  void load_batch(std::int64_t step, std::int64_t first);  // positions [first, first + batch_)
+  void load_batch(const Slice& slice);  // the sampler's slice, into the model's input
   const float* host_params();  // params_ on the host (a copy into host_params_ on a GPU)
   void log_event(const std::string& json);
   void check_replicas(std::int64_t step);
@@ -126,8 +122,5 @@ class Trainer {
   Fault fault_;  // MNIST_MPI_FAULT, when it names this rank (a testing hook)
 };
 
-// 64-bit FNV-1a of the bytes of n floats: equal hashes mean bitwise-equal parameters.
-std::uint64_t hash_floats(const float* p, std::int64_t n);
-std::string hex64(std::uint64_t v);
 
 }  // namespace mnist_mpi
