@@ -18,6 +18,32 @@
 namespace mnist_mpi {
 namespace {
 
+// What both GPU communicators forward to the host communicator (MPI): who this rank is, and every
+// collective on host memory (the small allreduces of doubles and counters, bytes, hashes).
+class HostForwarding : public Communicator {
+ public:
+  explicit HostForwarding(Communicator& host) : host_(host) {}
+  int rank() const override { return host_.rank(); }
+  int size() const override { return host_.size(); }
+  int local_rank() const override { return host_.local_rank(); }
+  int local_size() const override { return host_.local_size(); }
+  std::string host() const override { return host_.host(); }
+  bool device_buffers() const override { return true; }
+  void allreduce_sum(std::span<double> d) override { host_.allreduce_sum(d); }
+  void allreduce_max(std::span<std::int64_t> d) override { host_.allreduce_max(d); }
+  void allreduce_min(std::span<std::int64_t> d) override { host_.allreduce_min(d); }
+  void broadcast(std::span<std::uint8_t> d, int root) override { host_.broadcast(d, root); }
+  void allgather(std::uint64_t value, std::span<std::uint64_t> out) override { host_.allgather(value, out); }
+  void barrier() override { host_.barrier(); }
+  void gather(std::span<const std::uint8_t> mine, std::vector<std::uint8_t>& out,
+              std::vector<std::int64_t>& counts, int root) override {  // host bytes: MPI's
+    host_.gather(mine, out, counts, root);
+  }
+
+ protected:
+  Communicator& host_;
+};
+
 // Note [Buckets on the communication stream]
 // start_allreduce_sum(bucket) is called by the reducer right after backward queued the bucket's
 // last gradient kernel on the compute stream. It records an event there (ready), makes the
@@ -34,9 +60,11 @@ namespace {
 // polls, calls poll() here, which asks ncclCommGetAsyncError; on an error it calls ncclCommAbort
 // (which also stops the stuck kernels) and throws, so main() prints one line and MPI_Abort ends
 // every rank. test() and wait() poll too.
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public HostForwarding {
  public:
-  NcclCommunicator(Communicator& host, Backend& backend) : host_(host), backend_(backend) {
+  using HostForwarding::allreduce_sum;  // the host overloads, next to this class's float ones
+  using HostForwarding::broadcast;
+  NcclCommunicator(Communicator& host, Backend& backend) : HostForwarding(host), backend_(backend) {
     compute_ = cuda::compute_stream(backend);
     int lo = 0, hi = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
@@ -56,12 +84,6 @@ class NcclCommunicator final : public Communicator {
     cudaStreamDestroy(comm_stream_);
   }
 
-  int rank() const override { return host_.rank(); }
-  int size() const override { return host_.size(); }
-  int local_rank() const override { return host_.local_rank(); }
-  int local_size() const override { return host_.local_size(); }
-  std::string host() const override { return host_.host(); }
-  bool device_buffers() const override { return true; }
   std::string progress_mode() const override {
     return "summed by NCCL on a communication stream, ordered against backward and the optimiser by events";
   }
@@ -78,9 +100,6 @@ class NcclCommunicator final : public Communicator {
     CommRequest r = start_allreduce_sum(d);
     wait(r, nullptr);
   }
-  void allreduce_sum(std::span<double> d) override { host_.allreduce_sum(d); }
-  void allreduce_max(std::span<std::int64_t> d) override { host_.allreduce_max(d); }
-  void allreduce_min(std::span<std::int64_t> d) override { host_.allreduce_min(d); }
 
   CommRequest start_allreduce_sum(std::span<float> d) override {
     connected();
@@ -126,13 +145,6 @@ class NcclCommunicator final : public Communicator {
     // On the compute stream: ordered after whatever wrote d and before whatever reads it.
     NCCL_CHECK(ncclBroadcast(d.data(), d.data(), d.size(), ncclFloat, root, comm_, compute_));
   }
-  void broadcast(std::span<std::uint8_t> d, int root) override { host_.broadcast(d, root); }
-  void allgather(std::uint64_t value, std::span<std::uint64_t> out) override { host_.allgather(value, out); }
-  void barrier() override { host_.barrier(); }
-  void gather(std::span<const std::uint8_t> mine, std::vector<std::uint8_t>& out,
-              std::vector<std::int64_t>& counts, int root) override {  // host bytes: MPI's
-    host_.gather(mine, out, counts, root);
-  }
 
  private:
   struct Slot {
@@ -166,7 +178,6 @@ class NcclCommunicator final : public Communicator {
                                         "the network between the nodes (NCCL_DEBUG=WARN tells more)");
   }
 
-  Communicator& host_;
   Backend& backend_;
   cudaStream_t compute_ = nullptr, comm_stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
@@ -177,17 +188,13 @@ class NcclCommunicator final : public Communicator {
 // the compute stream), sums or broadcasts it with the MPI communicator (rank-ordered sums, Note
 // [Sums in rank order]) and copies it back. Slow, but correct and simple; the staging buffer is
 // made at construction.
-class StagedCommunicator final : public Communicator {
+class StagedCommunicator final : public HostForwarding {
  public:
+  using HostForwarding::allreduce_sum;  // the host overloads, next to this class's float ones
+  using HostForwarding::broadcast;
   StagedCommunicator(Communicator& host, Backend& backend, std::int64_t capacity)
-      : host_(host), backend_(backend), staging_(static_cast<std::size_t>(capacity)) {}
+      : HostForwarding(host), backend_(backend), staging_(static_cast<std::size_t>(capacity)) {}
 
-  int rank() const override { return host_.rank(); }
-  int size() const override { return host_.size(); }
-  int local_rank() const override { return host_.local_rank(); }
-  int local_size() const override { return host_.local_size(); }
-  std::string host() const override { return host_.host(); }
-  bool device_buffers() const override { return true; }
   std::string progress_mode() const override {
     return "copied to host memory and summed by MPI as each bucket is ready (ranks share GPUs)";
   }
@@ -197,9 +204,6 @@ class StagedCommunicator final : public Communicator {
     host_.allreduce_sum(h);
     backend_.upload(h, d.data());
   }
-  void allreduce_sum(std::span<double> d) override { host_.allreduce_sum(d); }
-  void allreduce_max(std::span<std::int64_t> d) override { host_.allreduce_max(d); }
-  void allreduce_min(std::span<std::int64_t> d) override { host_.allreduce_min(d); }
   CommRequest start_allreduce_sum(std::span<float> d) override {
     allreduce_sum(d);  // done at once: the request only records that
     return CommRequest{0};
@@ -214,13 +218,6 @@ class StagedCommunicator final : public Communicator {
     host_.broadcast(h, root);
     backend_.upload(h, d.data());
   }
-  void broadcast(std::span<std::uint8_t> d, int root) override { host_.broadcast(d, root); }
-  void allgather(std::uint64_t value, std::span<std::uint64_t> out) override { host_.allgather(value, out); }
-  void barrier() override { host_.barrier(); }
-  void gather(std::span<const std::uint8_t> mine, std::vector<std::uint8_t>& out,
-              std::vector<std::int64_t>& counts, int root) override {  // host bytes: MPI's
-    host_.gather(mine, out, counts, root);
-  }
 
  private:
   std::span<float> stage(std::span<float> d) {
@@ -229,7 +226,6 @@ class StagedCommunicator final : public Communicator {
     backend_.download(d.data(), h);
     return h;
   }
-  Communicator& host_;
   Backend& backend_;
   std::vector<float> staging_;
 };
