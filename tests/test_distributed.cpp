@@ -16,6 +16,7 @@
 #include "mnist_mpi/train/reducer.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 #include "synthetic.hpp"
+#include "test_util.hpp"  // world_rank, world_size, all_ranks, uniform
 
 namespace mnist_mpi {
 namespace {
@@ -23,17 +24,6 @@ namespace {
 constexpr const char* kLenet =
     "conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10";
 constexpr const char* kSmall = "conv:3x3:4:same,relu,maxpool:2,conv:3x3:8:same,relu,maxpool:2,flatten,fc:32,relu,dropout:0.5,fc:10";
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 const std::string& data_dir() {
   static const std::string dir = testing::shared_synthetic_dir("dist", 1200, 200);
@@ -71,12 +61,6 @@ Trained train(MPI_Comm comm, const Options& o) {
 }
 
 // Every rank's verdict, allreduced: a failure on any rank fails the test on every rank.
-bool all_ranks(bool ok) {
-  int v = ok ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return v == 1;
-}
-
 // Seed bug 3 (every tower with its own weights): after several steps every rank's parameters are
 // bitwise identical to rank 0's.
 // (Registered for 2 and 3 ranks only: on one rank it would compare rank 0 with itself.)
@@ -147,7 +131,9 @@ TEST(Distributed, AllreduceSumsEveryElementExactly) {
 // trajectory on 1, 2 and 3 ranks (up to summation order). World ranks [0, k) train together.
 TEST(Distributed, TrajectoryDoesNotDependOnTheNumberOfRanks) {
   if (world_size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
-  const Options o = base_options(kLenet, 60, 30);  // 60 divides by 1, 2 and 3
+  Options o = base_options(kLenet, 60, 5);  // 60 divides by 1, 2 and 3
+  o.optimizer.kind = "sgd";                 // Note [How close is "the same trajectory"]
+  o.schedule.base_lr = 0.01;
   std::vector<std::vector<float>> finals;
   ModelSpec spec;
   for (int k = 1; k <= world_size(); ++k) {
@@ -164,30 +150,47 @@ TEST(Distributed, TrajectoryDoesNotDependOnTheNumberOfRanks) {
     MPI_Barrier(MPI_COMM_WORLD);
   }
   // Note [How close is "the same trajectory"]
-  // The whole parameter vector must agree to a relative 1e-4 (the bound). Each tensor on
-  // its own must agree to 1e-3: Adam's first updates are close to lr * sign(g), so an element whose
-  // gradient is near zero (a bias of a unit that rarely fires) can flip sign under a different
-  // summation order, which moves that tensor, not the model. A wrong dropout key or a gradient
-  // averaged over the wrong count gives 4e-2 .. 7e-1 per tensor (measured), far above either bound.
+  // A different summation order (a batch of 60 on one rank, 2 x 30 or 3 x 20 summed by the
+  // allreduce) changes a gradient by ~1e-7 relative, but ReLU and max pooling are discontinuous:
+  // a pool window whose two largest inputs lie within an ulp or two of each other sends its
+  // gradient to one input or the other depending on the last bit. Measured (AVX2, 2026-12-03): at
+  // step 15 of the old 30-step Adam run one such window (gap 1.3e-7 relative) changed the conv
+  // gradients of the 1-rank run by 1.7e-3, and Adam, whose early updates are about lr * sign(g),
+  // amplified that to 1e-3 over all parameters and 2.4e-2 in one bias by step 30; with other seeds
+  // it was the 2-rank run that flipped (2.6e-3), on AVX-512 none did. A wrong dropout key changed
+  // the parameters by only 4.6e-2 there, and a gradient averaged over the wrong count (a constant
+  // factor, which Adam normalises away) by 4.9e-3: no bound separated them from rounding.
+  // So: plain SGD, whose update is linear in the gradient, for 5 steps, and each tensor's
+  // displacement from the initial parameters compared. Measured for seeds 42..49: rounding
+  // 1e-6 .. 6e-6; a flipped window (2 of 8 seeds) up to 8.8e-4. Seed 42 with a dropout key from the
+  // rank-local position: 0.19 .. 1.1; with the gradient averaged over the per-rank batch: 0.67 .. 10.
+  // The bound 1e-2 lies an order of magnitude from both sides. The whole parameter vector must also agree to the
+  // issue's relative 1e-4 (rounding and flips: <= 1.6e-6; those two bugs: >= 1.5e-3).
   bool ok = true;
   if (world_rank() == 0) {
+    std::vector<float> init(static_cast<std::size_t>(spec.param_count));
+    init_params(spec, parse_init_spec(o.weight_init), parse_init_spec(o.bias_init), o.seed, init.data());
     for (std::size_t k = 1; k < finals.size(); ++k) {
-      double all_diff = 0.0, all_norm = 0.0;
+      double all_diff = 0.0, all_norm = 0.0, worst = 0.0;
       for (const ParamTensor& p : spec.params) {
-        double diff = 0.0, norm = 0.0;
+        double diff = 0.0, moved = 0.0;
         for (std::int64_t i = 0; i < p.size; ++i) {
-          const double a = finals[k][std::size_t(p.offset + i)], b = finals[0][std::size_t(p.offset + i)];
+          const auto at = std::size_t(p.offset + i);
+          const double a = finals[k][at], b = finals[0][at], d = b - init[at];
           diff += (a - b) * (a - b);
-          norm += b * b;
+          moved += d * d;
+          all_norm += b * b;
         }
         all_diff += diff;
-        all_norm += norm;
-        const double rel = std::sqrt(diff / std::max(norm, 1e-30));
-        EXPECT_LE(rel, 1e-3) << p.name << ": " << k + 1 << " ranks differ from 1 rank by relative " << rel;
-        ok = ok && rel <= 1e-3;
+        const double rel = std::sqrt(diff / std::max(moved, 1e-30));
+        worst = std::max(worst, rel);
+        EXPECT_LE(rel, 1e-2) << p.name << ": " << k + 1 << " ranks moved it differently from 1 rank, by relative "
+                             << rel << " of its displacement";
+        ok = ok && rel <= 1e-2;
       }
       const double rel = std::sqrt(all_diff / all_norm);
-      std::printf("  %zu ranks vs 1 rank after 30 steps: parameters differ by relative %.3g\n", k + 1, rel);
+      std::printf("  %zu ranks vs 1 rank after 5 SGD steps: displacements differ by relative %.3g at most, "
+                  "parameters by %.3g\n", k + 1, worst, rel);
       EXPECT_LE(rel, 1e-4) << k + 1 << " ranks: the parameters differ from 1 rank's by relative " << rel;
       ok = ok && rel <= 1e-4;
     }

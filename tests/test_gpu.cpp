@@ -24,33 +24,10 @@
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 #include "synthetic.hpp"
+#include "test_util.hpp"  // world_rank, world_size, all_ranks, uniform
 
 namespace mnist_mpi {
 namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-bool all_ranks(bool ok) {
-  int v = ok ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return v == 1;
-}
-
-std::vector<float> uniform(std::size_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(g);
-  return v;
-}
 
 // Distinct values (no ties in a pooling window), in a random order.
 std::vector<float> distinct(std::size_t n, std::uint64_t seed) {

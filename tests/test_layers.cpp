@@ -18,17 +18,10 @@
 #include "mnist_mpi/model/model.hpp"
 #include "mnist_mpi/model/spec.hpp"
 #include "reference.hpp"
+#include "test_util.hpp"  // world_rank, world_size, all_ranks, uniform
 
 namespace mnist_mpi {
 namespace {
-
-std::vector<float> uniform(std::size_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(g);
-  return v;
-}
 
 // n distinct values spaced `gap` apart, in a random order, centred on zero.
 std::vector<float> distinct(std::size_t n, std::uint64_t seed, float gap) {

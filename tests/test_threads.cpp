@@ -16,17 +16,12 @@
 #include "mnist_mpi/comm/watchdog.hpp"
 #include "mnist_mpi/train/consistency.hpp"
 #include "mnist_mpi/train/reducer.hpp"
+#include "test_util.hpp"  // world_rank, world_size, all_ranks, uniform
 
 namespace mnist_mpi {
 namespace {
 
 constexpr const char* kSmall = "conv:3x3:4:same,relu,maxpool:2,conv:3x3:8:same,relu,maxpool:2,flatten,fc:32,relu,dropout:0.5,fc:10";
-
-bool all_ranks(bool ok) {
-  int v = ok ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return v == 1;
-}
 
 struct Fired {
   std::mutex m;
