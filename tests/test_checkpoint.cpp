@@ -16,7 +16,9 @@
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/crc32c.hpp"
+#include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/train/checkpoint.hpp"
+#include "mnist_mpi/train/checkpointer.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 
 namespace mnist_mpi {
@@ -273,6 +275,43 @@ TEST(Checkpoint, OptimizerContinuesBitwiseFromItsState) {
     }
     EXPECT_EQ(std::memcmp(p.data(), q.data(), n * sizeof(float)), 0) << kind;
   }
+}
+
+// On a GPU the parameters a checkpoint reads are a host mirror that StepEnd::to_host fills just
+// before the write. The finiteness check must look at the refreshed mirror: a mirror still
+// holding stale NaN (here: as it was before to_host) must not make a good step unsaveable, and
+// a good stale mirror must not let a bad step through.
+TEST(Checkpointer, ChecksTheParametersThatToHostJustRefreshed) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("mnist_mpi_ckpter_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto comm = make_mpi_communicator(MPI_COMM_SELF);
+  const ModelSpec spec = small_spec();
+  Options o;
+  o.checkpoint_dir = dir.string();
+  o.checkpoint_async = false;
+  o.quiet = true;
+  o.optimizer.kind = "sgd";
+  Checkpointer ck(o, *comm, CheckpointRun{&spec, 10, 100, 10, 30});
+  Optimizer opt(o.optimizer, spec.param_count);
+  const auto n = static_cast<std::size_t>(spec.param_count);
+  std::vector<float> mirror(n, std::numeric_limits<float>::quiet_NaN()), device(n, 0.5f);
+  const std::function<void()> to_host = [&] { mirror = device; };
+  StepEnd s;
+  s.params = mirror.data();
+  s.optimizer = &opt;
+  s.first_moment = opt.first_moment().data();
+  s.to_host = &to_host;
+  s.step = 10;
+  s.epoch_end = true;  // due
+  s.validation_accuracy = s.validation_loss = s.train_loss = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_FALSE(ck.after_step(s));
+  EXPECT_EQ(ck.stats().written, 1) << "a good step was refused because of the stale mirror";
+  device.assign(n, std::numeric_limits<float>::infinity());  // the device diverged; the mirror is still good
+  s.step = 20;
+  EXPECT_THROW(ck.after_step(s), AgreedError) << "a diverged model was saved from a stale mirror";
+  EXPECT_EQ(ck.stats().written, 1);
+  fs::remove_all(dir);
 }
 
 }  // namespace

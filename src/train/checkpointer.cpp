@@ -357,9 +357,13 @@ void Checkpointer::wait_idle() {
 
 void Checkpointer::write(const StepEnd& s) {
   wait_idle();  // the encoder's image belongs to the writer until its job is done
-  // Issue 8: a diverged model is never saved. The trainer stops (or skips) a non-finite step
+  // A diverged model is never saved. The trainer stops (or skips) a non-finite step
   // before it reaches the parameters, so this is the last line of defence: the write is refused,
   // the last good checkpoint stays, and after_step() ends every rank with this message.
+  // The state in host memory first: on a GPU s.params is a mirror that to_host refreshes, and the
+  // check below must see this step's parameters, not the last checkpoint's.
+  const double t0 = now_s();
+  if (s.to_host && *s.to_host) (*s.to_host)();
   if (!params_are_finite(s.params, run_.spec->param_count)) {
     std::lock_guard<std::mutex> lk(mu_);
     error_ = "not writing the checkpoint after step " + std::to_string(s.step) +
@@ -400,8 +404,6 @@ void Checkpointer::write(const StepEnd& s) {
   m.validation_accuracy = s.validation_accuracy;
   m.validation_loss = s.validation_loss;
   m.train_loss = s.train_loss;
-  const double t0 = now_s();
-  if (s.to_host && *s.to_host) (*s.to_host)();
   encoder_->capture(m, s.params, s.first_moment, s.second_moment);
   stats_.capture_ms += 1e3 * (now_s() - t0);
   last_written_step_ = s.step;
