@@ -16,7 +16,7 @@
 
 #include "mnist_mpi/data/idx.hpp"
 #include "mnist_mpi/model/spec.hpp"
-#include "mnist_mpi/train/optimizer.hpp"
+#include "mnist_mpi/config/optimizer_config.hpp"
 
 namespace mnist_mpi {
 

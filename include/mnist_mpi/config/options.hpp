@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "mnist_mpi/train/optimizer.hpp"
+#include "mnist_mpi/config/optimizer_config.hpp"
 
 namespace boost::program_options {
 class error;

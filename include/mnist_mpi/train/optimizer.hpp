@@ -9,18 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "mnist_mpi/config/optimizer_config.hpp"
+
 namespace mnist_mpi {
 
 class Backend;
 class Buffer;
-
-struct OptimizerConfig {
-  std::string kind = "adam";  // adam | sgd
-  double momentum = 0.0;      // sgd
-  bool nesterov = false;      // sgd
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
-  double weight_decay = 0.0;  // L2, added to the gradient (PyTorch's weight_decay)
-};
 
 class Optimizer {
  public:
@@ -60,15 +54,6 @@ class Optimizer {
 // The fused pass on host memory (the CPU backend's optimizer_step): step t (1-based) with lr.
 void optimizer_pass_host(const OptimizerConfig& cfg, std::int64_t t, double lr, float* params, const float* grads,
                          float* m, float* v, std::int64_t n);
-
-struct ScheduleConfig {
-  std::string kind = "constant";  // constant | step | cosine
-  double base_lr = 1e-3;
-  double gamma = 0.1;         // step: lr *= gamma every step_epochs epochs
-  double step_epochs = 1;
-  double min_lr = 0.0;        // step: the floor; cosine: the final value
-  std::int64_t warmup_steps = 0;
-};
 
 // The learning rate at global step `step` (0-based) of `total_steps`, in epoch `epoch`.
 double learning_rate(const ScheduleConfig& s, std::int64_t step, std::int64_t epoch, std::int64_t total_steps);

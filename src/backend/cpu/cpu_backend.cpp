@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/train/optimizer.hpp"  // optimizer_pass_host
 #include "src/backend/cpu/kernels.hpp"
 
 namespace mnist_mpi {
