@@ -60,13 +60,7 @@ class ThrowingOwner {
           cv_.wait(lk, [this] { return quit_; });
           exited = true;
         },
-        [this] {
-          {
-            std::lock_guard<std::mutex> lk(mu_);
-            quit_ = true;
-          }
-          cv_.notify_all();
-        });
+        mu_, quit_, cv_);
     throw_error(ExitCode::kCheckpoint, "refused after the thread started");
   }
 

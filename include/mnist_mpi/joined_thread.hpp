@@ -15,7 +15,9 @@
 // right after a start so that tests/e2e_hostile.sh can check the unwinding path of each.
 #pragma once
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -35,6 +37,18 @@ class JoinedThread {
     join();
     stop_ = std::move(stop);
     thread_ = std::thread(std::forward<Body>(body));
+  }
+  // The usual owner: body waits on `wake` under `mu` until `quit` is set; stopping sets it and
+  // wakes the thread.
+  template <class Body>
+  void start(Body&& body, std::mutex& mu, bool& quit, std::condition_variable& wake) {
+    start(std::forward<Body>(body), [&mu, &quit, &wake] {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        quit = true;
+      }
+      wake.notify_all();
+    });
   }
   // Stops and joins the thread, if one runs; then does nothing.
   void join() {

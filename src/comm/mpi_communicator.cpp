@@ -94,14 +94,7 @@ class MpiCommunicator final : public Communicator {
     host_.assign(name, static_cast<std::size_t>(len));
     threaded_ = size_ > 1 && provided_thread_level() >= MPI_THREAD_MULTIPLE;
     if (threaded_) {  // last (Note [Threads are joined on every path])
-      worker_.start([this] { run_worker(); },
-                    [this] {
-                      {
-                        std::lock_guard<std::mutex> lk(mu_);
-                        stop_ = true;
-                      }
-                      work_cv_.notify_all();
-                    });
+      worker_.start([this] { run_worker(); }, mu_, stop_, work_cv_);
       fault_after_thread_start("communication", rank_);
     }
   }

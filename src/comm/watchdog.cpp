@@ -44,14 +44,7 @@ CollectiveWatch::CollectiveWatch(double timeout_s, int rank, std::string host, O
     };
   }
   if (timeout_s_ > 0) {  // last (Note [Threads are joined on every path])
-    thread_.start([this] { loop(); },
-                  [this] {
-                    {
-                      std::lock_guard<std::mutex> lock(mutex_);
-                      stop_ = true;
-                    }
-                    wake_.notify_all();
-                  });
+    thread_.start([this] { loop(); }, mutex_, stop_, wake_);
     fault_after_thread_start("watchdog", rank_);
   }
 }

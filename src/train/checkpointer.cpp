@@ -177,14 +177,7 @@ Checkpointer::Checkpointer(const Options& options, Communicator& comm, const Che
   }
   if (!opt_.resume.empty()) find_resume_checkpoint();  // may refuse: no thread runs yet
   if (!dir_.empty() && opt_.checkpoint_async) {         // last (Note [Threads are joined on every path])
-    thread_.start([this] { writer_loop(); },
-                  [this] {
-                    {
-                      std::lock_guard<std::mutex> lk(mu_);
-                      quit_ = true;
-                    }
-                    cv_.notify_all();
-                  });
+    thread_.start([this] { writer_loop(); }, mu_, quit_, cv_);
     fault_after_thread_start("checkpoint-writer", comm_.rank());
   }
 }
