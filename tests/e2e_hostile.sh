@@ -58,6 +58,11 @@ expect mpmd_version_and_run 2 30 "some were given --help or --version, others a 
 expect mpmd_run_and_help 2 30 "some were given --help or --version, others a run" -- \
   mpirun -np 1 "$bin" "${base[@]}" --max-steps 20 : -np 1 "$bin" --help
 
+# 4. A --max-steps near 2^63 runs (nothing is reserved in proportion to it; it ended in
+#    std::bad_alloc before) and stops cleanly on SIGTERM.
+expect huge_max_steps 75 30 "stopped by SIGTERM after step [0-9]+ of 9223372036854775807" -- \
+  timeout --preserve-status -s TERM 4 "$bin" "${base[@]}" --max-steps 9223372036854775807
+
 # 6. Two jobs, one checkpoint directory: the second is refused at set-up naming the holder, and
 #    the first one's files are untouched; a job that died holds nothing.
 ln -s data other  # the first job's command line must not look like a rank left behind to expect()
