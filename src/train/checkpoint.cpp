@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -229,9 +230,11 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
     std::memcpy(b + *p.at, p.tag, 4);
     put<std::uint64_t>(b + *p.at + 8, p.length);
   }
-  std::memcpy(b + spec_at + kSectionHeaderBytes, spec_p.data(), spec_p.size());
-  std::memcpy(b + conf_at + kSectionHeaderBytes, conf_p.data(), conf_p.size());
-  std::memcpy(b + pidx_at + kSectionHeaderBytes, pidx_p.data(), pidx_p.size());
+  // std::copy, not memcpy: a section may be empty (a CONF without options), and memcpy from
+  // an empty vector's null data() is undefined even for zero bytes.
+  std::copy(spec_p.begin(), spec_p.end(), b + spec_at + kSectionHeaderBytes);
+  std::copy(conf_p.begin(), conf_p.end(), b + conf_at + kSectionHeaderBytes);
+  std::copy(pidx_p.begin(), pidx_p.end(), b + pidx_at + kSectionHeaderBytes);
   put<std::uint64_t>(b + end_at + kSectionHeaderBytes, std::size(parts) - 1);  // sections before END
   put<std::uint64_t>(b + end_at + kSectionHeaderBytes + 8, size);
   for (std::size_t at : {spec_at, conf_at, pidx_at, end_at}) {
