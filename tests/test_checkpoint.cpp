@@ -277,11 +277,27 @@ TEST(Checkpoint, OptimizerContinuesBitwiseFromItsState) {
   }
 }
 
-// On a GPU the parameters a checkpoint reads are a host mirror that StepEnd::to_host fills just
-// before the write. The finiteness check must look at the refreshed mirror: a mirror still
-// holding stale NaN (here: as it was before to_host) must not make a good step unsaveable, and
-// a good stale mirror must not let a bad step through.
-TEST(Checkpointer, ChecksTheParametersThatToHostJustRefreshed) {
+// A checkpoint reads the state that CheckpointSource::state() brings to host memory at the write
+// (on a GPU a download; Note [Host copies]), and checks that state: a host copy still holding
+// stale NaN must not make a good step unsaveable, and a good stale copy must not let a bad step
+// through. Every due step is settled first (Note [Non-finite steps]).
+class DeviceLikeSource final : public CheckpointSource {
+ public:
+  DeviceLikeSource(std::size_t n, const Optimizer& opt)
+      : host(n, std::numeric_limits<float>::quiet_NaN()), device(n, 0.5f), opt_(opt) {}
+  void settle() override { ++settled; }
+  TrainingState state() override {
+    host = device;  // the download
+    return {host.data(), opt_.first_moment().data(), nullptr, &opt_};
+  }
+  std::vector<float> host, device;
+  int settled = 0;
+
+ private:
+  const Optimizer& opt_;
+};
+
+TEST(Checkpointer, ChecksTheStateThatTheSourceJustBroughtToHost) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("mnist_mpi_ckpter_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -294,22 +310,23 @@ TEST(Checkpointer, ChecksTheParametersThatToHostJustRefreshed) {
   o.optimizer.kind = "sgd";
   Checkpointer ck(o, *comm, CheckpointRun{&spec, 10, 100, 10, 30});
   Optimizer opt(o.optimizer, spec.param_count);
-  const auto n = static_cast<std::size_t>(spec.param_count);
-  std::vector<float> mirror(n, std::numeric_limits<float>::quiet_NaN()), device(n, 0.5f);
-  const std::function<void()> to_host = [&] { mirror = device; };
+  DeviceLikeSource source(static_cast<std::size_t>(spec.param_count), opt);
   StepEnd s;
-  s.params = mirror.data();
-  s.optimizer = &opt;
-  s.first_moment = opt.first_moment().data();
-  s.to_host = &to_host;
-  s.step = 10;
-  s.epoch_end = true;  // due
+  s.source = &source;
+  s.step = 9;  // not due: neither settled nor written
   s.validation_accuracy = s.validation_loss = s.train_loss = std::numeric_limits<double>::quiet_NaN();
   EXPECT_FALSE(ck.after_step(s));
-  EXPECT_EQ(ck.stats().written, 1) << "a good step was refused because of the stale mirror";
-  device.assign(n, std::numeric_limits<float>::infinity());  // the device diverged; the mirror is still good
+  EXPECT_EQ(source.settled, 0);
+  EXPECT_EQ(ck.stats().written, 0);
+  s.step = 10;
+  s.epoch_end = true;  // due
+  EXPECT_FALSE(ck.after_step(s));
+  EXPECT_EQ(source.settled, 1);
+  EXPECT_EQ(ck.stats().written, 1) << "a good step was refused because of a stale host copy";
+  source.device.assign(source.device.size(), std::numeric_limits<float>::infinity());  // diverged; host copy good
   s.step = 20;
-  EXPECT_THROW(ck.after_step(s), AgreedError) << "a diverged model was saved from a stale mirror";
+  EXPECT_THROW(ck.after_step(s), AgreedError) << "a diverged model was saved from a stale host copy";
+  EXPECT_EQ(source.settled, 2);
   EXPECT_EQ(ck.stats().written, 1);
   fs::remove_all(dir);
 }

@@ -310,7 +310,7 @@ TEST_F(Gpu, TwoTrainingStepsMatchCpu) {
   expect_agree("two training steps: parameters", gpu, cpu, 1e-5);
 }
 
-// Note [Non-finite steps on a device]: a NaN in rank 0's loss at step 3 (the MNIST_MPI_FAULT
+// Note [Non-finite steps]: a NaN in rank 0's loss at step 3 (the MNIST_MPI_FAULT
 // hook) stops the run with exit code 5 naming step 3 and rank 0, and no update reaches the
 // parameters from step 3 on (the guard holds them until the host reads the verdict two steps
 // later): they equal those of a run of 2 steps.

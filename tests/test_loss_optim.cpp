@@ -269,5 +269,77 @@ TEST(LearningRate, UnknownScheduleThrows) {
   EXPECT_THROW(learning_rate(s, 0, 0, 10), Error);
 }
 
+// Note [Non-finite steps] on the host: a non-finite loss poisons dlogits (in every later
+// micro-batch of the step too), a non-finite bucket is refused, and the verdict of the step says
+// which, known as soon as the step ends (lag 0).
+TEST(StepGuard, HostGuardPoisonsRefusesAndReportsTheStep) {
+  auto be = make_cpu_backend(1);
+  auto guard = be->make_step_guard(false);
+  EXPECT_EQ(guard->lag(), 0);
+  auto meter = be->make_loss_meter();
+  const float logits[2] = {0.5f, -0.5f};
+  const std::int32_t label[1] = {1};
+  float dlogits[2] = {0, 0};
+  const float good[3] = {1, 2, 3}, bad[3] = {1, std::nanf(""), 3};
+
+  guard->begin_step();
+  be->softmax_cross_entropy(logits, label, 1, 2, dlogits, 1.0f, *meter);
+  guard->after_loss(*meter, dlogits, false);
+  EXPECT_TRUE(std::isfinite(dlogits[0]));
+  EXPECT_TRUE(guard->bucket_ok(good, 3));
+  guard->end_step(0);
+  EXPECT_EQ(guard->verdict(0), 0);
+
+  guard->begin_step();  // the testing hook's poison: the loss counts as non-finite
+  guard->after_loss(*meter, dlogits, true);
+  EXPECT_TRUE(std::isnan(dlogits[0]));
+  EXPECT_FALSE(guard->bucket_ok(bad, 3));
+  guard->end_step(1);
+  EXPECT_EQ(guard->verdict(1), StepGuard::kNonfiniteGradient | StepGuard::kNonfiniteLoss);
+
+  guard->begin_step();  // a gradient that overflowed while every loss was finite
+  meter->reset();
+  be->softmax_cross_entropy(logits, label, 1, 2, dlogits, 1.0f, *meter);
+  guard->after_loss(*meter, dlogits, false);
+  EXPECT_TRUE(std::isfinite(dlogits[0]));
+  EXPECT_FALSE(guard->bucket_ok(bad, 3));
+  EXPECT_TRUE(guard->bucket_ok(good, 3));  // one bad bucket is enough
+  guard->end_step(2);
+  EXPECT_EQ(guard->verdict(2), StepGuard::kNonfiniteGradient);
+  EXPECT_THROW(guard->verdict(1), Error) << "a host guard keeps only the last step's verdict";
+
+  meter->reset();  // a NaN in the meter (this micro-batch or an earlier one of the window)
+  guard->begin_step();
+  const float nan_logits[2] = {std::nanf(""), 0.0f};
+  be->softmax_cross_entropy(nan_logits, label, 1, 2, dlogits, 1.0f, *meter);
+  dlogits[0] = 0.0f;
+  guard->after_loss(*meter, dlogits, false);
+  EXPECT_TRUE(std::isnan(dlogits[0]));
+  guard->end_step(3);
+  EXPECT_EQ(guard->verdict(3), StepGuard::kNonfiniteLoss);
+}
+
+// Note [Host copies]: the CPU backend hands out its buffers themselves; the default (a device's)
+// copies through download and upload, and only when asked.
+TEST(HostCopy, CpuSharesTheBuffersAndTheDefaultCopiesWhenAsked) {
+  auto be = make_cpu_backend(1);
+  auto a = be->allocate(4), b = be->allocate(4);
+  for (int i = 0; i < 4; ++i) a->data()[i] = static_cast<float>(i + 1);
+  auto same = be->make_host_copy({a->data(), b->data()}, 4);
+  EXPECT_EQ(same->host(0), a->data());
+  EXPECT_EQ(same->host(1), b->data());
+
+  auto copied = be->Backend::make_host_copy({a->data(), b->data()}, 4);  // the default, as on a device
+  ASSERT_NE(copied->host(0), a->data());
+  EXPECT_EQ(copied->host(0)[3], 0.0f) << "nothing is copied before to_host()";
+  copied->to_host();
+  EXPECT_EQ(copied->host(0)[3], 4.0f);
+  copied->host(1)[2] = 7.0f;
+  EXPECT_EQ(b->data()[2], 0.0f) << "nothing is written back before to_backend()";
+  copied->to_backend();
+  EXPECT_EQ(b->data()[2], 7.0f);
+  EXPECT_EQ(a->data()[0], 1.0f);
+}
+
 }  // namespace
 }  // namespace mnist_mpi

@@ -290,7 +290,7 @@ std::int64_t Checkpointer::restore(float* params, Optimizer& optimizer) {
 bool Checkpointer::after_step(const StepEnd& s) {
   const bool due = !dir_.empty() && (s.last || s.epoch_end ||
                                      (opt_.checkpoint_every > 0 && s.step % opt_.checkpoint_every == 0));
-  if (due && s.settle) (*s.settle)();  // every rank: `due` does not depend on the rank
+  if (due) s.source->settle();  // every rank: `due` does not depend on the rank
   if (rank0_ && due) write(s);
   std::int64_t flags[2] = {preemption_signal(), 0};
   if (rank0_) {
@@ -310,7 +310,7 @@ bool Checkpointer::after_step(const StepEnd& s) {
   if (flags[1] != 0) agree_on_errors();  // throws on every rank
   if (flags[0] == 0 || s.last) return false;  // a signal during the last step: the run is done anyway
   stop_signal_ = static_cast<int>(flags[0]);
-  if (!dir_.empty() && s.settle) (*s.settle)();
+  if (!dir_.empty()) s.source->settle();
   if (rank0_ && !dir_.empty() && last_written_step_ != s.step) write(s);
   agree_on_errors();
   return true;
@@ -353,11 +353,11 @@ void Checkpointer::write(const StepEnd& s) {
   // A diverged model is never saved. The trainer stops (or skips) a non-finite step
   // before it reaches the parameters, so this is the last line of defence: the write is refused,
   // the last good checkpoint stays, and after_step() ends every rank with this message.
-  // The state in host memory first: on a GPU s.params is a mirror that to_host refreshes, and the
-  // check below must see this step's parameters, not the last checkpoint's.
+  // The state in host memory first: on a device the check below must see this step's parameters,
+  // not those of the last host copy.
   const double t0 = now_s();
-  if (s.to_host && *s.to_host) (*s.to_host)();
-  if (!params_are_finite(s.params, run_.spec->param_count)) {
+  const TrainingState state = s.source->state();
+  if (!params_are_finite(state.params, run_.spec->param_count)) {
     std::lock_guard<std::mutex> lk(mu_);
     error_ = "not writing the checkpoint after step " + std::to_string(s.step) +
              ": the parameters hold NaN or inf (the last good checkpoint is kept)";
@@ -376,8 +376,8 @@ void Checkpointer::write(const StepEnd& s) {
   m.sampler_epoch = m.epoch;
   m.dropout_step = s.step;
   m.param_count = run_.spec->param_count;
-  m.optimizer_steps = s.optimizer->steps_taken();
-  const OptimizerConfig& oc = s.optimizer->config();
+  m.optimizer_steps = state.optimizer->steps_taken();
+  const OptimizerConfig& oc = state.optimizer->config();
   m.optimizer_kind = oc.kind == "adam" ? 0u : 1u;
   m.nesterov = oc.nesterov ? 1u : 0u;
   m.beta1 = oc.beta1;
@@ -397,7 +397,7 @@ void Checkpointer::write(const StepEnd& s) {
   m.validation_accuracy = s.validation_accuracy;
   m.validation_loss = s.validation_loss;
   m.train_loss = s.train_loss;
-  encoder_->capture(m, s.params, s.first_moment, s.second_moment);
+  encoder_->capture(m, state.params, state.first_moment, state.second_moment);
   stats_.capture_ms += 1e3 * (now_s() - t0);
   last_written_step_ = s.step;
   if (!opt_.quiet)

@@ -41,7 +41,7 @@ Optimizer::~Optimizer() = default;
 void Optimizer::restore(const float* m, const float* v, std::int64_t steps_taken) {
   MNIST_CHECK(steps_taken >= 0, ExitCode::kCheckpoint, "optimiser state with a negative step count");
   const auto n = static_cast<std::size_t>(count_);
-  if (backend_ && backend_->on_device()) {
+  if (backend_) {  // a copy on the CPU, an upload on a device
     backend_->upload(std::span<const float>(m, n), m_.data());
     if (!v_.empty()) backend_->upload(std::span<const float>(v, n), v_.data());
   } else {

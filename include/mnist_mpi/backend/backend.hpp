@@ -97,6 +97,57 @@ class DataSource {
   virtual const std::int32_t* labels() const = 0;  // (batch), in the backend's memory
 };
 
+// Note [Non-finite steps]
+// A step whose gradient holds NaN or inf must change no parameter, on every rank alike, and then
+// stop the run (or, with --skip-nonfinite-steps, be skipped). The reduced gradient is bitwise the
+// same on every rank (Note [Sums in rank order]), so each rank checks it bucket by bucket and all
+// reach the same verdict without a collective of their own. A rank whose own loss is not finite
+// (or that the testing hook marks) makes its gradient show it: a NaN in dlogits reaches the last
+// layer's bias gradient (the sum over the batch of dlogits) before backward hands any bucket to
+// the reducer. How a backend keeps the verdict is its own business:
+// - On the host (the CPU backend) bucket_ok reads the reduced bucket and answers at once; the
+//   step applies no bucket after a bad one, and verdict(step) is known when the step ends (lag 0).
+// - A device cannot be read without a synchronisation in the step loop, so the verdict stays on
+//   the device: the check of a bucket ORs kNonfiniteGradient into a device flag, the loss kernel
+//   ORs kNonfiniteLoss and poisons its gradient, and the fused optimiser pass does nothing while
+//   the flag holds kNonfiniteGradient; bucket_ok answers true. So no non-finite value reaches the
+//   parameters, whatever the host knows. end_step queues a copy of the flag into pinned host
+//   memory and verdict(s) reads it later: the trainer reads step s's verdict after step s + lag(),
+//   when the copy has long finished, or at once where it synchronises anyway (a log line, an
+//   evaluation, a checkpoint, the end). With keep_verdict (no --skip-nonfinite-steps) the flag
+//   is never cleared, so nothing is updated after a non-finite step until the host stops the run.
+// With --skip-nonfinite-steps the step waits for and checks every bucket before it applies the
+// first, so that a skipped step changes nothing on either kind of backend.
+class StepGuard {
+ public:
+  static constexpr int kNonfiniteGradient = 1, kNonfiniteLoss = 2;
+  virtual ~StepGuard() = default;
+  virtual void begin_step() = 0;
+  // After each micro-batch's loss went into `meter` and its gradient into dlogits (poison: the
+  // testing hook marks this rank's loss as non-finite, last micro-batch only).
+  virtual void after_loss(LossMeter& meter, float* dlogits, bool poison) = 0;
+  // Whether the reduced gradient grads[0, n) of one bucket may be applied.
+  virtual bool bucket_ok(const float* grads, std::int64_t n) = 0;
+  virtual void end_step(std::int64_t step) = 0;
+  // kNonfinite* bits of step `step` (0: finite); asked once per step, in order, at most lag() + 1
+  // steps after its end (a device keeps a few verdicts in flight, not all).
+  virtual int verdict(std::int64_t step) = 0;
+  virtual std::int64_t lag() const = 0;  // after how many more steps the trainer reads a verdict
+};
+
+// Note [Host copies]
+// Checkpoints, replica hashes and the initial parameters need the training state in host memory.
+// On the CPU that is the buffers themselves, with nothing copied; on a device, host buffers that
+// to_host() fills and to_backend() writes back (each a synchronisation point). Callers use the
+// same calls for both and never ask where the buffers live.
+class HostCopy {
+ public:
+  virtual ~HostCopy() = default;
+  virtual float* host(std::size_t i) = 0;  // buffers[i] in host memory
+  virtual void to_host() = 0;              // every buffer, backend -> host
+  virtual void to_backend() = 0;           // every buffer, host -> backend
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -138,31 +189,22 @@ class Backend {
   // once the copy is complete, so they are synchronisation points on a GPU.
   virtual void upload(std::span<const float> host, float* dst) = 0;
   virtual void download(const float* src, std::span<float> host) = 0;
-  // Note [Non-finite steps on a device]
-  // On the CPU the trainer reads the reduced gradient of every bucket and stops (or skips) a
-  // non-finite step before it is applied. A device backend cannot be read without a
-  // synchronisation in the step loop, so it keeps the verdict on the device instead: the check
-  // of a bucket (guard_check) ORs kNonfiniteGradient into a device flag, the loss kernel ORs
-  // kNonfiniteLoss and poisons its gradient, and the fused optimiser pass does nothing while the
-  // flag holds kNonfiniteGradient. So no non-finite value ever reaches the parameters, whatever
-  // the host knows. guard_end_step queues a copy of the flag into pinned host memory;
-  // guard_verdict reads it later (the trainer reads step s's verdict after step s + 2, when the
-  // copy has long finished, or at once where it synchronises anyway: a log line, a checkpoint,
-  // the end). The reduced gradient is bitwise the same on every rank, so every rank reaches the
-  // same verdict at the same step. keep_verdict (no --skip-nonfinite-steps): the flag is never
-  // cleared, so nothing is updated after a non-finite step until the host stops the run.
-  // Host backends never get these calls (the defaults throw).
-  static constexpr int kNonfiniteGradient = 1, kNonfiniteLoss = 2;
-  static constexpr int kVerdictSlots = 4;  // a step's verdict must be read within 3 steps
-  virtual void guard_begin_step(bool keep_verdict);
-  virtual void guard_check(const float* grads, std::int64_t n);
-  virtual void guard_poison(float* dlogits);  // this rank's loss counts as non-finite (testing hook)
-  virtual void guard_end_step(std::int64_t step);
-  virtual int guard_verdict(std::int64_t step);  // the flag after step `step`: kNonfinite* bits
+  // A guard for the steps of one training run (Note [Non-finite steps]); keep_verdict: without
+  // --skip-nonfinite-steps, a device guard never clears its flag once set.
+  virtual std::unique_ptr<StepGuard> make_step_guard(bool keep_verdict) = 0;
+  // Host copies of `buffers` (count floats each, in this backend's memory) for checkpoints,
+  // replica hashes and initialisation (Note [Host copies]). The default keeps host vectors and
+  // copies with download / upload; the CPU backend hands out the buffers themselves.
+  virtual std::unique_ptr<HostCopy> make_host_copy(std::vector<float*> buffers, std::int64_t count);
+  // Refuses (Error kResources) a model whose training would not fit this backend's memory, before
+  // anything is allocated (Note [Will the model fit?]); a backend that reports its own
+  // out-of-memory errors keeps the default, which accepts.
+  virtual void check_model_fits(const ModelSpec& spec, std::int64_t batch, std::int64_t eval_batch, bool adam,
+                                bool rank0) const {
+    (void)spec, (void)batch, (void)eval_batch, (void)adam, (void)rank0;
+  }
   // Returns once every queued kernel has finished (a no-op on the CPU).
   virtual void synchronize() {}
-  // True when buffers live in device memory (the CUDA backend).
-  virtual bool on_device() const { return false; }
   // Called again and again while the host waits for the device (synchronize, download, a loss
   // read): the NCCL communicator polls its asynchronous errors here, so that a failed collective
   // ends the run with a message instead of a hang. It may throw.

@@ -18,6 +18,7 @@ class Model {
   // params / grads: flat buffers of spec.param_count elements; grads is null for inference.
   Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads);
 
+  const ModelSpec& spec() const { return spec_; }
   int batch() const { return batch_; }
   float* input() { return act_ptr_.front(); }                // (N, C, H, W)
   const float* logits() const { return act_ptr_.back(); }    // (N, classes)

@@ -7,7 +7,6 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,6 +29,29 @@ struct CheckpointRun {
   std::int64_t global_batch = 0, train_count = 0, steps_per_epoch = 0, total_steps = 0;
 };
 
+// The training state a checkpoint saves, in host memory.
+struct TrainingState {
+  const float* params = nullptr;          // (count)
+  const float* first_moment = nullptr;    // (count)
+  const float* second_moment = nullptr;   // (count); null for sgd
+  const Optimizer* optimizer = nullptr;   // step count and configuration
+};
+
+// The trainer's side of a checkpoint; the checkpointer calls it only when it writes one.
+class CheckpointSource {
+ public:
+  // EVERY rank, before a checkpoint of this step is written (scheduled or on a preemption
+  // signal): learns the non-finite verdicts still pending (Note [Non-finite steps]) and throws
+  // when the run must stop instead, so that no checkpoint follows a bad step.
+  virtual void settle() = 0;
+  // Rank 0, just before the state is copied: the state in host memory, brought there now (on a
+  // device a copy; Note [Host copies]), never on other steps.
+  virtual TrainingState state() = 0;
+
+ protected:
+  ~CheckpointSource() = default;
+};
+
 // The state after a step, for a checkpoint at that point.
 struct StepEnd {
   std::int64_t step = 0;       // steps completed
@@ -37,17 +59,7 @@ struct StepEnd {
   double lr = 0, next_lr = 0;  // of the step just taken, of the next one
   double validation_accuracy = 0, validation_loss = 0;  // NaN unless evaluated after this step
   double train_loss = 0;       // NaN unless known
-  // The state to save, in host memory (on a GPU: mirrors that to_host fills). to_host, when set,
-  // is called on rank 0 just before a checkpoint copies the state, never on other steps.
-  const float* params = nullptr;
-  const Optimizer* optimizer = nullptr;        // step count and configuration
-  const float* first_moment = nullptr;         // (count)
-  const float* second_moment = nullptr;        // (count); null for sgd
-  const std::function<void()>* to_host = nullptr;
-  // On a GPU: called on EVERY rank before a checkpoint of this step is written (scheduled or on a
-  // preemption signal), to learn the pending non-finite verdicts (Note [Non-finite steps on a
-  // device]); it throws when the run must stop instead, so that no checkpoint follows a bad step.
-  const std::function<void()>* settle = nullptr;
+  CheckpointSource* source = nullptr;
 };
 
 // Numbers for the final report.

@@ -26,6 +26,7 @@
 #include "mnist_mpi/train/fault.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 #include "mnist_mpi/train/reducer.hpp"
+#include "mnist_mpi/train/step.hpp"
 
 namespace mnist_mpi {
 
@@ -54,7 +55,7 @@ struct RunResult {
   bool outputs_lost = false;
 };
 
-class Trainer {
+class Trainer final : private CheckpointSource {
  public:
   // start: when the process started (for the start-up time); defaults to now.
   Trainer(const Options& options, Communicator& comm,
@@ -78,10 +79,36 @@ class Trainer {
   std::string job_description() const;
 
  private:
-  void load_batch(const Slice& slice);  // the sampler's slice, into the model's input
-  const float* host_params();  // params_ on the host (a copy into host_params_ on a GPU)
+  static constexpr std::int64_t kWarmupSteps = 10;  // left out of the steady rate when the run has more
+  // run()'s clocks (Note [Timing a step] in src/train/trainer.cpp).
+  struct RunClock {
+    std::chrono::steady_clock::time_point run, steady, window;  // window: of the next log line's rate
+    std::int64_t warmup = 0;       // steps before the steady part
+    double startup_s = 0, eval_s = 0;
+    double excluded_s = 0, excluded_at_steady = 0;  // evaluation and checkpoints (not training time)
+    double steady_s = 0;
+    StepTiming sum;                // over the steady steps
+    void start_steady(Backend& backend);
+    void end_steady(Backend& backend);
+    void add(const StepTiming& t);
+    void exclude(std::chrono::steady_clock::time_point since);  // from the rates: since .. now
+    StepTiming mean_step(std::int64_t steps) const;
+    double images_per_s(std::int64_t steps, std::int64_t global_batch) const;
+  };
+
+  const float* host_params();  // params_ in host memory (a copy on a device)
   void log_event(const std::string& json);
   void check_replicas(std::int64_t step);
+  void settle_verdicts(std::int64_t up_to);  // Note [Non-finite steps]
+  void nonfinite_step(std::int64_t bad_step, bool own_loss_bad);
+  void log_training_loss(std::int64_t step, double lr, RunResult& res);
+  EvalResult evaluate_during_training(std::int64_t step, bool epoch_end, bool eval_now);
+  bool checkpoint_or_stop(std::int64_t step, bool epoch_end, double lr, const EvalResult& validation);
+  RunResult stopped(std::int64_t step, RunResult& res);
+  void final_report(RunResult& res);
+  // CheckpointSource
+  void settle() override { settle_verdicts(current_step_); }
+  TrainingState state() override;
 
   Options opt_;
   Communicator& comm_;
@@ -96,22 +123,16 @@ class Trainer {
   Communicator* grad_comm_ = nullptr;
   bool shared_gpus_ = false;
   std::unique_ptr<Buffer> params_, grads_;  // flat, spec_.param_count each (Note [Reverse layer order])
-  std::vector<float> host_params_;          // GPU only: host copy for hashes, initialisation
-  std::vector<float> host_m_, host_v_;      // GPU only: host copies of the moments for checkpoints
-  const float *ckpt_params_ = nullptr, *ckpt_m_ = nullptr, *ckpt_v_ = nullptr;  // what checkpoints read
-  std::function<void()> state_to_host_;     // GPU only: fills the host copies (checkpoint steps only)
+  std::unique_ptr<HostCopy> params_copy_;   // params_ in host memory: hashes, initialisation, resume
+  std::unique_ptr<HostCopy> state_copy_;    // params_ and the optimiser's moments, for checkpoints
   std::unique_ptr<Model> train_model_, eval_model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<StepGuard> guard_;            // the backend's (Note [Non-finite steps])
   std::unique_ptr<Checkpointer> checkpointer_;  // resume, checkpoints, preemption (checkpointer.hpp)
-  std::function<void(int)> on_layer_done_;  // made once: calls reducer_->on_layer_done
-  std::unique_ptr<Buffer> accum_;            // sum of the earlier micro-batches' gradients (K > 1)
-  std::vector<std::pair<std::int64_t, std::int64_t>> layer_params_;  // (offset, size) per layer
   std::int64_t accumulation_ = 1;
-  bool accumulating_ = false;
   std::unique_ptr<Sampler> sampler_;
   std::int64_t batch_ = 0, global_batch_ = 0, steps_per_epoch_ = 0, total_steps_ = 0;
-  std::int64_t order_epoch_ = -1;  // the epoch whose order train_data_ holds
   std::unique_ptr<DataSource> train_data_, validation_data_, test_data_;  // where the backend computes
   std::unique_ptr<LossMeter> train_loss_, eval_loss_;
   std::vector<std::uint64_t> replica_hashes_;  // (world)
@@ -120,6 +141,14 @@ class Trainer {
   LaunchEnv launch_;  // Slurm job, launcher (src/launch/launch_env.cpp)
   bool rank0_ = false;
   Fault fault_;  // MNIST_MPI_FAULT, when it names this rank (a testing hook)
+  std::unique_ptr<Step> step_;  // one global step (step.hpp)
+
+  // The loop's state (run()).
+  RunClock clock_;
+  std::int64_t current_step_ = 0, verdict_next_ = 0;  // verdict_next_: the first step whose verdict is unread
+  std::int64_t window_n_ = 0;                          // images in the log window
+  std::int64_t skipped_ = 0;                           // non-finite steps skipped
+  double logged_loss_ = 0;                             // the last logged training loss (NaN before)
 };
 
 

@@ -8,9 +8,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/train/finite.hpp"     // all_finite
 #include "mnist_mpi/train/optimizer.hpp"  // optimizer_pass_host
 #include "src/backend/cpu/kernels.hpp"
 
@@ -110,6 +112,47 @@ class HostDataSource final : public DataSource {
   std::vector<std::int32_t> labels_;  // (batch)
 };
 
+// Note [Non-finite steps] on the host: the reduced buckets are read where they are.
+class HostStepGuard final : public StepGuard {
+ public:
+  void begin_step() override { loss_bad_ = gradient_bad_ = false; }
+  void after_loss(LossMeter& meter, float* dlogits, bool poison) override {
+    if (poison || !std::isfinite(meter.read().loss_sum)) loss_bad_ = true;  // a plain read here
+    if (loss_bad_) dlogits[0] = std::numeric_limits<float>::quiet_NaN();   // every later micro-batch too
+  }
+  bool bucket_ok(const float* grads, std::int64_t n) override {
+    const bool ok = all_finite(grads, n);
+    gradient_bad_ = gradient_bad_ || !ok;
+    return ok;
+  }
+  void end_step(std::int64_t step) override {
+    step_ = step;
+    verdict_ = (gradient_bad_ ? kNonfiniteGradient : 0) | (loss_bad_ ? kNonfiniteLoss : 0);
+  }
+  int verdict(std::int64_t step) override {
+    MNIST_CHECK(step == step_, ExitCode::kRuntime, "a host step guard knows only the last step's verdict");
+    return verdict_;
+  }
+  std::int64_t lag() const override { return 0; }
+
+ private:
+  bool loss_bad_ = false, gradient_bad_ = false;
+  std::int64_t step_ = -1;
+  int verdict_ = 0;
+};
+
+// Note [Host copies] on the host: the buffers themselves.
+class SameMemory final : public HostCopy {
+ public:
+  explicit SameMemory(std::vector<float*> buffers) : buffers_(std::move(buffers)) {}
+  float* host(std::size_t i) override { return buffers_.at(i); }
+  void to_host() override {}
+  void to_backend() override {}
+
+ private:
+  std::vector<float*> buffers_;
+};
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) { omp_set_num_threads(std::max(1, threads)); }
@@ -202,6 +245,14 @@ class CpuBackend final : public Backend {
     for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
   }
   void copy(float* dst, const float* src, std::int64_t n) override { std::copy(src, src + n, dst); }
+  std::unique_ptr<StepGuard> make_step_guard(bool) override { return std::make_unique<HostStepGuard>(); }
+  std::unique_ptr<HostCopy> make_host_copy(std::vector<float*> buffers, std::int64_t) override {
+    return std::make_unique<SameMemory>(std::move(buffers));
+  }
+  void check_model_fits(const ModelSpec& spec, std::int64_t batch, std::int64_t eval_batch, bool adam,
+                        bool rank0) const override {
+    check_model_fits_memory(spec, batch, eval_batch, adam, rank0);
+  }
   void upload(std::span<const float> host, float* dst) override {
     if (host.data() != dst) std::copy(host.begin(), host.end(), dst);
   }
@@ -242,18 +293,5 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
-
-// The device guard's defaults (Note [Non-finite steps on a device]): a host backend's buffers are
-// checked on the host, so a call here is a bug in the caller.
-namespace {
-[[noreturn]] void no_guard() {
-  throw_error(ExitCode::kRuntime, "the non-finite device guard was called on a host backend");
-}
-}  // namespace
-void Backend::guard_begin_step(bool) { no_guard(); }
-void Backend::guard_check(const float*, std::int64_t) { no_guard(); }
-void Backend::guard_poison(float*) { no_guard(); }
-void Backend::guard_end_step(std::int64_t) { no_guard(); }
-int Backend::guard_verdict(std::int64_t) { no_guard(); }
 
 }  // namespace mnist_mpi

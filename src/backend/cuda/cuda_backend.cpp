@@ -155,7 +155,6 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return std::string("cuda (") + (c_.tf32 ? "tf32" : "fp32") + ")"; }
-  bool on_device() const override { return true; }
   std::unique_ptr<Buffer> allocate(std::int64_t count) override { return std::make_unique<DeviceBuffer>(count); }
 
   std::unique_ptr<LayerKernel> make_layer(const LayerSpec& l, int index, const LayerBuffers& b,
@@ -187,22 +186,41 @@ class CudaBackend final : public Backend {
     launch_optimizer(c_.stream, cfg, t, lr, params, grads, m, v, n, guard_.get());
   }
 
-  // Note [Non-finite steps on a device] (include/mnist_mpi/backend/backend.hpp). The flag starts
-  // at zero (DeviceArray), so callers that never use the guard (tests, evaluation) see no effect.
-  void guard_begin_step(bool keep_verdict) override {
-    if (!keep_verdict) CUDA_CHECK(cudaMemsetAsync(guard_.get(), 0, sizeof(int), c_.stream));
-  }
-  void guard_check(const float* grads, std::int64_t n) override { launch_finite_check(c_.stream, grads, n, guard_.get()); }
-  void guard_poison(float* dlogits) override { launch_poison(c_.stream, dlogits, guard_.get()); }
-  void guard_end_step(std::int64_t step) override {
-    const int slot = static_cast<int>(step % kVerdictSlots);
-    CUDA_CHECK(cudaMemcpyAsync(verdicts_ + slot, guard_.get(), sizeof(int), cudaMemcpyDeviceToHost, c_.stream));
-    CUDA_CHECK(cudaEventRecord(verdict_copied_[slot], c_.stream));
-  }
-  int guard_verdict(std::int64_t step) override {
-    const int slot = static_cast<int>(step % kVerdictSlots);
-    c_.wait_for_event(verdict_copied_[slot]);  // polls, with NCCL's error check between polls
-    return verdicts_[slot];
+  // Note [Non-finite steps] (include/mnist_mpi/backend/backend.hpp), on the device. The flag
+  // starts at zero (DeviceArray), so callers that never use a guard (tests, evaluation) see no effect.
+  class Guard final : public StepGuard {
+   public:
+    Guard(CudaBackend& b, bool keep_verdict) : b_(b), keep_verdict_(keep_verdict) {}
+    void begin_step() override {
+      if (!keep_verdict_) CUDA_CHECK(cudaMemsetAsync(b_.guard_.get(), 0, sizeof(int), b_.c_.stream));
+    }
+    // The loss kernel checks itself (launch_softmax_xent with the flag); the hook poisons on the device.
+    void after_loss(LossMeter&, float* dlogits, bool poison) override {
+      if (poison) launch_poison(b_.c_.stream, dlogits, b_.guard_.get());
+    }
+    bool bucket_ok(const float* grads, std::int64_t n) override {
+      launch_finite_check(b_.c_.stream, grads, n, b_.guard_.get());
+      return true;  // the optimiser pass reads the flag itself
+    }
+    void end_step(std::int64_t step) override {
+      const int slot = static_cast<int>(step % kVerdictSlots);
+      CUDA_CHECK(cudaMemcpyAsync(b_.verdicts_ + slot, b_.guard_.get(), sizeof(int), cudaMemcpyDeviceToHost,
+                                 b_.c_.stream));
+      CUDA_CHECK(cudaEventRecord(b_.verdict_copied_[slot], b_.c_.stream));
+    }
+    int verdict(std::int64_t step) override {
+      const int slot = static_cast<int>(step % kVerdictSlots);
+      b_.c_.wait_for_event(b_.verdict_copied_[slot]);  // polls, with NCCL's error check between polls
+      return b_.verdicts_[slot];
+    }
+    std::int64_t lag() const override { return kVerdictLag; }
+
+   private:
+    CudaBackend& b_;
+    bool keep_verdict_;
+  };
+  std::unique_ptr<StepGuard> make_step_guard(bool keep_verdict) override {
+    return std::make_unique<Guard>(*this, keep_verdict);
   }
   void add(float* dst, const float* src, std::int64_t n) override { launch_add(c_.stream, dst, src, n); }
   void copy(float* dst, const float* src, std::int64_t n) override {
@@ -229,6 +247,10 @@ class CudaBackend final : public Backend {
 
  private:
   Context c_;
+  // A step's verdict is read kVerdictLag steps after it, so a few copies of the flag are in flight.
+  static constexpr int kVerdictSlots = 4;
+  static constexpr std::int64_t kVerdictLag = 2;
+  static_assert(kVerdictLag < kVerdictSlots);
   DeviceArray<int> guard_;                         // the step's kNonfinite* bits, on the device
   int* verdicts_ = nullptr;                        // (kVerdictSlots), pinned: the flag after step s in slot s % 4
   cudaEvent_t verdict_copied_[kVerdictSlots] = {};  // recorded after each slot's copy

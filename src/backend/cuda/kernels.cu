@@ -67,11 +67,11 @@ __global__ void softmax_xent_kernel(const float* __restrict__ logits, const std:
   if (threadIdx.x == 0) {
     sums[0] += loss_part[0];
     sums[1] += correct_part[0];
-    // Note [Non-finite steps on a device]: a non-finite loss makes the gradient non-finite too
+    // Note [Non-finite steps]: a non-finite loss makes the gradient non-finite too
     // (the CPU trainer does the same), so that every rank's reduced gradient shows it.
     if (guard && !isfinite(loss_part[0])) {
       dlogits[0] = CUDART_NAN_F;
-      atomicOr(guard, Backend::kNonfiniteLoss);
+      atomicOr(guard, StepGuard::kNonfiniteLoss);
     }
   }
 }
@@ -80,12 +80,12 @@ __global__ void softmax_xent_kernel(const float* __restrict__ logits, const std:
 __global__ void finite_check_kernel(const float* __restrict__ g, std::int64_t n, int* __restrict__ guard) {
   int bad = 0;
   MNIST_GRID_LOOP(i, n) bad |= !isfinite(g[i]);
-  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(guard, Backend::kNonfiniteGradient);
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(guard, StepGuard::kNonfiniteGradient);
 }
 
 __global__ void poison_kernel(float* __restrict__ dlogits, int* __restrict__ guard) {
   dlogits[0] = CUDART_NAN_F;
-  atomicOr(guard, Backend::kNonfiniteLoss);
+  atomicOr(guard, StepGuard::kNonfiniteLoss);
 }
 
 // One block per channel; double partial sums added in a fixed tree order.
@@ -129,12 +129,12 @@ __global__ void gather_kernel(const std::uint8_t* __restrict__ images, const std
 // multiply and add rounds on its own. nvcc would contract a * b + c into one FMA; the explicit
 // round-to-nearest intrinsics below forbid that and keep the CPU's evaluation order, so the GPU
 // pass gives the same bits as the CPU one (tests/test_gpu.cpp checks equality, not closeness).
-// guard: the flag of Note [Non-finite steps on a device]; no update while it holds kNonfiniteGradient.
+// guard: the flag of Note [Non-finite steps]; no update while it holds kNonfiniteGradient.
 __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                             float* __restrict__ v, std::int64_t n, float wd, float b1, float one_minus_b1, float b2,
                             float one_minus_b2, float step_size, float inv_sqrt_bc2, float eps,
                             const int* __restrict__ guard) {
-  if (guard && (*guard & Backend::kNonfiniteGradient)) return;
+  if (guard && (*guard & StepGuard::kNonfiniteGradient)) return;
   MNIST_GRID_LOOP(i, n) {
     const float gi = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
     const float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(one_minus_b1, gi));
@@ -148,7 +148,7 @@ __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, 
 
 __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, std::int64_t n,
                            float wd, float mu, bool nesterov, float lr, const int* __restrict__ guard) {
-  if (guard && (*guard & Backend::kNonfiniteGradient)) return;
+  if (guard && (*guard & StepGuard::kNonfiniteGradient)) return;
   MNIST_GRID_LOOP(i, n) {
     float gi = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
     if (mu != 0.0f) {

@@ -1,0 +1,79 @@
+// One global step of one rank: for each of its micro-batches the sampler's slice, forward, the
+// loss, backward (on the last micro-batch with the reducer's buckets started as layers finish);
+// then every bucket is waited for, checked (Note [Non-finite steps]) and applied by the optimiser
+// as soon as its sum is in. The step knows nothing of logging, evaluation or checkpoints: it
+// returns what happened, and the trainer's loop (src/train/trainer.cpp) does the rest.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/data/sampler.hpp"
+#include "mnist_mpi/model/model.hpp"
+#include "mnist_mpi/report/monitor.hpp"  // StepTiming
+#include "mnist_mpi/report/timeline.hpp"
+#include "mnist_mpi/train/optimizer.hpp"
+#include "mnist_mpi/train/reducer.hpp"
+
+namespace mnist_mpi {
+
+// Where this rank's step runs: the pieces it drives, all owned by the trainer and bound once.
+struct StepParts {
+  Backend* backend = nullptr;
+  Model* model = nullptr;           // the training model, bound to params and grads
+  Buffer* params = nullptr;
+  Buffer* grads = nullptr;
+  Reducer* reducer = nullptr;       // sums grads across the ranks, bucket by bucket
+  Optimizer* optimizer = nullptr;
+  StepGuard* guard = nullptr;       // the backend's non-finite guard
+  const Sampler* sampler = nullptr;
+  DataSource* data = nullptr;       // the training split where the backend computes
+  LossMeter* loss = nullptr;        // the training loss, summed over the log window
+  Timeline* timeline = nullptr;     // null unless --timeline
+};
+
+// The shape of the step, fixed for the run.
+struct StepShape {
+  int rank = 0, world = 1;
+  std::int64_t accumulation = 1;      // micro-batches per rank per step
+  std::int64_t batch = 0;             // images per micro-batch
+  std::int64_t global_batch = 0;      // batch * accumulation * world
+  std::uint64_t seed = 0;             // dropout key
+  bool check_all_first = false;       // --skip-nonfinite-steps: every bucket checked before any is applied
+};
+
+struct StepResult {
+  StepTiming timing;      // host seconds of the parts of this step
+  bool applied = true;    // false: the host guard found a non-finite bucket; the rest were not applied
+  std::chrono::steady_clock::time_point begin, end;
+};
+
+class Step {
+ public:
+  Step(const StepParts& parts, const StepShape& shape);
+  // Runs global step `step` with learning rate lr. poison: the testing hook marks this rank's loss
+  // as non-finite (MNIST_MPI_FAULT=RANK:STEP:nan).
+  StepResult run(std::int64_t step, double lr, bool poison);
+
+ private:
+  void load_batch(const Slice& slice);
+  // Waits for every bucket's sum, checks it and applies it; returns false at the first bucket the
+  // guard refuses (every sum is still waited for: none is left in flight).
+  bool apply(std::int64_t step, double lr, std::chrono::steady_clock::time_point backward_end, StepTiming& t);
+
+  StepParts p_;
+  StepShape shape_;
+  float grad_scale_;                        // 1 / global batch (Note [Averaging is a scaled sum])
+  std::unique_ptr<Buffer> accum_;           // the earlier micro-batches' gradient sum (accumulation > 1)
+  std::vector<std::pair<std::int64_t, std::int64_t>> layer_params_;  // (offset, size) per layer
+  bool accumulating_ = false;               // the last micro-batch of an accumulated step
+  std::function<void(int)> on_layer_done_;  // made once: finishes a layer's gradient, starts buckets
+  std::int64_t order_epoch_ = -1;           // the epoch whose order p_.data holds
+};
+
+}  // namespace mnist_mpi

@@ -1,0 +1,140 @@
+// One global step of one rank (include/mnist_mpi/train/step.hpp).
+#include "mnist_mpi/train/step.hpp"
+
+#include "mnist_mpi/check.hpp"
+
+namespace mnist_mpi {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+}  // namespace
+
+Step::Step(const StepParts& parts, const StepShape& shape)
+    : p_(parts), shape_(shape), grad_scale_(1.0f / static_cast<float>(shape.global_batch)) {
+  MNIST_CHECK(p_.backend && p_.model && p_.params && p_.grads && p_.reducer && p_.optimizer && p_.guard &&
+                  p_.sampler && p_.data && p_.loss,
+              ExitCode::kRuntime, "Step: a part is missing");
+  const ModelSpec& spec = p_.model->spec();
+  if (shape_.accumulation > 1) p_.backend->allocate(spec.param_count).swap(accum_);
+  layer_params_.assign(spec.layers.size(), {0, 0});
+  for (const ParamTensor& t : spec.params) {
+    auto& [begin, size] = layer_params_[static_cast<std::size_t>(t.layer)];
+    if (size == 0 || t.offset < begin) begin = t.offset;
+    size += t.size;
+  }
+  // On the last micro-batch of a step, a layer's gradients become final when the earlier
+  // micro-batches' sum is added to them; only then may their bucket start.
+  on_layer_done_ = [this](int layer) {
+    if (accumulating_) {
+      const auto [begin, size] = layer_params_[static_cast<std::size_t>(layer)];
+      if (size > 0) p_.backend->add(p_.grads->data() + begin, accum_->data() + begin, size);
+    }
+    if (p_.timeline) p_.timeline->layer_done(layer);
+    p_.reducer->on_layer_done(layer);
+    if (p_.timeline) p_.timeline->backward_resumes();
+  };
+}
+
+void Step::load_batch(const Slice& slice) {
+  if (slice.epoch != order_epoch_) {  // once per epoch (a GPU copies the permutation then)
+    p_.data->set_order(p_.sampler->order(slice.epoch));
+    order_epoch_ = slice.epoch;
+  }
+  p_.data->gather(slice.position, slice.count, p_.model->input());
+}
+
+StepResult Step::run(std::int64_t step, double lr, bool poison) {
+  StepResult r;
+  r.begin = Clock::now();
+  p_.guard->begin_step();
+  const ModelSpec& spec = p_.model->spec();
+  Timeline* const tl = p_.timeline;
+  Clock::time_point backward_end;
+  for (std::int64_t micro = 0; micro < shape_.accumulation; ++micro) {
+    const bool last = micro + 1 == shape_.accumulation;
+    // Note [Micro-batches and positions] (include/mnist_mpi/data/sampler.hpp)
+    const Slice slice = p_.sampler->slice(step, shape_.rank * shape_.accumulation + micro,
+                                          shape_.world * shape_.accumulation);
+    const auto m0 = Clock::now();
+    load_batch(slice);
+    const auto m1 = Clock::now();
+    const StepContext ctx{true, shape_.seed, step, slice.first};
+    p_.model->forward(ctx);
+    p_.backend->softmax_cross_entropy(p_.model->logits(), p_.data->labels(), static_cast<int>(shape_.batch),
+                                      spec.num_classes(), p_.model->dlogits(), grad_scale_, *p_.loss);
+    p_.guard->after_loss(*p_.loss, p_.model->dlogits(), poison && last);
+    const auto m2 = Clock::now();
+    if (tl) tl->backward_starts(m2, step);
+    if (last) {
+      accumulating_ = shape_.accumulation > 1;
+      p_.model->backward(ctx, on_layer_done_);
+      accumulating_ = false;
+    } else {  // like DDP's no_sync: no reduction, the gradients are summed locally
+      p_.model->backward(ctx);
+      if (micro == 0) p_.backend->copy(accum_->data(), p_.grads->data(), spec.param_count);
+      else p_.backend->add(accum_->data(), p_.grads->data(), spec.param_count);
+    }
+    const auto m3 = Clock::now();
+    if (tl) {
+      tl->record(SpanKind::kData, m0, m1, step, static_cast<std::int32_t>(micro));
+      tl->record(SpanKind::kForward, m1, m2, step, static_cast<std::int32_t>(micro));
+      if (!last) tl->record(SpanKind::kBackward, m2, m3, step);
+    }
+    backward_end = m3;
+    r.timing.data += seconds(m1 - m0);
+    r.timing.forward += seconds(m2 - m1);
+    r.timing.backward += seconds(m3 - m2);
+  }
+  r.applied = apply(step, lr, backward_end, r.timing);
+  p_.guard->end_step(step);
+  r.end = Clock::now();
+  if (tl) tl->step_done(step, r.begin, r.end, p_.reducer->bucket_timings());
+  return r;
+}
+
+// The optimiser waits only for what it needs: bucket k's parameters are updated as soon as its
+// sum is in, while the later buckets are still being summed (the update is elementwise, so the
+// bits are those of one pass over the whole buffer). Each bucket is checked before it is applied
+// (Note [Non-finite steps]). With check_all_first (--skip-nonfinite-steps) every bucket is waited
+// for and checked before the first is applied, so that a skipped step changes nothing; without
+// it a bucket the guard refuses stops the updates there, and the run stops after the step.
+bool Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, StepTiming& t) {
+  Reducer& reducer = *p_.reducer;
+  const std::vector<Bucket>& buckets = reducer.buckets();
+  const auto ok = [&](std::size_t k) {
+    return p_.guard->bucket_ok(p_.grads->data() + buckets[k].begin, buckets[k].end - buckets[k].begin);
+  };
+  t.exposed_comm = reducer.start_remaining();
+  bool finite = true;
+  std::size_t waited = 0;  // buckets whose sums are in
+  if (shape_.check_all_first)
+    for (; waited < buckets.size(); ++waited) {
+      t.exposed_comm += reducer.wait_bucket(waited);
+      finite = finite && ok(waited);
+    }
+  if (finite) {
+    p_.optimizer->begin_step();
+    auto waited_from = backward_end;  // for the timeline: when the wait for bucket k began
+    for (std::size_t k = 0; k < buckets.size(); ++k) {
+      if (k >= waited) {
+        t.exposed_comm += reducer.wait_bucket(k);
+        waited = k + 1;
+        if (!ok(k)) {
+          finite = false;
+          break;
+        }
+      }
+      const auto o0 = Clock::now();
+      p_.optimizer->update(p_.params->data(), p_.grads->data(), lr, buckets[k].begin, buckets[k].end);
+      const auto o1 = Clock::now();
+      t.optimizer += seconds(o1 - o0);
+      if (p_.timeline) p_.timeline->bucket_updated(step, k, waited_from, o0, o1);
+      waited_from = o1;
+    }
+  }
+  for (; waited < buckets.size(); ++waited) t.exposed_comm += reducer.wait_bucket(waited);  // none left in flight
+  return finite;
+}
+
+}  // namespace mnist_mpi
