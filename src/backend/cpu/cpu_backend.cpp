@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/comm/communicator.hpp"  // Backend::make_gradient_communicator's default
 #include "mnist_mpi/train/optimizer.hpp"  // optimizer_pass_host
 #include "src/backend/cpu/kernels.hpp"
 
@@ -255,5 +256,10 @@ void Backend::guard_check(const float*, std::int64_t) { no_guard(); }
 void Backend::guard_poison(float*) { no_guard(); }
 void Backend::guard_end_step(std::int64_t) { no_guard(); }
 int Backend::guard_verdict(std::int64_t) { no_guard(); }
+
+// A host backend's gradients are in host memory, which the world communicator sums itself.
+std::unique_ptr<Communicator> Backend::make_gradient_communicator(Communicator&, std::int64_t, bool) {
+  return nullptr;
+}
 
 }  // namespace mnist_mpi
