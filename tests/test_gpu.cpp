@@ -371,9 +371,10 @@ TEST_F(Gpu, NcclSumsAreExact) {
   if (world > gpus_) GTEST_SKIP() << "NCCL needs one GPU per rank: " << world << " ranks, " << gpus_ << " GPU(s)";
   auto mpi = make_mpi_communicator(MPI_COMM_WORLD);
   auto be = make_cuda_backend(gpu_, false);
-  auto nccl = make_nccl_communicator(*mpi, *be);
-  nccl->connect();
   const std::int64_t n = 100003;
+  auto nccl = be->make_gradient_communicator(*mpi, n, false);
+  ASSERT_NE(nccl, nullptr);
+  nccl->connect();
   std::vector<float> host(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) host[static_cast<std::size_t>(i)] = static_cast<float>((rank + 1) * (i % 1013));
   auto buf = be->allocate(n);

@@ -82,8 +82,8 @@ std::optional<std::int64_t> checked_add(std::int64_t a, std::int64_t b);
   } while (0)
 
 // The CUDA family. Each reports the statement, file:line and the library's own error name and
-// string; main() prefixes the rank and host. Used only in src/backend/cuda/ and
-// src/comm/nccl_communicator.cpp, which include the libraries' headers.
+// string; main() prefixes the rank and host. Used only in src/backend/cuda/, which includes the
+// libraries' headers.
 #define CUDA_CHECK(stmt)                                                                      \
   do {                                                                                        \
     const cudaError_t mnist_cuda_rc_ = (stmt);                                                \

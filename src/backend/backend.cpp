@@ -1,8 +1,8 @@
-// What every backend shares: the default host copy (Note [Host copies] in
-// include/mnist_mpi/backend/backend.hpp), through download and upload.
+// What every backend shares: the defaults of include/mnist_mpi/backend/backend.hpp.
 #include "mnist_mpi/backend/backend.hpp"
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/comm/communicator.hpp"
 
 namespace mnist_mpi {
 
@@ -34,6 +34,11 @@ class CopiedThroughHost final : public HostCopy {
 std::unique_ptr<HostCopy> Backend::make_host_copy(std::vector<float*> buffers, std::int64_t count) {
   MNIST_CHECK(count >= 0, ExitCode::kRuntime, "a host copy of a negative size");
   return std::make_unique<CopiedThroughHost>(*this, std::move(buffers), count);
+}
+
+// A host backend's gradients are in host memory, which the world communicator sums itself.
+std::unique_ptr<Communicator> Backend::make_gradient_communicator(Communicator&, std::int64_t, bool) {
+  return nullptr;
 }
 
 }  // namespace mnist_mpi

@@ -12,11 +12,10 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/backend/device.hpp"
-#include "mnist_mpi/comm/communicator.hpp"
 
 namespace mnist_mpi {
 
-inline constexpr int kCudaModuleAbi = 1;
+inline constexpr int kCudaModuleAbi = 2;  // 2: the communicators are made by the backend
 
 struct CudaModule {
   int abi;                  // kCudaModuleAbi
@@ -24,9 +23,6 @@ struct CudaModule {
   GpuProbe (*probe_gpus)();
   std::string (*describe_gpu)(int gpu);
   std::unique_ptr<Backend> (*make_backend)(int gpu, bool tf32);
-  std::unique_ptr<Communicator> (*make_nccl_communicator)(Communicator& host, Backend& backend);
-  std::unique_ptr<Communicator> (*make_staged_communicator)(Communicator& host, Backend& backend,
-                                                           std::int64_t capacity);
 };
 
 }  // namespace mnist_mpi

@@ -8,7 +8,6 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/check.hpp"
-#include "mnist_mpi/comm/communicator.hpp"
 
 #if MNIST_MPI_HAVE_CUDA
 #include <dlfcn.h>
@@ -120,14 +119,6 @@ std::string describe_gpu(int gpu) { return require_module().describe_gpu(gpu); }
 
 std::unique_ptr<Backend> make_cuda_backend(int device, bool tf32) { return require_module().make_backend(device, tf32); }
 
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Backend& backend) {
-  return require_module().make_nccl_communicator(host, backend);
-}
-
-std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, std::int64_t capacity) {
-  return require_module().make_staged_communicator(host, backend, capacity);
-}
-
 bool cuda_module_loaded() {
   void* h = dlopen(module_path().c_str(), RTLD_LAZY | RTLD_NOLOAD);  // a handle only if it is mapped already
   if (h) dlclose(h);
@@ -141,12 +132,6 @@ GpuProbe probe_gpus() { return GpuProbe{0, "this build has no CUDA backend"}; }
 std::string describe_gpu(int) { return "none (no CUDA backend in this build)"; }
 bool cuda_module_loaded() { return false; }
 std::unique_ptr<Backend> make_cuda_backend(int, bool) {
-  throw_error(ExitCode::kDevice, "this build has no CUDA backend; rebuild with -DMNIST_MPI_CUDA=ON");
-}
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, Backend&) {
-  throw_error(ExitCode::kDevice, "this build has no NCCL communicator; rebuild with -DMNIST_MPI_CUDA=ON");
-}
-std::unique_ptr<Communicator> make_staged_communicator(Communicator&, Backend&, std::int64_t) {
   throw_error(ExitCode::kDevice, "this build has no CUDA backend; rebuild with -DMNIST_MPI_CUDA=ON");
 }
 

@@ -91,16 +91,14 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   if (device_.cuda) {
     backend_ = make_cuda_backend(device_.gpu, opt_.precision == "tf32");
     shared_gpus_ = comm_.local_size() > gpus.count;  // allowed by --allow-gpu-sharing
-    gpu_comm_ = shared_gpus_ ? make_staged_communicator(comm_, *backend_, spec_.param_count)
-                             : make_nccl_communicator(comm_, *backend_);
-    grad_comm_ = gpu_comm_.get();
     if (!opt_.quiet)  // every rank: which GPU it took
       std::printf("rank %d on %s: GPU %d of %d, %s\n", comm_.rank(), comm_.host().c_str(), device_.gpu, gpus.count,
                   describe_gpu(device_.gpu).c_str());
   } else {
     backend_ = make_cpu_backend(threads);
-    grad_comm_ = &comm_;
   }
+  gpu_comm_ = backend_->make_gradient_communicator(comm_, spec_.param_count, shared_gpus_);
+  grad_comm_ = gpu_comm_ ? gpu_comm_.get() : &comm_;
 
   {  // before anything is allocated (Note [Will the model fit?])
     const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});

@@ -8,7 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -19,6 +18,8 @@
 #include "mnist_mpi/config/optimizer_config.hpp"
 
 namespace mnist_mpi {
+
+class Communicator;  // include/mnist_mpi/comm/communicator.hpp
 
 // What one forward / backward call needs to know besides its buffers.
 struct StepContext {
@@ -205,10 +206,13 @@ class Backend {
   }
   // Returns once every queued kernel has finished (a no-op on the CPU).
   virtual void synchronize() {}
-  // Called again and again while the host waits for the device (synchronize, download, a loss
-  // read): the NCCL communicator polls its asynchronous errors here, so that a failed collective
-  // ends the run with a message instead of a hang. It may throw.
-  virtual void set_wait_hook(std::function<void()> hook) { (void)hook; }
+  // The communicator that sums this backend's gradients and broadcasts its parameters (buffers of
+  // at most param_count elements), made from `world`, which must outlive it and which takes every
+  // host collective; it must be destroyed before this backend. null: sum the gradients with
+  // `world` itself (the CPU). The CUDA backend returns NCCL's, or, when ranks share a GPU
+  // (shared_device: NCCL needs one GPU per rank), one that sums through host memory with `world`.
+  virtual std::unique_ptr<Communicator> make_gradient_communicator(Communicator& world, std::int64_t param_count,
+                                                                   bool shared_device);
 };
 
 // --threads: the number of threads each rank's kernels use.

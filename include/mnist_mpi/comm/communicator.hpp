@@ -1,8 +1,8 @@
 // The Communicator: typed, span-based collectives, so element counts and bytes can't be confused.
 // MpiCommunicator (src/comm/mpi_communicator.cpp) works on host memory and runs the started sums
-// on a communication thread of its own; the NCCL one
-// (src/comm/nccl_communicator.cpp) sums and broadcasts float buffers in GPU memory and passes
-// every other call to the MPI communicator it was made from.
+// on a communication thread of its own; the NCCL one (src/backend/cuda/nccl_communicator.cpp,
+// made by the CUDA backend: Backend::make_gradient_communicator) sums and broadcasts float buffers
+// in GPU memory and passes every other call to the MPI communicator it was made from.
 #pragma once
 
 #include <chrono>
@@ -13,8 +13,6 @@
 #include <vector>
 
 namespace mnist_mpi {
-
-class Backend;
 
 // An in-flight collective; wait() on the communicator that started it.
 struct CommRequest {
@@ -70,13 +68,5 @@ class Communicator {
 // Wraps MPI_COMM_WORLD (MPI must be initialised, ideally with MPI_THREAD_MULTIPLE: see
 // init_mpi()).
 std::unique_ptr<Communicator> make_mpi_communicator();
-
-// NCCL over the GPU of `backend` (the CUDA backend), bootstrapped through `host` (rank 0's
-// ncclUniqueId goes out by MPI broadcast in connect()); host collectives are passed to `host`,
-// which must outlive it. Only in builds with CUDA; elsewhere it throws Error(kDevice).
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Backend& backend);
-// For ranks that share a GPU (NCCL needs one GPU per rank): float collectives on device buffers of
-// at most `capacity` elements, staged through host memory and summed by `host`. CUDA builds only.
-std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, std::int64_t capacity);
 
 }  // namespace mnist_mpi

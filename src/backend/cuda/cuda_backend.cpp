@@ -1,14 +1,17 @@
 // The CUDA backend of one rank on one GPU: device buffers, the data splits uploaded once, the loss
 // summed on the device (read only when printed), the optimiser and elementwise passes as our
 // kernels, copies to and from the host, and the layer factories of src/backend/cuda/ (cuDNN for
-// convolution, pooling and ReLU; cuBLAS for fc). Everything runs on the context's one compute
-// stream (Note [One compute stream] in src/backend/cuda/cuda_backend.hpp).
+// convolution, pooling and ReLU; cuBLAS for fc), and the gradient communicator it makes (NCCL, or
+// staged through the host; src/backend/cuda/nccl_communicator.cpp). Everything runs on the
+// context's one compute stream (Note [One compute stream] in src/backend/cuda/cuda_backend.hpp).
 #include "src/backend/cuda/cuda_backend.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <thread>
 #include <vector>
+
+#include "mnist_mpi/comm/communicator.hpp"
 
 namespace mnist_mpi {
 namespace cuda {
@@ -241,9 +244,14 @@ class CudaBackend final : public Backend {
     c_.wait_for_stream();
   }
   void synchronize() override { c_.wait_for_stream(); }
-  void set_wait_hook(std::function<void()> hook) override { c_.wait_hook = std::move(hook); }
 
-  Context& context() { return c_; }
+  // Made here, so that the communicator gets this backend's context (its compute stream and wait
+  // hook) directly.
+  std::unique_ptr<Communicator> make_gradient_communicator(Communicator& world, std::int64_t param_count,
+                                                           bool shared_device) override {
+    if (shared_device) return make_staged_communicator(world, *this, param_count);
+    return make_nccl_communicator(world, c_);
+  }
 
  private:
   Context c_;
@@ -257,12 +265,6 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
-
-cudaStream_t compute_stream(Backend& backend) {
-  auto* cb = dynamic_cast<CudaBackend*>(&backend);
-  MNIST_CHECK(cb != nullptr, ExitCode::kRuntime, "the NCCL communicator needs the CUDA backend");
-  return cb->context().stream;
-}
 
 std::unique_ptr<Backend> make_backend(int device, bool tf32) { return std::make_unique<CudaBackend>(device, tf32); }
 

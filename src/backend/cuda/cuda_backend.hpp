@@ -1,8 +1,8 @@
 // Shared pieces of the CUDA backend: the per-rank context (device, compute stream, cuDNN and
 // cuBLAS handles bound to it, the math mode), an owned device allocation, cuDNN descriptor
-// holders, the layer factories (one file per layer kind, as in src/backend/cpu/) and the launchers
-// of our own kernels (src/backend/cuda/kernels.cu). Only the CUDA backend and the NCCL
-// communicator include this.
+// holders, the layer factories (one file per layer kind, as in src/backend/cpu/), the gradient
+// communicators (src/backend/cuda/nccl_communicator.cpp) and the launchers of our own kernels
+// (src/backend/cuda/kernels.cu). Only the CUDA backend's own files include this.
 #pragma once
 
 #include <cublas_v2.h>
@@ -23,9 +23,9 @@ namespace mnist_mpi::cuda {
 // Every kernel, cuDNN and cuBLAS call of a rank runs in order on ONE non-blocking stream, so
 // layer after layer needs no events and the host never waits inside a step. The NCCL
 // communicator adds a second stream for the gradient buckets and orders it against this one with
-// events (Note [Buckets on the communication stream] in src/comm/nccl_communicator.cpp). The host
-// waits only where it reads a value: wait_for() polls an event and calls the wait hook (NCCL's
-// asynchronous error check) between polls, so a failed collective can't hang a rank.
+// events (Note [Buckets on the communication stream] in src/backend/cuda/nccl_communicator.cpp).
+// The host waits only where it reads a value: wait_for() polls an event and calls the wait hook
+// (NCCL's asynchronous error check) between polls, so a failed collective can't hang a rank.
 struct Context {
   int device = 0;
   bool tf32 = false;
@@ -83,8 +83,14 @@ struct TensorDesc {
   }
 };
 
-// The compute stream of a CUDA backend (throws for any other backend).
-cudaStream_t compute_stream(Backend& backend);
+// The gradient communicators the backend makes (Backend::make_gradient_communicator), in
+// src/backend/cuda/nccl_communicator.cpp; both pass host collectives to `host` and must be
+// destroyed before the backend. NCCL on c's GPU, its buckets ordered against c's compute stream;
+// it sets c's wait hook to its asynchronous error check.
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Context& c);
+// Ranks sharing a GPU: float collectives of at most `capacity` elements copied to host memory
+// through `backend` and summed by `host`.
+std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, std::int64_t capacity);
 
 // Layer factories (one file each).
 std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);

@@ -1,5 +1,6 @@
 // The entry point of build/libmnist_mpi_cuda.so (see src/backend/cuda_module.hpp): the GPU probe and
-// description, which ask the CUDA runtime, and the factories of the backend and the communicators.
+// description, which ask the CUDA runtime, and the factory of the backend (which makes its own
+// gradient communicator: Backend::make_gradient_communicator).
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -9,8 +10,6 @@
 
 namespace mnist_mpi::cuda {
 
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Backend& backend);
-std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, std::int64_t capacity);
 std::unique_ptr<Backend> make_backend(int device, bool tf32);
 
 namespace {
@@ -47,8 +46,7 @@ std::string describe(int gpu) {
          std::to_string(prop.major) + std::to_string(prop.minor);
 }
 
-constexpr CudaModule kModule{kCudaModuleAbi,        sizeof(CudaModule),     probe, describe, make_backend,
-                             make_nccl_communicator, make_staged_communicator};
+constexpr CudaModule kModule{kCudaModuleAbi, sizeof(CudaModule), probe, describe, make_backend};
 
 }  // namespace
 }  // namespace mnist_mpi::cuda

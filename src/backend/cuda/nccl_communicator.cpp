@@ -1,5 +1,6 @@
 // The NCCL Communicator: float sums and broadcasts on GPU memory, one NCCL communicator per run,
 // bootstrapped over MPI (rank 0's ncclUniqueId broadcast, then ncclCommInitRank on every rank).
+// The CUDA backend makes it (Backend::make_gradient_communicator) and hands it its context.
 // Gradient buckets are summed on a communication stream of their own, ordered against the compute
 // stream with events; asynchronous NCCL errors are polled and end the run with a message.
 // Host collectives (loss sums, replica hashes, agreement) are passed to the MPI communicator.
@@ -64,15 +65,14 @@ class NcclCommunicator final : public HostForwarding {
  public:
   using HostForwarding::allreduce_sum;  // the host overloads, next to this class's float ones
   using HostForwarding::broadcast;
-  NcclCommunicator(Communicator& host, Backend& backend) : HostForwarding(host), backend_(backend) {
-    compute_ = cuda::compute_stream(backend);
+  NcclCommunicator(Communicator& host, cuda::Context& c) : HostForwarding(host), c_(c), compute_(c.stream) {
     int lo = 0, hi = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     // Higher priority than compute: a bucket's sum is not queued behind backward's kernels.
     CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi));
   }
   ~NcclCommunicator() override {
-    backend_.set_wait_hook({});
+    c_.wait_hook = {};
     if (comm_) {
       cudaStreamSynchronize(comm_stream_);
       ncclCommDestroy(comm_);
@@ -93,7 +93,7 @@ class NcclCommunicator final : public HostForwarding {
     if (host_.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     host_.broadcast(std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(&id), sizeof id), 0);
     NCCL_CHECK(ncclCommInitRank(&comm_, host_.size(), id, host_.rank()));
-    backend_.set_wait_hook([this] { poll(); });
+    c_.wait_hook = [this] { poll(); };
   }
 
   void allreduce_sum(std::span<float> d) override {
@@ -178,7 +178,7 @@ class NcclCommunicator final : public HostForwarding {
                                         "the network between the nodes (NCCL_DEBUG=WARN tells more)");
   }
 
-  Backend& backend_;
+  cuda::Context& c_;  // the backend's: compute_ is its stream, and its wait hook calls poll()
   cudaStream_t compute_ = nullptr, comm_stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   std::vector<Slot> slots_;
@@ -234,8 +234,8 @@ class StagedCommunicator final : public HostForwarding {
 
 namespace cuda {
 
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Backend& backend) {
-  return std::make_unique<NcclCommunicator>(host, backend);
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Context& c) {
+  return std::make_unique<NcclCommunicator>(host, c);
 }
 
 std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, std::int64_t capacity) {
