@@ -283,7 +283,7 @@ TEST(Checkpoint, OptimizerContinuesBitwiseFromItsState) {
 // through. Every due step is settled first (Note [Non-finite steps]).
 class DeviceLikeSource final : public CheckpointSource {
  public:
-  DeviceLikeSource(std::size_t n, const Optimizer& opt)
+  DeviceLikeSource(std::size_t n, Optimizer& opt)
       : host(n, std::numeric_limits<float>::quiet_NaN()), device(n, 0.5f), opt_(opt) {}
   void settle() override { ++settled; }
   TrainingState state() override {
@@ -294,7 +294,7 @@ class DeviceLikeSource final : public CheckpointSource {
   int settled = 0;
 
  private:
-  const Optimizer& opt_;
+  Optimizer& opt_;
 };
 
 TEST(Checkpointer, ChecksTheStateThatTheSourceJustBroughtToHost) {

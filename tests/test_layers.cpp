@@ -618,6 +618,7 @@ class PlainLayouts final : public Backend {
   void copy(float* dst, const float* src, std::int64_t n) override { be_->copy(dst, src, n); }
   void upload(std::span<const float> host, float* dst) override { be_->upload(host, dst); }
   void download(const float* src, std::span<float> host) override { be_->download(src, host); }
+  std::unique_ptr<StepGuard> make_step_guard(bool keep_verdict) override { return be_->make_step_guard(keep_verdict); }
 
  private:
   std::unique_ptr<Backend> be_ = make_cpu_backend(1);

@@ -31,7 +31,7 @@ struct StepParts {
   Reducer* reducer = nullptr;       // sums grads across the ranks, bucket by bucket
   Optimizer* optimizer = nullptr;
   StepGuard* guard = nullptr;       // the backend's non-finite guard
-  const Sampler* sampler = nullptr;
+  Sampler* sampler = nullptr;       // order() caches the epoch's permutation
   DataSource* data = nullptr;       // the training split where the backend computes
   LossMeter* loss = nullptr;        // the training loss, summed over the log window
   Timeline* timeline = nullptr;     // null unless --timeline
