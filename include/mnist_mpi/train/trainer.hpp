@@ -1,6 +1,7 @@
 // The training loop of one rank: the sampler's slice of each global batch, forward, softmax
-// cross-entropy, backward, the gradient allreduce, the fused optimiser step; rank 0 evaluates,
-// logs, and composes the metrics lines that the Monitor writes. Construction does only local work
+// cross-entropy, backward, the gradient allreduce, the fused optimiser step; rank 0 evaluates.
+// What is shown and written of the run (console, metrics file, TensorBoard, timeline, report) the
+// Monitor formats from the facts the trainer hands it (src/report/). Construction does only local work
 // (so that setup errors can be agreed on by all ranks before any collective, see Note [Ending every
 // rank] in src/main.cpp); run() does the collectives.
 #pragma once
@@ -80,7 +81,6 @@ class Trainer {
  private:
   void load_batch(const Slice& slice);  // the sampler's slice, into the model's input
   const float* host_params();  // params_ on the host (a copy into host_params_ on a GPU)
-  void log_event(const std::string& json);
   void check_replicas(std::int64_t step);
 
   Options opt_;
