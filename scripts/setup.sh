@@ -8,9 +8,10 @@ cd "$root"
 # ocl-icd-opencl-dev: only a Recommends of libdnnl-dev, but dnnl's CMake package fails without OpenCL.
 # python3-numpy: scripts/read_checkpoint.py, used by tests/e2e_checkpoint.sh.
 # python3, python3-protobuf: tests/check_observability.py (JSON, and Google's parser of our event files).
+# nlohmann-json3-dev: the one JSON writer (metrics file, timeline, report data).
 packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libboost-program-options-dev
           libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libgtest-dev libgmock-dev googletest python3-numpy
-          python3 python3-protobuf
+          python3 python3-protobuf nlohmann-json3-dev
           slurm-wlm munge  # Slurm: the slurm-labelled tests start a private one-node cluster
           clang libclang-rt-14-dev)  # clang + its runtime: libFuzzer targets (tests/fuzz)
 command -v npm >/dev/null 2>&1 || packages+=(npm)

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/json.hpp"
 #include "mnist_mpi/launch/launch_env.hpp"
 
 namespace mnist_mpi {
@@ -19,12 +20,19 @@ LaunchEnv read(const std::map<std::string, std::string>& vars) {
   });
 }
 
+// The members add_json_fields gives an event that already holds one, as the metrics line reads.
+std::string json_fields(const LaunchEnv& e) {
+  Json event{{"event", "start"}};
+  e.add_json_fields(event);
+  return json_text(event);
+}
+
 TEST(LaunchEnv, OutsideSlurmSaysNothing) {
   const LaunchEnv e = read({});
   EXPECT_EQ(e.launcher, "direct");
   EXPECT_FALSE(e.in_slurm());
   EXPECT_EQ(e.describe(), "");
-  EXPECT_EQ(e.json_fields(), "");
+  EXPECT_EQ(json_fields(e), "{\"event\":\"start\"}");
   EXPECT_EQ(e.local_rank, -1);
 }
 
@@ -36,7 +44,8 @@ TEST(LaunchEnv, SrunTaskUsesSlurmLocalId) {
   EXPECT_EQ(e.local_rank, 3);
   EXPECT_EQ(e.step_tasks, 4);
   EXPECT_EQ(e.describe(), "launch: srun, slurm job 42 'mnist-cpu' step 0, requeued 2 time(s), nodes n[1-2]");
-  EXPECT_EQ(e.json_fields(), ",\"slurm_job_id\":\"42\",\"slurm_job_name\":\"mnist-cpu\",\"slurm_restart_count\":2");
+  EXPECT_EQ(json_fields(e),
+            "{\"event\":\"start\",\"slurm_job_id\":\"42\",\"slurm_job_name\":\"mnist-cpu\",\"slurm_restart_count\":2}");
 }
 
 // Measured: ranks that mpirun starts inside a job inherit the batch shell's SLURM_LOCALID=0.
@@ -56,8 +65,10 @@ TEST(LaunchEnv, BatchShellRunningTheProgramItself) {
 }
 
 TEST(LaunchEnv, JobNameIsEscapedInJson) {
-  const LaunchEnv e = read({{"SLURM_JOB_ID", "1"}, {"SLURM_JOB_NAME", "a\"b\\c\n"}});
-  EXPECT_EQ(e.json_fields(), ",\"slurm_job_id\":\"1\",\"slurm_job_name\":\"a\\\"b\\\\c\\u000a\",\"slurm_restart_count\":0");
+  const LaunchEnv e = read({{"SLURM_JOB_ID", "1"}, {"SLURM_JOB_NAME", "a\"b\\c\n\x01"}});
+  EXPECT_EQ(json_fields(e),
+            "{\"event\":\"start\",\"slurm_job_id\":\"1\",\"slurm_job_name\":\"a\\\"b\\\\c\\n\\u0001\","
+            "\"slurm_restart_count\":0}");
 }
 
 TEST(LaunchEnv, GarbageNumbersAreIgnored) {

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/crc32c.hpp"
+#include "mnist_mpi/json.hpp"
 #include "mnist_mpi/report/html_report.hpp"
 #include "mnist_mpi/report/monitor.hpp"
 #include "mnist_mpi/report/output.hpp"
@@ -294,7 +296,7 @@ TEST(Timeline, WritesOneFileWithSpansOnRankZerosClock) {
   EXPECT_NE(s.find("\"name\":\"rank 0 (hostname)\""), std::string::npos);
   EXPECT_NE(s.find("\"name\":\"backward 1 fc:10\""), std::string::npos);
   EXPECT_NE(s.find("\"name\":\"step\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":0,\"tid\":0"), std::string::npos);
-  EXPECT_NE(s.find("\"dur\":1500.000,\"args\":{\"step\":7"), std::string::npos);
+  EXPECT_NE(s.find("\"dur\":1500,\"args\":{\"step\":7"), std::string::npos);
   // Two buckets in flight at once go to two communication rows.
   EXPECT_NE(s.find("\"name\":\"allreduce bucket 0\",\"cat\":\"allreduce\",\"ph\":\"X\",\"pid\":0,\"tid\":1"), std::string::npos);
   EXPECT_NE(s.find("\"name\":\"allreduce bucket 1\",\"cat\":\"allreduce\",\"ph\":\"X\",\"pid\":0,\"tid\":2"), std::string::npos);
@@ -302,7 +304,7 @@ TEST(Timeline, WritesOneFileWithSpansOnRankZerosClock) {
             std::string::npos);
   const auto opt = s.find("\"name\":\"optimizer bucket 1\",\"cat\":\"optimizer\",\"ph\":\"X\",\"pid\":0,\"tid\":0,");
   ASSERT_NE(opt, std::string::npos);
-  EXPECT_NE(s.find("\"dur\":2.000,\"args\":{\"step\":8,\"index\":1}", opt), std::string::npos);
+  EXPECT_NE(s.find("\"dur\":2,\"args\":{\"step\":8,\"index\":1}", opt), std::string::npos);
   EXPECT_NE(s.find("\"dropped_spans\":[0]"), std::string::npos);
   EXPECT_FALSE(fs::exists(path + ".tmp"));
   fs::remove_all(dir);
@@ -545,7 +547,7 @@ TEST(Monitor, LostMetricsFileIsReportedOnceListedAndAgreed) {
   Monitor m(opt, small_setup());
   ::testing::internal::CaptureStderr();
   ::testing::internal::CaptureStdout();
-  for (int i = 0; i < 3; ++i) EXPECT_NO_THROW(m.metrics("{\"event\":\"step\",\"step\":" + std::to_string(i) + "}"));
+  for (int i = 0; i < 3; ++i) EXPECT_NO_THROW(m.on_log(i, 0.5, 0.01, 100.0));
   EXPECT_NO_THROW(m.finish(*comm, FinalFacts{}));
   const std::string out = ::testing::internal::GetCapturedStdout();
   expect_one_warning(::testing::internal::GetCapturedStderr(), "the metrics file (--metrics-file)", "/dev/full");
@@ -564,7 +566,7 @@ TEST(Monitor, NothingLostWhenEveryOutputIsWritten) {
   opt.metrics_file = (dir / "m.jsonl").string();
   opt.report_file = (dir / "r.html").string();
   Monitor m(opt, small_setup());
-  m.metrics("{\"event\":\"start\"}");
+  m.on_start(StartFacts{});
   ::testing::internal::CaptureStdout();
   m.finish(*comm, FinalFacts{});
   const std::string out = ::testing::internal::GetCapturedStdout();
@@ -574,7 +576,7 @@ TEST(Monitor, NothingLostWhenEveryOutputIsWritten) {
   std::ifstream in(opt.metrics_file);
   std::string line;
   std::getline(in, line);
-  EXPECT_EQ(line, "{\"event\":\"start\"}");
+  EXPECT_EQ(line, "{\"event\":\"start\",\"world_size\":1,\"global_batch\":8,\"launcher\":\"direct\"}");
   EXPECT_TRUE(fs::is_regular_file(opt.report_file));
   fs::remove_all(dir);
 }
@@ -598,6 +600,154 @@ TEST(Monitor, MetricsFileThatIsADirectoryOrAFifoIsRefusedAtSetUp) {
     }
   }
   fs::remove_all(dir);
+}
+
+// ---- JSON (Note [Numbers in JSON]) and every event of the metrics file ----
+
+TEST(Json, NumbersAreNullWhenNotFiniteWholeWithoutAFractionElseExact) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const Json j{{"nan", json_number(std::nan(""))}, {"inf", json_number(kInf)}, {"-inf", json_number(-kInf)},
+               {"two", json_number(2.0)}, {"tenth", json_number(0.1)}, {"third", json_number(1.0 / 3.0)},
+               {"big", json_number(1e300)}, {"us", json_number(1234567 / 1e3)}};
+  EXPECT_EQ(json_text(j), "{\"nan\":null,\"inf\":null,\"-inf\":null,\"two\":2,\"tenth\":0.1,"
+                          "\"third\":0.3333333333333333,\"big\":1e+300,\"us\":1234.567}");
+  EXPECT_EQ(json_text(Json(kInf)), "null");  // even a double that did not go through json_number
+}
+
+TEST(Json, TextThatIsNotUtf8IsReplacedNotThrown) {
+  std::string text;
+  EXPECT_NO_THROW(text = json_text(Json{{"host", "a\xff<\"\n"}}));
+  EXPECT_EQ(text, "{\"host\":\"a\xef\xbf\xbd<\\\"\\n\"}");
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+FinalFacts some_final_facts() {
+  FinalFacts f;
+  f.steps = 4;
+  f.epochs = 2.0;
+  f.startup_s = 0.25;
+  f.images_per_s = 1000.25;
+  f.test_accuracy = 0.9;
+  f.test_loss = 0.25;
+  f.params_hash = "0123456789abcdef";
+  f.model = "fc:10";
+  f.wall_s = 1.5;
+  f.eval_s = 0.3;
+  f.peak_rss_kib = {111575, 102400};
+  f.per_step = StepTiming{0.125, 0.0625, 0.25, 0.5, 0.03125, 40};
+  f.params = 10;
+  f.checkpoints.written = 2;
+  f.checkpoints.bytes = 1234;
+  f.checkpoints.capture_ms = 3;
+  f.checkpoints.write_ms = 5;
+  f.checkpoints.others_wait_ms = 0.5;
+  f.checkpoints.others_wait_baseline_ms = 0.25;
+  f.skipped_steps = 1;
+  return f;
+}
+
+TEST(Monitor, WritesEveryMetricsEventWithItsMembersInOrder) {
+  auto comm = make_mpi_communicator(MPI_COMM_SELF);
+  const fs::path dir = fresh_dir("events");
+  Options opt;
+  opt.quiet = true;
+  opt.metrics_file = (dir / "m.jsonl").string();
+  MonitorSetup ms = small_setup();
+  ms.buckets = 1;
+  Monitor m(opt, ms);
+  StartFacts start;
+  start.launch.launcher = "srun";
+  start.launch.slurm_job_id = "42";
+  start.launch.slurm_job_name = "j";
+  const auto t = Monitor::Clock::now();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  m.on_start(start);
+  m.on_step(0, StepTiming{}, t);
+  m.on_step(1, StepTiming{}, t);
+  m.on_log(1, std::nan(""), kInf, -kInf);  // a diverged loss; a rate over no time
+  m.on_eval(2, 0, "validation", 0.875, 0.5, t, t);
+  m.on_eval(4, 1, "test", 0.9, 0.25, t, t, true);
+  m.on_preempted(PreemptedFacts{"SIGTERM", 4, true, "ck/step-4.ckpt"});
+  m.on_final(some_final_facts());
+  m.finish(*comm, FinalFacts{});
+  EXPECT_EQ(::testing::internal::GetCapturedStdout().find("params_hash"), std::string::npos);  // --quiet
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err, "mnist_mpi: stopped by SIGTERM after step 4 of 4: checkpoint ck/step-4.ckpt written; rerun with "
+                 "--resume auto to continue (exit code 75)\n");
+  const std::string slurm = ",\"slurm_job_id\":\"42\",\"slurm_job_name\":\"j\",\"slurm_restart_count\":0}";
+  const std::vector<std::string> want{
+      "{\"event\":\"start\",\"world_size\":1,\"global_batch\":8,\"launcher\":\"srun\"" + slurm,
+      "{\"event\":\"step\",\"step\":2,\"epoch\":1,\"loss\":null,\"lr\":null,\"images_per_s\":null}",
+      "{\"event\":\"eval\",\"split\":\"validation\",\"step\":2,\"epoch\":1,\"accuracy\":0.875,\"loss\":0.5}",
+      "{\"event\":\"eval\",\"split\":\"test\",\"step\":4,\"accuracy\":0.9,\"loss\":0.25}",
+      "{\"event\":\"preempted\",\"signal\":\"SIGTERM\",\"step\":4,\"checkpoint\":\"ck/step-4.ckpt\"" + slurm,
+      "{\"event\":\"final\",\"test_accuracy\":0.9,\"test_loss\":0.25,\"steps\":4,\"epochs\":2,\"world_size\":1,"
+      "\"global_batch\":8,\"wall_s\":1.5,\"images_per_s\":1000.25,\"startup_s\":0.25,"
+      "\"peak_rss_mb\":[108.9599609375,100],\"step_ms\":{\"data\":125,\"forward\":62.5,\"backward\":250,"
+      "\"exposed_comm\":500,\"optimizer\":31.25},\"reduced_bytes_per_step\":40,\"buckets\":1,\"skipped_steps\":1,"
+      "\"params_hash\":\"0123456789abcdef\",\"checkpoints\":{\"written\":2,\"bytes\":1234,\"capture_ms\":1.5,"
+      "\"write_ms\":2.5,\"others_wait_ms\":0.5,\"others_wait_baseline_ms\":0.25}" + slurm};
+  EXPECT_EQ(lines_of(opt.metrics_file), want);
+  fs::remove_all(dir);
+}
+
+TEST(Monitor, PrintsTheBannerSkippedStepsAndTheFinalReport) {
+  auto comm = make_mpi_communicator(MPI_COMM_SELF);
+  Options opt;
+  opt.progress = "lines";
+  opt.data_dir = "d";
+  opt.skip_nonfinite_steps = true;
+  MonitorSetup ms = small_setup();
+  ms.buckets = 1;
+  Monitor m(opt, ms);
+  StartFacts start;
+  start.backend = "cpu";
+  start.threads = 2;
+  start.launch.launcher = "mpirun";
+  start.train_images = 100;
+  start.validation_images = 10;
+  start.test_images = 20;
+  start.model = "fc:10";
+  start.params = 7850;
+  start.layers = "  layer 0 fc:10 (10,1,1): fc\n";
+  start.per_rank_batch = 8;
+  start.gradient_progress = "summed on a communication thread while backward runs";
+  ::testing::internal::CaptureStdout();
+  m.on_start(start);
+  m.on_skipped_step(2, "the loss was not finite on rank 0");
+  m.on_final(some_final_facts());
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(out,
+            "mnist_mpi " MNIST_MPI_VERSION ": 1 rank(s), backend cpu, 2 thread(s) per rank\n"
+            "launch: mpirun\n"
+            "data: 100 train, 10 validation, 20 test images from d\n"
+            "model: fc:10 (7850 parameters)\n"
+            "  layer 0 fc:10 (10,1,1): fc\n"
+            "batch: 8 global, 8 per rank; 2 steps per epoch, 4 steps\n"
+            "gradients: 1 bucket(s) of at most 4 MB (first 1 MB), summed on a communication thread while backward "
+            "runs\n"
+            "epoch 2 step 3/4 skipped: non-finite gradient (the loss was not finite on rank 0)\n"
+            "test accuracy 0.9000 loss 0.2500 after 4 steps (2.00 epochs)\n"
+            "1000 images/s steady, wall 1.5 s (+ evaluation 0.3 s), start-up 0.25 s, peak RSS per rank "
+            "[108.9599609,100] MB\n"
+            "per step: data 125.00 ms, forward 62.50 ms, backward 250.00 ms, exposed communication 500.00 ms, "
+            "optimizer 31.25 ms; 0.0 MB reduced\n"
+            "checkpoints: 2 written, 0.00 MB each (parameters and optimiser state 0.00 MB + 1.1 KB); rank 0 copied the "
+            "state in 1.50 ms, wrote it in 2.5 ms (in the background); the other ranks waited 0.50 ms at a checkpoint "
+            "step (0.25 ms at other steps)\n"
+            "1 non-finite step(s) skipped\n"
+            "params_hash 0123456789abcdef\n");
+  ::testing::internal::CaptureStdout();
+  m.finish(*comm, FinalFacts{});
+  ::testing::internal::GetCapturedStdout();
 }
 
 // ---- progress ----

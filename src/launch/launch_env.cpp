@@ -2,11 +2,11 @@
 // variables for the start-up log and the metrics file, and the launcher's node-local rank.
 #include "mnist_mpi/launch/launch_env.hpp"
 
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/json.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -21,23 +21,6 @@ int get_int(const std::function<const char*(const char*)>& lookup, const char* n
   const std::string s = get(lookup, name);
   if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos) return fallback;
   return std::stoi(s);
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 }  // namespace
@@ -94,10 +77,11 @@ std::string LaunchEnv::describe() const {
   return s;
 }
 
-std::string LaunchEnv::json_fields() const {
-  if (!in_slurm()) return {};
-  return ",\"slurm_job_id\":" + json_string(slurm_job_id) + ",\"slurm_job_name\":" + json_string(slurm_job_name) +
-         ",\"slurm_restart_count\":" + std::to_string(slurm_restart_count);
+void LaunchEnv::add_json_fields(Json& event) const {
+  if (!in_slurm()) return;
+  event["slurm_job_id"] = slurm_job_id;
+  event["slurm_job_name"] = slurm_job_name;
+  event["slurm_restart_count"] = slurm_restart_count;
 }
 
 void LaunchEnv::check_world_size(int world_size) const {

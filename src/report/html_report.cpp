@@ -9,19 +9,13 @@
 #include <sstream>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/json.hpp"
 #include "mnist_mpi/report/output.hpp"
 
 namespace mnist_mpi {
 namespace {
 
-std::string num(double v) {
-  if (!std::isfinite(v)) return "null";
-  char b[32];
-  std::snprintf(b, sizeof b, "%.9g", v);
-  return b;
-}
-
-std::string esc(const std::string& s) {  // for HTML text and for JSON strings inside <script>
+std::string esc(const std::string& s) {  // for HTML text
   std::string o;
   for (char c : s) {
     switch (c) {
@@ -33,17 +27,6 @@ std::string esc(const std::string& s) {  // for HTML text and for JSON strings i
     }
   }
   return o;
-}
-
-std::string json_str(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (c == '<') { o += "\\u003c"; continue; }  // never "</script>" inside the data block
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    o += c;
-  }
-  return o + "\"";
 }
 
 struct Series {
@@ -147,26 +130,27 @@ std::string time_bar(const std::vector<TimeShare>& time) {
 }  // namespace
 
 std::string report_json(const ReportData& d) {
-  std::ostringstream o;
-  o << "{\"facts\":{";
-  for (std::size_t i = 0; i < d.facts.size(); ++i)
-    o << (i ? "," : "") << json_str(d.facts[i].first) << ':' << json_str(d.facts[i].second);
-  o << "},\n\"train\":[";
-  for (std::size_t i = 0; i < d.train.size(); ++i) {
-    const TrainPoint& p = d.train[i];
-    o << (i ? "," : "") << "{\"step\":" << p.step << ",\"loss\":" << num(p.loss) << ",\"lr\":" << num(p.lr)
-      << ",\"images_per_s\":" << num(p.images_per_s) << '}';
+  Json facts = Json::object(), train = Json::array(), evals = Json::array(), time = Json::object();
+  for (const auto& [name, value] : d.facts) facts[name] = value;
+  for (const TrainPoint& p : d.train)
+    train.push_back({{"step", p.step}, {"loss", json_number(p.loss)}, {"lr", json_number(p.lr)},
+                     {"images_per_s", json_number(p.images_per_s)}});
+  for (const EvalPoint& p : d.evals)
+    evals.push_back({{"split", p.split}, {"step", p.step}, {"accuracy", json_number(p.accuracy)},
+                     {"loss", json_number(p.loss)}});
+  for (const TimeShare& t : d.time) time[t.name] = json_number(t.seconds);
+  const std::string text =
+      json_text({{"facts", std::move(facts)}, {"train", std::move(train)}, {"eval", std::move(evals)},
+                 {"time_s", std::move(time)}});
+  // The data sits inside <script>, which the first "</script>" would end. JSON text holds '<' only
+  // inside strings, where \u003c is the same character.
+  std::string o;
+  o.reserve(text.size());
+  for (const char c : text) {
+    if (c == '<') o += "\\u003c";
+    else o += c;
   }
-  o << "],\n\"eval\":[";
-  for (std::size_t i = 0; i < d.evals.size(); ++i) {
-    const EvalPoint& p = d.evals[i];
-    o << (i ? "," : "") << "{\"split\":" << json_str(p.split) << ",\"step\":" << p.step
-      << ",\"accuracy\":" << num(p.accuracy) << ",\"loss\":" << num(p.loss) << '}';
-  }
-  o << "],\n\"time_s\":{";
-  for (std::size_t i = 0; i < d.time.size(); ++i) o << (i ? "," : "") << json_str(d.time[i].name) << ':' << num(d.time[i].seconds);
-  o << "}}";
-  return o.str();
+  return o;
 }
 
 std::string render_html_report(const ReportData& d) {

@@ -1,5 +1,6 @@
 // The run monitor (see include/mnist_mpi/report/monitor.hpp): rank 0 keeps the curves and the
-// time totals; every rank keeps its own timeline.
+// time totals, and writes the console output and the metrics file; every rank keeps its own
+// timeline.
 #include "mnist_mpi/report/monitor.hpp"
 
 #include <unistd.h>
@@ -9,9 +10,11 @@
 #include <cstring>
 #include <filesystem>
 #include <span>
+#include <sstream>
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/io/file_kind.hpp"
+#include "mnist_mpi/json.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -20,6 +23,17 @@ std::string fmt(const char* f, double v) {
   char b[64];
   std::snprintf(b, sizeof b, f, v);
   return b;
+}
+
+// Per rank, "[108.9609375,95.73828125]": the console's text, with 10 significant digits as ever
+// (the "final" event has the exact values).
+std::string mb_list(const std::vector<std::uint64_t>& kib) {
+  std::string s = "[";
+  for (std::size_t r = 0; r < kib.size(); ++r) {
+    if (r) s += ',';
+    s += fmt("%.10g", static_cast<double>(kib[r]) / 1024.0);
+  }
+  return s + "]";
 }
 
 }  // namespace
@@ -82,8 +96,8 @@ void Monitor::check_replaced_output(const char* option, const std::string& path)
                                     std::strerror(errno) + "); choose a writable path");
 }
 
-void Monitor::metrics(std::string_view json_line) {
-  if (metrics_file_ && metrics_file_->write(json_line) && metrics_file_->write("\n")) metrics_file_->flush();
+void Monitor::metrics(const Json& event) {
+  if (metrics_file_ && metrics_file_->write(json_text(event)) && metrics_file_->write("\n")) metrics_file_->flush();
 }
 
 std::vector<std::string> Monitor::lost_outputs() const {
@@ -93,6 +107,42 @@ std::vector<std::string> Monitor::lost_outputs() const {
   if (tensorboard_ && tensorboard_->failed()) lost.push_back(tensorboard_->lost());
   if (rank0_ && OutputFile::standard_output().failed()) lost.push_back(OutputFile::standard_output().lost());
   return lost;
+}
+
+void Monitor::on_start(const StartFacts& f) {
+  launch_ = f.launch;
+  // Every rank: which GPU it took. Plain stdout: only rank 0's standard output counts as an output
+  // of the run (Note [When an output cannot be written]).
+  if (f.cuda && !opt_.quiet)
+    std::printf("rank %d on %s: GPU %d of %d, %s\n", setup_.rank, setup_.host.c_str(), f.gpu, f.gpus,
+                f.gpu_description.c_str());
+  if (!rank0_) return;
+  if (metrics_file_) {
+    Json event{{"event", "start"}, {"world_size", setup_.world}, {"global_batch", setup_.global_batch},
+               {"launcher", launch_.launcher}};
+    launch_.add_json_fields(event);
+    metrics(event);
+  }
+  if (opt_.quiet) return;
+  std::ostringstream os;
+  if (!f.device_note.empty()) os << f.device_note << "\n";
+  os << "mnist_mpi " MNIST_MPI_VERSION ": " << setup_.world << " rank(s), backend " << f.backend << ", ";
+  if (f.cuda && !f.shared_gpus) os << "one GPU per rank, gradients summed by NCCL\n";
+  else if (f.cuda)
+    os << "ranks share GPUs (--allow-gpu-sharing): gradients summed through host memory by MPI, as NCCL needs one GPU "
+          "per rank\n";
+  else os << f.threads << " thread(s) per rank\n";
+  if (!launch_.describe().empty()) os << launch_.describe() << "\n";
+  os << "data: " << f.train_images << " train, " << f.validation_images << " validation, " << f.test_images
+     << " test images from " << opt_.data_dir << "\n"
+     << "model: " << f.model << " (" << f.params << " parameters)\n"
+     << f.layers << "batch: " << setup_.global_batch << " global, " << f.per_rank_batch << " per rank; "
+     << setup_.steps_per_epoch << " steps per epoch, " << setup_.total_steps << " steps\n"
+     << "gradients: " << setup_.buckets << " bucket(s) of at most " << opt_.bucket_mb << " MB (first "
+     << opt_.first_bucket_mb << " MB), " << (opt_.no_overlap ? "one blocking sum after backward" : f.gradient_progress)
+     << "\n";
+  OutputFile& out = OutputFile::standard_output();
+  if (out.write(os.str())) out.flush();
 }
 
 void Monitor::start(Communicator& comm) {
@@ -133,15 +183,18 @@ void Monitor::on_log(std::int64_t step, double loss, double lr, double images_pe
   }
   window_ = StepTiming{};
   window_steps_ = 0;
+  if (metrics_file_)
+    metrics({{"event", "step"}, {"step", step + 1}, {"epoch", step / setup_.steps_per_epoch + 1},
+             {"loss", json_number(loss)}, {"lr", json_number(lr)}, {"images_per_s", json_number(images_per_s)}});
 }
 
 void Monitor::on_eval(std::int64_t step, std::int64_t epoch, const char* split, double accuracy, double loss,
-                      Clock::time_point begin, Clock::time_point end, bool print) {
+                      Clock::time_point begin, Clock::time_point end, bool final_test) {
   if (timeline_) timeline_->record(SpanKind::kEvaluation, begin, end, step, split[0] == 't' ? 1 : 0);
   if (!rank0_) return;
   eval_s_ += std::chrono::duration<double>(end - begin).count();
   progress_.pause(end - begin);
-  if (print) {
+  if (!final_test) {
     char b[160];
     std::snprintf(b, sizeof b, "epoch %lld step %lld: %s accuracy %.4f loss %.4f", static_cast<long long>(epoch + 1),
                   static_cast<long long>(step), split, accuracy, loss);
@@ -155,6 +208,100 @@ void Monitor::on_eval(std::int64_t step, std::int64_t epoch, const char* split, 
     scalars_.emplace_back(test ? "test/loss" : "validation/loss", loss);
     tensorboard_->scalars(step, scalars_);
   }
+  if (metrics_file_) {
+    Json event{{"event", "eval"}, {"split", split}, {"step", step}};
+    if (!final_test) event["epoch"] = epoch + 1;
+    event["accuracy"] = json_number(accuracy);
+    event["loss"] = json_number(loss);
+    metrics(event);
+  }
+}
+
+void Monitor::on_skipped_step(std::int64_t step, const std::string& why) {
+  if (!rank0_) return;
+  const std::string text = "epoch " + std::to_string(step / setup_.steps_per_epoch + 1) + " step " +
+                           std::to_string(step + 1) + "/" + std::to_string(setup_.total_steps) +
+                           " skipped: non-finite gradient (" + why + ")";
+  progress_.line(text.c_str());  // not with --quiet
+}
+
+void Monitor::on_preempted(const PreemptedFacts& f) {
+  if (!rank0_) return;
+  const std::string where = f.checkpointing
+                                ? "checkpoint " + f.checkpoint + " written; rerun with --resume auto to continue"
+                                : "no --checkpoint-dir, so nothing was saved";
+  OutputFile::standard_output().flush();  // what was printed comes first
+  std::fprintf(stderr, "mnist_mpi: stopped by %s after step %lld of %lld: %s (exit code 75)\n", f.signal,
+               static_cast<long long>(f.steps), static_cast<long long>(setup_.total_steps), where.c_str());
+  std::fflush(stderr);
+  if (metrics_file_) {
+    Json event{{"event", "preempted"}, {"signal", f.signal}, {"step", f.steps}, {"checkpoint", f.checkpoint}};
+    launch_.add_json_fields(event);
+    metrics(event);
+  }
+}
+
+void Monitor::on_final(const FinalFacts& f) {
+  if (!rank0_) return;
+  const StepTiming& t = f.per_step;
+  const CheckpointStats& c = f.checkpoints;
+  OutputFile& out = OutputFile::standard_output();
+  if (!opt_.quiet) {
+    out.print("test accuracy %.4f loss %.4f after %lld steps (%.2f epochs)\n", f.test_accuracy, f.test_loss,
+              static_cast<long long>(f.steps), f.epochs);
+    out.print("%.0f images/s steady, wall %.1f s (+ evaluation %.1f s), start-up %.2f s, peak RSS per rank %s MB\n",
+              f.images_per_s, f.wall_s, f.eval_s, f.startup_s, mb_list(f.peak_rss_kib).c_str());
+    out.print("per step: data %.2f ms, forward %.2f ms, backward %.2f ms, exposed communication %.2f ms, "
+              "optimizer %.2f ms; %.1f MB reduced\n",
+              1e3 * t.data, 1e3 * t.forward, 1e3 * t.backward, 1e3 * t.exposed_comm, 1e3 * t.optimizer,
+              t.reduced_bytes / 1048576.0);
+    if (c.written > 0) {
+      const double n = static_cast<double>(c.written);
+      const double state = static_cast<double>(f.params) * sizeof(float) * (opt_.optimizer.kind == "adam" ? 3.0 : 2.0);
+      out.print("checkpoints: %lld written, %.2f MB each (parameters and optimiser state %.2f MB + %.1f KB); "
+                "rank 0 copied the state in %.2f ms, wrote it in %.1f ms (%s); the other ranks waited %.2f ms "
+                "at a checkpoint step (%.2f ms at other steps)\n",
+                static_cast<long long>(c.written), c.bytes / 1048576.0, state / 1048576.0, (c.bytes - state) / 1024.0,
+                c.capture_ms / n, c.write_ms / n, opt_.checkpoint_async ? "in the background" : "inline",
+                c.others_wait_ms, c.others_wait_baseline_ms);
+    }
+    if (opt_.skip_nonfinite_steps || f.skipped_steps > 0)
+      out.print("%lld non-finite step(s) skipped\n", static_cast<long long>(f.skipped_steps));
+    out.print("params_hash %s\n", f.params_hash.c_str());
+  }
+  out.flush();
+  if (!metrics_file_) return;
+  Json rss = Json::array();
+  for (const std::uint64_t kib : f.peak_rss_kib) rss.push_back(json_number(static_cast<double>(kib) / 1024.0));
+  const double written = static_cast<double>(c.written);
+  Json event{{"event", "final"},
+             {"test_accuracy", json_number(f.test_accuracy)},
+             {"test_loss", json_number(f.test_loss)},
+             {"steps", f.steps},
+             {"epochs", json_number(f.epochs)},
+             {"world_size", setup_.world},
+             {"global_batch", setup_.global_batch},
+             {"wall_s", json_number(f.wall_s)},
+             {"images_per_s", json_number(f.images_per_s)},
+             {"startup_s", json_number(f.startup_s)},
+             {"peak_rss_mb", std::move(rss)},
+             {"step_ms", {{"data", json_number(1e3 * t.data)},
+                          {"forward", json_number(1e3 * t.forward)},
+                          {"backward", json_number(1e3 * t.backward)},
+                          {"exposed_comm", json_number(1e3 * t.exposed_comm)},
+                          {"optimizer", json_number(1e3 * t.optimizer)}}},
+             {"reduced_bytes_per_step", json_number(t.reduced_bytes)},
+             {"buckets", setup_.buckets},
+             {"skipped_steps", f.skipped_steps},
+             {"params_hash", f.params_hash},
+             {"checkpoints", {{"written", c.written},
+                              {"bytes", json_number(c.bytes)},
+                              {"capture_ms", json_number(c.written ? c.capture_ms / written : 0.0)},
+                              {"write_ms", json_number(c.written ? c.write_ms / written : 0.0)},
+                              {"others_wait_ms", json_number(c.others_wait_ms)},
+                              {"others_wait_baseline_ms", json_number(c.others_wait_baseline_ms)}}}};
+  launch_.add_json_fields(event);
+  metrics(event);
 }
 
 void Monitor::finish(Communicator& comm, const FinalFacts& f) {

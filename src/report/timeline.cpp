@@ -7,6 +7,7 @@
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/hash.hpp"
+#include "mnist_mpi/json.hpp"
 #include "mnist_mpi/report/output.hpp"
 
 namespace mnist_mpi {
@@ -15,16 +16,6 @@ namespace {
 constexpr const char* kSpanNames[] = {"step", "data", "forward", "backward", "wait for bucket",
                                       "optimizer", "allreduce", "evaluation", "checkpoint"};
 static_assert(sizeof kSpanNames / sizeof kSpanNames[0] == static_cast<std::size_t>(SpanKind::kCount));
-
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    out += c;
-  }
-  return out;
-}
 
 template <class T>
 void append_pod(std::vector<std::uint8_t>& out, const T& v) {
@@ -107,31 +98,44 @@ void Timeline::gather_and_write(Communicator& comm, OutputFile* out, const std::
   comm.gather(mine, all, counts, 0);
   if (comm.rank() != 0 || out == nullptr || !out->open()) return;
 
+  // Note [Streaming the timeline]
+  // The file is one JSON document, but rank 0 may hold up to kTimelineMaxGathered spans: as one
+  // nlohmann tree that would take gigabytes. So each trace event is built and written on its own
+  // (one per line), and only the document's frame around them, constant text, is written as is.
   OutputFile& f = *out;  // after a failed write every call below does nothing (and the loops stop)
-  std::string dropped_json;
-  f.print("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+  f.write("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
   bool first = true;
-  auto sep = [&] {
+  auto emit = [&](const Json& event) {
     if (!first) f.write(",\n");
     first = false;
+    f.write(json_text(event));
   };
+  const auto metadata = [](const char* name, std::size_t pid, std::size_t tid, const char* key, Json value) {
+    Json e{{"name", name}, {"ph", "M"}, {"pid", pid}, {"tid", tid}};
+    e["args"][key] = std::move(value);
+    return e;
+  };
+  Json dropped_spans = Json::array();
   const std::uint8_t* p = all.data();
   std::vector<std::int64_t> lane_end;  // per communication lane: when its last span ended
+  // One span event, reused: only the values change, assigned through references to them (no
+  // lookup by name, and the name's string keeps its buffer).
+  Json span{{"name", ""}, {"cat", ""}, {"ph", "X"}, {"pid", 0}, {"tid", 0}, {"ts", 0}, {"dur", 0},
+            {"args", {{"step", 0}, {"index", 0}}}};
+  std::string& span_name_text = span["name"].get_ref<std::string&>();
+  std::string& span_cat = span["cat"].get_ref<std::string&>();
+  Json &span_pid = span["pid"], &span_tid = span["tid"], &span_ts = span["ts"],
+       &span_dur = span["dur"], &span_step = span["args"]["step"], &span_index = span["args"]["index"];
   for (std::size_t r = 0; r < counts.size() && !f.failed(); ++r) {
     const std::uint8_t* end = p + counts[r];
     const auto dropped = read_pod<std::int64_t>(p);
     const auto host_len = read_pod<std::int64_t>(p);
     const std::string rank_host(reinterpret_cast<const char*>(p), static_cast<std::size_t>(host_len));
     p += host_len;
-    if (r) dropped_json += ',';
-    dropped_json += std::to_string(dropped);
-    sep();
-    f.print("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":0,\"args\":{\"name\":\"rank %zu (%s)\"}}",
-                 r, r, json_escape(rank_host).c_str());
-    sep();
-    f.print("{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%zu,\"tid\":0,\"args\":{\"sort_index\":%zu}}", r, r);
-    sep();
-    f.print("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":0,\"args\":{\"name\":\"compute\"}}", r);
+    dropped_spans.push_back(dropped);
+    emit(metadata("process_name", r, 0, "name", "rank " + std::to_string(r) + " (" + rank_host + ")"));
+    emit(metadata("process_sort_index", r, 0, "sort_index", r));
+    emit(metadata("thread_name", r, 0, "name", "compute"));
     // Allreduce spans of different buckets overlap in time; each goes to the first communication
     // lane (tid 1, 2, ...) that is free at its start, so spans on one row never overlap.
     lane_end.clear();
@@ -144,10 +148,7 @@ void Timeline::gather_and_write(Communicator& comm, OutputFile* out, const std::
         while (lane < lane_end.size() && lane_end[lane] > s.begin_ns) ++lane;
         if (lane == lane_end.size()) {
           lane_end.push_back(0);
-          sep();
-          f.print(
-                       "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":%zu,\"args\":{\"name\":\"communication %zu\"}}",
-                       r, lane + 1, lane + 1);
+          emit(metadata("thread_name", r, lane + 1, "name", "communication " + std::to_string(lane + 1)));
         }
         lane_end[lane] = s.end_ns;
         tid = lane + 1;
@@ -167,19 +168,25 @@ void Timeline::gather_and_write(Communicator& comm, OutputFile* out, const std::
         std::snprintf(name, sizeof name, "evaluation %s", s.index == 1 ? "test" : "validation");
       else
         std::snprintf(name, sizeof name, "%s", span_name(s.kind));
-      sep();
-      f.print(
-                   "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%zu,\"tid\":%zu,\"ts\":%.3f,\"dur\":%.3f,"
-                   "\"args\":{\"step\":%lld,\"index\":%d}}",
-                   json_escape(name).c_str(), span_name(s.kind), r, tid, static_cast<double>(s.begin_ns) * 1e-3,
-                   static_cast<double>(s.end_ns - s.begin_ns) * 1e-3, static_cast<long long>(s.step), s.index);
+      span_name_text = name;
+      span_cat = span_name(s.kind);
+      span_pid = r;
+      span_tid = tid;
+      // Microseconds: n / 1e3 is the double nearest to n/1000, so it is written with 3 decimals at most.
+      span_ts = json_number(static_cast<double>(s.begin_ns) / 1e3);
+      span_dur = json_number(static_cast<double>(s.end_ns - s.begin_ns) / 1e3);
+      span_step = s.step;
+      span_index = s.index;
+      emit(span);
     }
   }
-  f.print(
-               "\n],\"otherData\":{\"producer\":\"mnist_mpi " MNIST_MPI_VERSION "\",\"ranks\":%zu,"
-               "\"clock\":\"steady_clock, offsets to rank 0 measured at start (Note [Timeline clocks])\","
-               "\"dropped_spans\":[%s]}}\n",
-               counts.size(), dropped_json.c_str());
+  Json other{{"producer", "mnist_mpi " MNIST_MPI_VERSION},
+             {"ranks", counts.size()},
+             {"clock", "steady_clock, offsets to rank 0 measured at start (Note [Timeline clocks])"},
+             {"dropped_spans", std::move(dropped_spans)}};
+  f.write("\n],\"otherData\":");
+  f.write(json_text(other));
+  f.write("}\n");
   f.close();  // renames PATH.tmp onto PATH
 }
 

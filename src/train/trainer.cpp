@@ -7,11 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <iomanip>
-#include <iostream>
 #include <limits>
-#include <sstream>
 #include <thread>
 
 #include "mnist_mpi/check.hpp"
@@ -25,13 +21,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-std::string json_num(double v) {
-  if (!std::isfinite(v)) return "null";
-  std::ostringstream os;
-  os << std::setprecision(10) << v;
-  return os.str();
 }
 
 }  // namespace
@@ -91,9 +80,6 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   if (device_.cuda) {
     backend_ = make_cuda_backend(device_.gpu, opt_.precision == "tf32");
     shared_gpus_ = comm_.local_size() > gpus.count;  // allowed by --allow-gpu-sharing
-    if (!opt_.quiet)  // every rank: which GPU it took
-      std::printf("rank %d on %s: GPU %d of %d, %s\n", comm_.rank(), comm_.host().c_str(), device_.gpu, gpus.count,
-                  describe_gpu(device_.gpu).c_str());
   } else {
     backend_ = make_cpu_backend(threads);
   }
@@ -145,27 +131,24 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
       StepParts{backend_.get(), train_model_.get(), params_.get(), grads_.get(), reducer_.get(), optimizer_.get(),
                 guard_.get(), sampler_.get(), train_data_.get(), train_loss_.get(), timeline_},
       StepShape{comm_.rank(), comm_.size(), accumulation_, batch_, global_batch_, opt_.seed, opt_.skip_nonfinite_steps});
-  if (rank0_)
-    log_event("{\"event\":\"start\",\"world_size\":" + std::to_string(world) + ",\"global_batch\":" +
-              std::to_string(global_batch_) + ",\"launcher\":\"" + launch_.launcher + "\"" + launch_.json_fields() + "}");
-  if (rank0_ && !opt_.quiet) {
-    if (!device_.note.empty()) std::cout << device_.note << "\n";
-    std::cout << "mnist_mpi " MNIST_MPI_VERSION ": " << world << " rank(s), backend " << backend_->name() << ", ";
-    if (device_.cuda && !shared_gpus_) std::cout << "one GPU per rank, gradients summed by NCCL\n";
-    else if (device_.cuda) std::cout << "ranks share GPUs (--allow-gpu-sharing): gradients summed through host memory by MPI, as NCCL needs one GPU per rank\n";
-    else std::cout << threads << " thread(s) per rank\n";
-    if (!launch_.describe().empty()) std::cout << launch_.describe() << "\n";
-    std::cout
-              << "data: " << data_.train.count << " train, " << data_.validation.count << " validation, "
-              << data_.test.count << " test images from " << opt_.data_dir << "\n"
-              << "model: " << spec_.text << " (" << spec_.param_count << " parameters)\n"
-              << train_model_->describe() << "batch: " << global_batch_ << " global, " << batch_ << " per rank; "
-              << steps_per_epoch_ << " steps per epoch, " << total_steps_ << " steps\n"
-              << "gradients: " << reducer_->buckets().size() << " bucket(s) of at most " << opt_.bucket_mb
-              << " MB (first " << opt_.first_bucket_mb << " MB), "
-              << (opt_.no_overlap ? "one blocking sum after backward" : grad_comm_->progress_mode()) << "\n"
-              << std::flush;
-  }
+  const StartFacts facts{.device_note = device_.note,
+                         .backend = backend_->name(),
+                         .threads = threads,
+                         .cuda = device_.cuda,
+                         .shared_gpus = shared_gpus_,
+                         .gpu = device_.gpu,
+                         .gpus = gpus.count,
+                         .gpu_description = device_.cuda ? describe_gpu(device_.gpu) : std::string(),
+                         .launch = launch_,
+                         .train_images = data_.train.count,
+                         .validation_images = data_.validation.count,
+                         .test_images = data_.test.count,
+                         .model = spec_.text,
+                         .params = spec_.param_count,
+                         .layers = train_model_->describe(),
+                         .per_rank_batch = batch_,
+                         .gradient_progress = grad_comm_->progress_mode()};
+  monitor_->on_start(facts);  // which GPU (every rank), the banner and the "start" event (rank 0)
 }
 
 std::string Trainer::job_description() const {
@@ -175,8 +158,6 @@ std::string Trainer::job_description() const {
          " test images of " + std::to_string(data_.train.rows) + "x" + std::to_string(data_.train.cols) + "\n" +
          "world size = " + std::to_string(comm_.size()) + "\n";
 }
-
-void Trainer::log_event(const std::string& json) { monitor_->metrics(json); }
 
 const float* Trainer::host_params() {
   params_copy_->to_host();
@@ -380,10 +361,7 @@ void Trainer::nonfinite_step(std::int64_t bad_step, bool own_loss_bad) {
                           "); training diverged or the data holds NaN: lower --lr, add --warmup-steps, or pass "
                           "--skip-nonfinite-steps to skip such steps (no non-finite value reached the parameters)");
   ++skipped_;
-  if (rank0_ && !opt_.quiet)
-    std::printf("epoch %lld step %lld/%lld skipped: non-finite gradient (%s)\n",
-                static_cast<long long>(bad_step / steps_per_epoch_ + 1), static_cast<long long>(bad_step + 1),
-                static_cast<long long>(total_steps_), where.c_str());
+  monitor_->on_skipped_step(bad_step, where);
 }
 
 void Trainer::log_training_loss(std::int64_t step, double lr, RunResult& res) {
@@ -395,9 +373,6 @@ void Trainer::log_training_loss(std::int64_t step, double lr, RunResult& res) {
   if (rank0_) {
     const double ips = v[1] / seconds_since(clock_.window);
     monitor_->on_log(step, res.last_train_loss, lr, ips);
-    log_event("{\"event\":\"step\",\"step\":" + std::to_string(step + 1) + ",\"epoch\":" +
-              std::to_string(step / steps_per_epoch_ + 1) + ",\"loss\":" + json_num(res.last_train_loss) +
-              ",\"lr\":" + json_num(lr) + ",\"images_per_s\":" + json_num(ips) + "}");
   }
   window_n_ = 0;
   clock_.window = std::chrono::steady_clock::now();
@@ -414,10 +389,7 @@ EvalResult Trainer::evaluate_during_training(std::int64_t step, bool epoch_end, 
     const auto tb = std::chrono::steady_clock::now();
     const EvalResult e = evaluate(split);
     if (&split == &data_.validation) validation = e;
-    monitor_->on_eval(step + 1, epoch, name, e.accuracy, e.loss, tb, std::chrono::steady_clock::now(), true);
-    log_event(std::string("{\"event\":\"eval\",\"split\":\"") + name + "\",\"step\":" + std::to_string(step + 1) +
-              ",\"epoch\":" + std::to_string(epoch + 1) + ",\"accuracy\":" + json_num(e.accuracy) +
-              ",\"loss\":" + json_num(e.loss) + "}");
+    monitor_->on_eval(step + 1, epoch, name, e.accuracy, e.loss, tb, std::chrono::steady_clock::now());
   };
   if (epoch_end && data_.validation.count > 0) report("validation", data_.validation);
   if (eval_now) report("test", data_.test);
@@ -463,18 +435,10 @@ RunResult Trainer::stopped(std::int64_t step, RunResult& res) {
   res.checkpoints = checkpointer_->stats();
   res.skipped_steps = skipped_;
   res.params_hash = hex64(hash_floats(host_params(), spec_.param_count));
-  if (rank0_) {
-    const std::string where = checkpointer_->enabled()
-                                  ? "checkpoint " + res.checkpoints.last_file + " written; rerun with --resume auto to continue"
-                                  : "no --checkpoint-dir, so nothing was saved";
-    std::fflush(stdout);
-    std::fprintf(stderr, "mnist_mpi: stopped by %s after step %lld of %lld: %s (exit code 75)\n",
-                 signal_name(res.preempted_signal), static_cast<long long>(step + 1),
-                 static_cast<long long>(total_steps_), where.c_str());
-    std::fflush(stderr);
-    log_event("{\"event\":\"preempted\",\"signal\":\"" + std::string(signal_name(res.preempted_signal)) +
-              "\",\"step\":" + std::to_string(step + 1) + ",\"checkpoint\":\"" + res.checkpoints.last_file + "\"" + launch_.json_fields() + "}");
-  }
+  monitor_->on_preempted(PreemptedFacts{.signal = signal_name(res.preempted_signal),
+                                        .steps = res.steps,
+                                        .checkpointing = checkpointer_->enabled(),
+                                        .checkpoint = res.checkpoints.last_file});  // rank 0's message
   return res;
 }
 
@@ -493,65 +457,26 @@ void Trainer::final_report(RunResult& res) {
     const auto te = std::chrono::steady_clock::now();
     res.test = evaluate(data_.test);
     monitor_->on_eval(res.steps, total_steps_ / steps_per_epoch_, "test", res.test.accuracy, res.test.loss, te,
-                      std::chrono::steady_clock::now(), false);
+                      std::chrono::steady_clock::now(), /*final_test=*/true);
     eval_s += seconds_since(te);
-    std::string rss_json = "[";
-    for (std::size_t r = 0; r < rss.size(); ++r)
-    {
-      if (r) rss_json += ',';
-      rss_json += json_num(static_cast<double>(rss[r]) / 1024.0);
-    }
-    rss_json += "]";
-    if (!opt_.quiet) {
-      std::printf("test accuracy %.4f loss %.4f after %lld steps (%.2f epochs)\n", res.test.accuracy, res.test.loss,
-                  static_cast<long long>(res.steps), res.epochs);
-      std::printf("%.0f images/s steady, wall %.1f s (+ evaluation %.1f s), start-up %.2f s, peak RSS per rank %s MB\n",
-                  res.images_per_s, res.wall_s, eval_s, startup_s, rss_json.c_str());
-      std::printf("per step: data %.2f ms, forward %.2f ms, backward %.2f ms, exposed communication %.2f ms, "
-                  "optimizer %.2f ms; %.1f MB reduced\n",
-                  1e3 * timing.data, 1e3 * timing.forward, 1e3 * timing.backward, 1e3 * timing.exposed_comm,
-                  1e3 * timing.optimizer, timing.reduced_bytes / 1048576.0);
-      const CheckpointStats& c = res.checkpoints;
-      if (c.written > 0) {
-        const double n = static_cast<double>(c.written);
-        const double state = static_cast<double>(spec_.param_count) * sizeof(float) *
-                             (opt_.optimizer.kind == "adam" ? 3.0 : 2.0);
-        std::printf("checkpoints: %lld written, %.2f MB each (parameters and optimiser state %.2f MB + %.1f KB); "
-                    "rank 0 copied the state in %.2f ms, wrote it in %.1f ms (%s); the other ranks waited %.2f ms "
-                    "at a checkpoint step (%.2f ms at other steps)\n",
-                    static_cast<long long>(c.written), c.bytes / 1048576.0, state / 1048576.0,
-                    (c.bytes - state) / 1024.0,
-                    c.capture_ms / n, c.write_ms / n, opt_.checkpoint_async ? "in the background" : "inline",
-                    c.others_wait_ms, c.others_wait_baseline_ms);
-      }
-      if (opt_.skip_nonfinite_steps || res.skipped_steps > 0)
-        std::printf("%lld non-finite step(s) skipped\n", static_cast<long long>(res.skipped_steps));
-      std::printf("params_hash %s\n", res.params_hash.c_str());
-    }
-    std::fflush(stdout);
-    log_event("{\"event\":\"eval\",\"split\":\"test\",\"step\":" + std::to_string(res.steps) +
-              ",\"accuracy\":" + json_num(res.test.accuracy) + ",\"loss\":" + json_num(res.test.loss) + "}");
-    log_event("{\"event\":\"final\",\"test_accuracy\":" + json_num(res.test.accuracy) + ",\"test_loss\":" +
-              json_num(res.test.loss) + ",\"steps\":" + std::to_string(res.steps) + ",\"epochs\":" +
-              json_num(res.epochs) + ",\"world_size\":" + std::to_string(comm_.size()) + ",\"global_batch\":" +
-              std::to_string(global_batch_) + ",\"wall_s\":" + json_num(res.wall_s) + ",\"images_per_s\":" +
-              json_num(res.images_per_s) + ",\"startup_s\":" + json_num(startup_s) + ",\"peak_rss_mb\":" + rss_json +
-              ",\"step_ms\":{\"data\":" + json_num(1e3 * timing.data) + ",\"forward\":" + json_num(1e3 * timing.forward) +
-              ",\"backward\":" + json_num(1e3 * timing.backward) + ",\"exposed_comm\":" +
-              json_num(1e3 * timing.exposed_comm) + ",\"optimizer\":" + json_num(1e3 * timing.optimizer) +
-              "},\"reduced_bytes_per_step\":" + json_num(timing.reduced_bytes) + ",\"buckets\":" +
-              std::to_string(reducer_->buckets().size()) + ",\"skipped_steps\":" + std::to_string(res.skipped_steps) +
-              ",\"params_hash\":\"" + res.params_hash +
-              "\",\"checkpoints\":{\"written\":" + std::to_string(res.checkpoints.written) + ",\"bytes\":" +
-              json_num(res.checkpoints.bytes) + ",\"capture_ms\":" +
-              json_num(res.checkpoints.written ? res.checkpoints.capture_ms / static_cast<double>(res.checkpoints.written) : 0.0) +
-              ",\"write_ms\":" +
-              json_num(res.checkpoints.written ? res.checkpoints.write_ms / static_cast<double>(res.checkpoints.written) : 0.0) +
-              ",\"others_wait_ms\":" + json_num(res.checkpoints.others_wait_ms) + ",\"others_wait_baseline_ms\":" +
-              json_num(res.checkpoints.others_wait_baseline_ms) + "}" + launch_.json_fields() + "}");
   }
-  monitor_->finish(comm_, FinalFacts{res.steps, res.epochs, startup_s, res.images_per_s, res.test.accuracy,
-                                     res.test.loss, res.params_hash, spec_.text});
+  const FinalFacts facts{.steps = res.steps,
+                         .epochs = res.epochs,
+                         .startup_s = startup_s,
+                         .images_per_s = res.images_per_s,
+                         .test_accuracy = res.test.accuracy,
+                         .test_loss = res.test.loss,
+                         .params_hash = res.params_hash,
+                         .model = spec_.text,
+                         .wall_s = res.wall_s,
+                         .eval_s = eval_s,
+                         .peak_rss_kib = std::move(rss),
+                         .per_step = timing,
+                         .params = spec_.param_count,
+                         .checkpoints = res.checkpoints,
+                         .skipped_steps = res.skipped_steps};
+  monitor_->on_final(facts);  // rank 0: the final report and the "final" event
+  monitor_->finish(comm_, facts);
   res.outputs_lost = monitor_->outputs_lost();  // agreed by every rank (exit code 7)
 }
 

@@ -4,6 +4,8 @@
 // log and the metrics file; nothing here talks to MPI (the communicator knows the MPI ranks).
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <functional>
 #include <string>
 
@@ -22,8 +24,9 @@ struct LaunchEnv {
   bool in_slurm() const { return !slurm_job_id.empty(); }
   // One start-up log line ("launch: srun, slurm job 42 'mnist-cpu' ..."); empty when started directly.
   std::string describe() const;
-  // JSON members for metrics events, each with a leading comma; empty outside Slurm.
-  std::string json_fields() const;
+  // Adds the job's members to a metrics event (slurm_job_id, slurm_job_name, slurm_restart_count);
+  // nothing outside Slurm.
+  void add_json_fields(nlohmann::ordered_json& event) const;
   // Throws Error(kUsage) when srun started several tasks but MPI made each its own world of one
   // (an MPI without the PMI that srun offered): N copies would otherwise train alone, silently.
   void check_world_size(int world_size) const;

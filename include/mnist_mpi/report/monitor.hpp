@@ -1,12 +1,16 @@
-// What a person sees of a run, in one object the trainer calls at a few points: the console
-// progress (bar or lines), TensorBoard scalars (--tensorboard-dir), the timeline of every rank
-// (--timeline), the summary table of where the time went, and the HTML report (--report).
-// It also writes the metrics file (--metrics-file, JSON lines the trainer composes). Construction
-// does only local work (it checks the paths and opens the metrics file, so bad ones fail at setup
-// on every rank); start() is collective when --timeline is on, finish() always. Nothing is written
-// that was not asked for. An output that cannot be written is lost, not fatal (Note [When an
-// output cannot be written] in include/mnist_mpi/report/output.hpp).
+// What a person sees of a run, in one object the trainer calls at a few points with plain facts:
+// the start-up banner, the console progress (bar or lines), evaluation lines, skipped steps, the
+// preemption message and the final report; TensorBoard scalars (--tensorboard-dir), the timeline
+// of every rank (--timeline), the summary table of where the time went, the HTML report (--report)
+// and every event of the metrics file (--metrics-file, JSON lines built with nlohmann::json: see
+// include/mnist_mpi/json.hpp). The trainer formats nothing itself. Construction does only local
+// work (it checks the paths and opens the metrics file, so bad ones fail at setup on every rank);
+// start() is collective when --timeline is on, finish() always. Nothing is written that was not
+// asked for. An output that cannot be written is lost, not fatal (Note [When an output cannot be
+// written] in include/mnist_mpi/report/output.hpp).
 #pragma once
+
+#include <nlohmann/json_fwd.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -17,15 +21,16 @@
 
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/config/options.hpp"
+#include "mnist_mpi/launch/launch_env.hpp"
 #include "mnist_mpi/report/html_report.hpp"
 #include "mnist_mpi/report/output.hpp"
 #include "mnist_mpi/report/progress.hpp"
 #include "mnist_mpi/report/tensorboard.hpp"
 #include "mnist_mpi/report/timeline.hpp"
+#include "mnist_mpi/train/checkpointer.hpp"
 
 namespace mnist_mpi {
 
-// Seconds of one step on this rank, by phase.
 // Where a step's time went, in seconds (one step, or a sum or mean over steps), and the bytes
 // each rank reduced per step: the one timing record of the trainer, the monitor and the report.
 struct StepTiming {
@@ -42,11 +47,47 @@ struct MonitorSetup {
   std::chrono::steady_clock::time_point process_start;
 };
 
-// The end of the run, as the trainer saw it (rank 0's values where ranks differ).
+// The run as the trainer set it up: rank 0's banner, every rank's GPU line, the "start" event.
+// The rest of the banner (sizes of the batch and the run, the buckets, the options) the monitor
+// has from MonitorSetup and the options.
+struct StartFacts {
+  std::string device_note;      // said before the banner when not empty (src/backend/device.cpp)
+  std::string backend;          // Backend::name()
+  int threads = 0;              // per rank (the CPU backend)
+  bool cuda = false;            // one GPU per rank ...
+  bool shared_gpus = false;     // ... or ranks share them (--allow-gpu-sharing)
+  int gpu = -1, gpus = 0;       // CUDA: this rank's GPU, and how many its node has
+  std::string gpu_description;  // CUDA: describe_gpu(gpu)
+  LaunchEnv launch;
+  std::int64_t train_images = 0, validation_images = 0, test_images = 0;
+  std::string model;            // the model spec's text
+  std::int64_t params = 0;
+  std::string layers;           // Model::describe(): one line per layer, each ending in '\n'
+  std::int64_t per_rank_batch = 0;  // per micro-batch
+  std::string gradient_progress;    // Communicator::progress_mode() of the gradient communicator
+};
+
+// A run stopped by a signal at a step boundary (exit code 75): rank 0's message and event.
+struct PreemptedFacts {
+  const char* signal = "";   // "SIGTERM"
+  std::int64_t steps = 0;    // steps done
+  bool checkpointing = false;  // --checkpoint-dir was given ...
+  std::string checkpoint;      // ... and this checkpoint holds the run's state
+};
+
+// The end of the run, as the trainer saw it (rank 0's values where ranks differ): the final report
+// on stdout, the "final" event, the summary table and the HTML report.
 struct FinalFacts {
   std::int64_t steps = 0;
   double epochs = 0, startup_s = 0, images_per_s = 0, test_accuracy = 0, test_loss = 0;
   std::string params_hash, model;
+  double wall_s = 0;   // training, from the first step (evaluation included)
+  double eval_s = 0;   // evaluation, as the trainer timed it
+  std::vector<std::uint64_t> peak_rss_kib;  // per rank
+  StepTiming per_step;  // means over the steady steps, and the bytes reduced per step
+  std::int64_t params = 0;
+  CheckpointStats checkpoints;  // capture_ms and write_ms: totals over the checkpoints written
+  std::int64_t skipped_steps = 0;
 };
 
 class Monitor {
@@ -56,17 +97,26 @@ class Monitor {
 
   Timeline* timeline() { return timeline_.get(); }  // null unless --timeline: the trainer records into it
 
+  // Every rank, after set-up: which GPU this rank took (CUDA); on rank 0 the banner and the
+  // "start" event. --quiet leaves only the event.
+  void on_start(const StartFacts& facts);
   void start(Communicator& comm);  // collective when --timeline (aligns clocks); then training starts
   // Every step, before on_log (every rank; only rank 0's figures are shown).
   void on_step(std::int64_t step, const StepTiming& phases, Clock::time_point end);
-  // At --log-every: the global mean training loss over the window, the learning rate, images/s.
+  // At --log-every, on rank 0: the global mean training loss over the window, the learning rate,
+  // images/s; a progress line and the "step" event.
   void on_log(std::int64_t step, double loss, double lr, double images_per_s);
-  // An evaluation on rank 0 after `step` steps; print: show the usual console line.
+  // An evaluation on rank 0 after `step` steps: a console line and an "eval" event. final_test:
+  // the test evaluation after the last step, shown by on_final instead (its event has no epoch).
   void on_eval(std::int64_t step, std::int64_t epoch, const char* split, double accuracy, double loss,
-               Clock::time_point begin, Clock::time_point end, bool print);
-  // One JSON line of the metrics file (rank 0; nothing without --metrics-file), flushed so that a
-  // reader following the file sees it.
-  void metrics(std::string_view json_line);
+               Clock::time_point begin, Clock::time_point end, bool final_test = false);
+  // A step skipped for a non-finite gradient (--skip-nonfinite-steps), on rank 0: why.
+  void on_skipped_step(std::int64_t step, const std::string& why);
+  // Rank 0, when a signal stopped the run: the message on stderr and the "preempted" event.
+  void on_preempted(const PreemptedFacts& facts);
+  // Rank 0, after the last step and the test evaluation: the final report on stdout (not with
+  // --quiet) and the "final" event. Other ranks: nothing.
+  void on_final(const FinalFacts& facts);
   // Collective: gathers and writes the timeline (--timeline); rank 0 prints the table, writes the
   // report and closes every output; then all ranks agree whether an output was lost.
   void finish(Communicator& comm, const FinalFacts& facts);
@@ -77,10 +127,15 @@ class Monitor {
 
  private:
   void check_replaced_output(const char* option, const std::string& path) const;
+  // One event of the metrics file (rank 0; nothing without --metrics-file), flushed so that a
+  // reader following the file sees it. Under Slurm, events that say where a run stands (start,
+  // preempted, final) end with the job's fields (LaunchEnv::add_json_fields).
+  void metrics(const nlohmann::ordered_json& event);
 
   const Options& opt_;
   MonitorSetup setup_;
   bool rank0_;
+  LaunchEnv launch_;  // from on_start: the Slurm fields of the events
   Progress progress_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<OutputFile> metrics_file_, timeline_file_, report_file_;  // rank 0, when asked for

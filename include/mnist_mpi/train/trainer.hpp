@@ -97,7 +97,6 @@ class Trainer final : private CheckpointSource {
   };
 
   const float* host_params();  // params_ in host memory (a copy on a device)
-  void log_event(const std::string& json);
   void check_replicas(std::int64_t step);
   void settle_verdicts(std::int64_t up_to);  // Note [Non-finite steps]
   void nonfinite_step(std::int64_t bad_step, bool own_loss_bad);
