@@ -12,9 +12,9 @@
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/comm/watchdog.hpp"
 #include "mnist_mpi/config/options.hpp"
-#include "mnist_mpi/train/evaluate_checkpoint.hpp"
-#include "mnist_mpi/train/preemption.hpp"
-#include "mnist_mpi/train/consistency.hpp"
+#include "mnist_mpi/checkpoint/evaluate_checkpoint.hpp"
+#include "mnist_mpi/resilience/preemption.hpp"
+#include "mnist_mpi/resilience/consistency.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 
 using namespace mnist_mpi;
@@ -24,7 +24,7 @@ using namespace mnist_mpi;
 // its own (a file missing on one node) without any rank blocking in a collective. At the end of
 // setup all ranks agree on the outcome with two tiny allreduces: the worst exit code and the lowest
 // failing rank. That rank alone prints its message; every rank then exits with the same code.
-// The same agreement follows the check that every rank runs the same job (src/train/consistency.cpp).
+// The same agreement follows the check that every rank runs the same job (src/resilience/consistency.cpp).
 // Once training has started, an error on one rank can leave the others inside a collective, so
 // the failing rank prints its message and calls MPI_Abort, which ends every rank (mpirun exits
 // non-zero). Errors the ranks agreed on after training started (AgreedError: a failed checkpoint

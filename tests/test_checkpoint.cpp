@@ -17,8 +17,8 @@
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/crc32c.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
-#include "mnist_mpi/train/checkpoint.hpp"
-#include "mnist_mpi/train/checkpointer.hpp"
+#include "mnist_mpi/checkpoint/checkpoint.hpp"
+#include "mnist_mpi/checkpoint/checkpointer.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 
 namespace mnist_mpi {

@@ -14,9 +14,9 @@
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/joined_thread.hpp"
-#include "mnist_mpi/train/consistency.hpp"
-#include "mnist_mpi/train/fault.hpp"
-#include "mnist_mpi/train/finite.hpp"
+#include "mnist_mpi/resilience/consistency.hpp"
+#include "mnist_mpi/resilience/fault.hpp"
+#include "mnist_mpi/resilience/finite.hpp"
 
 namespace mnist_mpi {
 namespace {

@@ -1,4 +1,4 @@
-// Preemption signals (Note [The preemption flag] in src/train/preemption.cpp): once installed,
+// Preemption signals (Note [The preemption flag] in src/resilience/preemption.cpp): once installed,
 // SIGTERM / SIGINT / SIGUSR1 are blocked in the installing thread and in every thread it starts,
 // one thread of their own records them, and a storm of them while oneDNN's JIT GEMM runs (the
 // kernel that corrupted the heap when a signal landed in it: slurm_requeue aborted with
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "mnist_mpi/train/preemption.hpp"
+#include "mnist_mpi/resilience/preemption.hpp"
 
 namespace mnist_mpi {
 namespace {

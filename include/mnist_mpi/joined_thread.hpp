@@ -11,7 +11,7 @@
 // JoinedThread declared as its LAST member: it is destroyed first, while the mutexes and
 // condition variables its loop uses still exist, and its destructor runs the owner's `stop`
 // (set the flag, notify) and joins. Each owner also starts its thread as the last step of its
-// constructor, and MNIST_MPI_FAULT=RANK:thread:NAME (include/mnist_mpi/train/fault.hpp) throws
+// constructor, and MNIST_MPI_FAULT=RANK:thread:NAME (include/mnist_mpi/resilience/fault.hpp) throws
 // right after a start so that tests/e2e_hostile.sh can check the unwinding path of each.
 #pragma once
 

@@ -23,7 +23,7 @@
 
 #include "mnist_mpi/joined_thread.hpp"
 #include "mnist_mpi/launch/launch_env.hpp"
-#include "mnist_mpi/train/fault.hpp"
+#include "mnist_mpi/resilience/fault.hpp"
 
 namespace mnist_mpi {
 namespace {

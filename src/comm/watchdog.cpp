@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "mnist_mpi/train/fault.hpp"
+#include "mnist_mpi/resilience/fault.hpp"
 
 namespace mnist_mpi {
 namespace {

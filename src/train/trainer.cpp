@@ -12,8 +12,8 @@
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/watchdog.hpp"
-#include "mnist_mpi/train/consistency.hpp"
-#include "mnist_mpi/train/preemption.hpp"
+#include "mnist_mpi/resilience/consistency.hpp"
+#include "mnist_mpi/resilience/preemption.hpp"
 
 namespace mnist_mpi {
 
@@ -25,6 +25,9 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
+// Set-up does only local work (Note [Ending every rank] in src/main.cpp), in this order: the
+// device, the batch sizes, the data and the model spec, the backend and its gradient
+// communicator, the training state, the evaluation model (rank 0), then the monitor and the step.
 Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady_clock::time_point start)
     : opt_(options), comm_(comm), start_(start), rank0_(comm.rank() == 0) {
   // The device first, so that `--device cuda` without a GPU fails at once (exit 6, every rank).
@@ -38,9 +41,38 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   MNIST_CHECK(fault_.kind == FaultKind::kNone || fault_.rank < world, ExitCode::kUsage,
               "MNIST_MPI_FAULT names rank " + std::to_string(fault_.rank) + " but the job has " +
                   std::to_string(world) + " rank(s)");
+  resolve_batch_sizes();
+  data_ = load_mnist(opt_.data_dir, opt_.validation_size, opt_.train_limit);
+  spec_ = parse_model_spec(opt_.model, Shape{1, data_.train.rows, data_.train.cols}, 10);
+  sampler_ = std::make_unique<Sampler>(data_.train.count, global_batch_, opt_.seed);
+  steps_per_epoch_ = sampler_->steps_per_epoch();
+  total_steps_ = opt_.max_steps > 0 ? opt_.max_steps : checked_mul(opt_.epochs, steps_per_epoch_).value_or(-1);
+  MNIST_CHECK(total_steps_ >= 0, ExitCode::kUsage,
+              "--epochs " + std::to_string(opt_.epochs) + " is too large to train (it overflows a 64-bit count)");
+  learning_rate(opt_.schedule, 0, 0, total_steps_);  // validates the schedule's name
+
+  const int threads = make_backend(gpus);
+  make_training_state();
+  if (rank0_) make_evaluation();
+  replica_hashes_.resize(static_cast<std::size_t>(comm_.size()));
+  MonitorSetup ms{comm_.rank(), comm_.size(), comm_.host(), {}, reducer_->buckets().size(), total_steps_,
+                  steps_per_epoch_, global_batch_, accumulation_, start_};
+  for (const LayerSpec& l : spec_.layers) ms.layer_names.push_back(l.text);
+  monitor_ = std::make_unique<Monitor>(opt_, std::move(ms));  // opens the metrics file (rank 0)
+  timeline_ = monitor_->timeline();
+  step_ = std::make_unique<Step>(
+      StepParts{backend_.get(), train_model_.get(), params_.get(), grads_.get(), reducer_.get(), optimizer_.get(),
+                guard_.get(), sampler_.get(), train_data_.get(), train_loss_.get(), timeline_},
+      StepShape{comm_.rank(), comm_.size(), accumulation_, batch_, global_batch_, opt_.seed, opt_.skip_nonfinite_steps});
+  monitor_->on_start(start_facts(threads, gpus));  // which GPU (every rank), the banner, the "start" event
+}
+
+// --global-batch-size or --batch-size per rank, with --accumulation-steps: the per-rank
+// micro-batch batch_ and the global batch_. Sizes from the options are products of user input:
+// 64-bit and overflow-checked, and the per-rank batch must fit the int that the kernels take.
+void Trainer::resolve_batch_sizes() {
+  const std::int64_t world = comm_.size();
   accumulation_ = opt_.accumulation_steps;
-  // Sizes from the options are products of user input: 64-bit and overflow-checked, and the
-  // per-rank batch must fit the int that the kernels take.
   const auto too_big = [](const std::string& what) -> std::int64_t {
     throw_error(ExitCode::kUsage, what + " is too large to train (it overflows a 64-bit count)");
   };
@@ -62,18 +94,11 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   MNIST_CHECK(batch_ <= std::numeric_limits<int>::max(), ExitCode::kUsage,
               "a batch of " + std::to_string(batch_) + " images per rank is more than this program can hold; give a "
               "smaller --batch-size or --global-batch-size");
+}
 
-  data_ = load_mnist(opt_.data_dir, opt_.validation_size, opt_.train_limit);
-  const Shape input{1, data_.train.rows, data_.train.cols};
-  spec_ = parse_model_spec(opt_.model, input, 10);
-  const InitSpec wi = parse_init_spec(opt_.weight_init), bi = parse_init_spec(opt_.bias_init);
-
-  sampler_ = std::make_unique<Sampler>(data_.train.count, global_batch_, opt_.seed);
-  steps_per_epoch_ = sampler_->steps_per_epoch();
-  total_steps_ = opt_.max_steps > 0 ? opt_.max_steps : checked_mul(opt_.epochs, steps_per_epoch_).value_or(-1);
-  if (total_steps_ < 0) too_big("--epochs " + std::to_string(opt_.epochs));
-  learning_rate(opt_.schedule, 0, 0, total_steps_);  // validates the schedule's name
-
+// The backend of the chosen device, and the communicator that sums its gradients. Returns the
+// threads per rank (CPU).
+int Trainer::make_backend(const GpuProbe& gpus) {
   int threads = opt_.threads;
   if (threads == 0)
     threads = comm_.local_size() > 1 ? 1 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -85,7 +110,13 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   }
   gpu_comm_ = backend_->make_gradient_communicator(comm_, spec_.param_count, shared_gpus_);
   grad_comm_ = gpu_comm_ ? gpu_comm_.get() : &comm_;
+  return threads;
+}
 
+// Parameters, gradients, the training model, optimiser, reducer, the training split where the
+// backend computes, the step guard and the checkpointer.
+void Trainer::make_training_state() {
+  const InitSpec wi = parse_init_spec(opt_.weight_init), bi = parse_init_spec(opt_.bias_init);
   {  // before anything is allocated (Note [Will the model fit?])
     const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
     backend_->check_model_fits(spec_, batch_, std::min(opt_.eval_batch_size, largest),
@@ -113,25 +144,21 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   std::vector<float*> state{params_->data(), optimizer_->first_moment().data()};
   if (!optimizer_->second_moment().empty()) state.push_back(optimizer_->second_moment().data());
   state_copy_ = backend_->make_host_copy(std::move(state), spec_.param_count);
-  replica_hashes_.resize(static_cast<std::size_t>(comm_.size()));
-  if (rank0_) {
-    const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
-    const int eb = static_cast<int>(std::min(opt_.eval_batch_size, largest));
-    eval_model_ = std::make_unique<Model>(spec_, eb, *backend_, params_->data(), nullptr);
-    if (data_.validation.count > 0) validation_data_ = backend_->make_data_source(data_.validation, eb);
-    test_data_ = backend_->make_data_source(data_.test, eb);
-    eval_loss_ = backend_->make_loss_meter();
-  }
-  MonitorSetup ms{comm_.rank(), comm_.size(), comm_.host(), {}, reducer_->buckets().size(), total_steps_,
-                  steps_per_epoch_, global_batch_, accumulation_, start_};
-  for (const LayerSpec& l : spec_.layers) ms.layer_names.push_back(l.text);
-  monitor_ = std::make_unique<Monitor>(opt_, std::move(ms));  // opens the metrics file (rank 0)
-  timeline_ = monitor_->timeline();
-  step_ = std::make_unique<Step>(
-      StepParts{backend_.get(), train_model_.get(), params_.get(), grads_.get(), reducer_.get(), optimizer_.get(),
-                guard_.get(), sampler_.get(), train_data_.get(), train_loss_.get(), timeline_},
-      StepShape{comm_.rank(), comm_.size(), accumulation_, batch_, global_batch_, opt_.seed, opt_.skip_nonfinite_steps});
-  const StartFacts facts{.device_note = device_.note,
+}
+
+// Rank 0: the evaluation model (sharing the parameters) and the splits it reads.
+void Trainer::make_evaluation() {
+  const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
+  const int eb = static_cast<int>(std::min(opt_.eval_batch_size, largest));
+  eval_model_ = std::make_unique<Model>(spec_, eb, *backend_, params_->data(), nullptr);
+  if (data_.validation.count > 0) validation_data_ = backend_->make_data_source(data_.validation, eb);
+  test_data_ = backend_->make_data_source(data_.test, eb);
+  eval_loss_ = backend_->make_loss_meter();
+}
+
+// What the banner says (Monitor::on_start).
+StartFacts Trainer::start_facts(int threads, const GpuProbe& gpus) const {
+  return StartFacts{.device_note = device_.note,
                          .backend = backend_->name(),
                          .threads = threads,
                          .cuda = device_.cuda,
@@ -148,7 +175,6 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
                          .layers = train_model_->describe(),
                          .per_rank_batch = batch_,
                          .gradient_progress = grad_comm_->progress_mode()};
-  monitor_->on_start(facts);  // which GPU (every rank), the banner and the "start" event (rank 0)
 }
 
 std::string Trainer::job_description() const {

@@ -1,4 +1,4 @@
-// libFuzzer target: the checkpoint reader (src/train/checkpoint.cpp) on hostile files. The first
+// libFuzzer target: the checkpoint reader (src/checkpoint/checkpoint.cpp) on hostile files. The first
 // byte picks the way in: the decoder on the bytes as they are; the decoder after the harness has
 // recomputed every CRC32C (so that mutations get past the checksums and reach the fields behind
 // them); or the cheap META-only reader on the bytes written to a file. Every outcome must be a
@@ -10,7 +10,7 @@
 #include "fuzz_util.hpp"
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/crc32c.hpp"
-#include "mnist_mpi/train/checkpoint.hpp"
+#include "mnist_mpi/checkpoint/checkpoint.hpp"
 
 namespace {
 

@@ -27,7 +27,7 @@
 #include "mnist_mpi/report/progress.hpp"
 #include "mnist_mpi/report/tensorboard.hpp"
 #include "mnist_mpi/report/timeline.hpp"
-#include "mnist_mpi/train/checkpointer.hpp"
+#include "mnist_mpi/checkpoint/checkpointer.hpp"
 
 namespace mnist_mpi {
 

@@ -22,8 +22,8 @@
 #include "mnist_mpi/launch/launch_env.hpp"
 #include "mnist_mpi/model/model.hpp"
 #include "mnist_mpi/report/monitor.hpp"
-#include "mnist_mpi/train/checkpointer.hpp"
-#include "mnist_mpi/train/fault.hpp"
+#include "mnist_mpi/checkpoint/checkpointer.hpp"
+#include "mnist_mpi/resilience/fault.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 #include "mnist_mpi/train/reducer.hpp"
 #include "mnist_mpi/train/step.hpp"
@@ -75,7 +75,7 @@ class Trainer final : private CheckpointSource {
   std::int64_t global_batch() const { return global_batch_; }
   std::int64_t per_rank_batch() const { return batch_; }  // per micro-batch
   // "key = value" lines that must be the same on every rank: program version, options (those
-  // that may differ per node left out), model and data sizes (src/train/consistency.cpp).
+  // that may differ per node left out), model and data sizes (src/resilience/consistency.cpp).
   std::string job_description() const;
 
  private:
@@ -95,6 +95,13 @@ class Trainer final : private CheckpointSource {
     StepTiming mean_step(std::int64_t steps) const;
     double images_per_s(std::int64_t steps, std::int64_t global_batch) const;
   };
+
+  // Set-up (the constructor's steps).
+  void resolve_batch_sizes();
+  int make_backend(const GpuProbe& gpus);  // returns the threads per rank
+  void make_training_state();
+  void make_evaluation();
+  StartFacts start_facts(int threads, const GpuProbe& gpus) const;
 
   const float* host_params();  // params_ in host memory (a copy on a device)
   void check_replicas(std::int64_t step);

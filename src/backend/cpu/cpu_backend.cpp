@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
-#include "mnist_mpi/train/finite.hpp"     // all_finite
+#include "mnist_mpi/resilience/finite.hpp"     // all_finite
 #include "mnist_mpi/train/optimizer.hpp"  // optimizer_pass_host
 #include "src/backend/cpu/kernels.hpp"
 

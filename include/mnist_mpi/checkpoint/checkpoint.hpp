@@ -1,7 +1,7 @@
 // Checkpoint files: the format (every field is described in docs/checkpoint.md), the encoder that
 // lays a run's file out once and refills it at each checkpoint, the decoder that verifies every
 // byte before trusting any of it, and the atomic file write. When to write, what to keep and how
-// to resume is Checkpointer's business (include/mnist_mpi/train/checkpointer.hpp).
+// to resume is Checkpointer's business (include/mnist_mpi/checkpoint/checkpointer.hpp).
 //
 //   file    = header section* END      (all integers and floats little-endian)
 //   header  = "MNISTCKP" u32 version u32 crc32c(magic, version)

@@ -1,5 +1,5 @@
-// The preemption flag and the thread that sets it (see include/mnist_mpi/train/preemption.hpp).
-#include "mnist_mpi/train/preemption.hpp"
+// The preemption flag and the thread that sets it (see include/mnist_mpi/resilience/preemption.hpp).
+#include "mnist_mpi/resilience/preemption.hpp"
 
 #include <pthread.h>
 

@@ -1,6 +1,6 @@
 // Checkpointer: resume, periodic atomic writes by rank 0 on a background thread, retention, and
-// the per-step agreement on preemption and write errors (include/mnist_mpi/train/checkpointer.hpp).
-#include "mnist_mpi/train/checkpointer.hpp"
+// the per-step agreement on preemption and write errors (include/mnist_mpi/checkpoint/checkpointer.hpp).
+#include "mnist_mpi/checkpoint/checkpointer.hpp"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -24,9 +24,9 @@
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/io/file_kind.hpp"
-#include "mnist_mpi/train/fault.hpp"
-#include "mnist_mpi/train/finite.hpp"
-#include "mnist_mpi/train/preemption.hpp"
+#include "mnist_mpi/resilience/fault.hpp"
+#include "mnist_mpi/resilience/finite.hpp"
+#include "mnist_mpi/resilience/preemption.hpp"
 
 namespace fs = std::filesystem;
 

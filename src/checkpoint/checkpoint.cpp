@@ -1,7 +1,7 @@
 // The checkpoint format: encoder, verifying decoder and atomic file write (see
-// include/mnist_mpi/train/checkpoint.hpp and docs/checkpoint.md). Every size read from a file is
+// include/mnist_mpi/checkpoint/checkpoint.hpp and docs/checkpoint.md). Every size read from a file is
 // bounded by the bytes that are really there before anything is allocated.
-#include "mnist_mpi/train/checkpoint.hpp"
+#include "mnist_mpi/checkpoint/checkpoint.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

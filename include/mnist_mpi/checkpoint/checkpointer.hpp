@@ -18,7 +18,7 @@
 #include "mnist_mpi/joined_thread.hpp"
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/model/spec.hpp"
-#include "mnist_mpi/train/checkpoint.hpp"
+#include "mnist_mpi/checkpoint/checkpoint.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 
 namespace mnist_mpi {

@@ -1,6 +1,6 @@
-// The `evaluate` subcommand (include/mnist_mpi/train/evaluate_checkpoint.hpp): the checkpoint's
+// The `evaluate` subcommand (include/mnist_mpi/checkpoint/evaluate_checkpoint.hpp): the checkpoint's
 // model on the CPU backend, evaluated batch by batch like rank 0's evaluation in the trainer.
-#include "mnist_mpi/train/evaluate_checkpoint.hpp"
+#include "mnist_mpi/checkpoint/evaluate_checkpoint.hpp"
 
 #include "mnist_mpi/config/options.hpp"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "mnist_mpi/data/idx.hpp"
-#include "mnist_mpi/train/checkpoint.hpp"
+#include "mnist_mpi/checkpoint/checkpoint.hpp"
 
 namespace mnist_mpi {
 

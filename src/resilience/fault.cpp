@@ -1,6 +1,6 @@
-// The MNIST_MPI_FAULT testing hook (see include/mnist_mpi/train/fault.hpp): parsing, and the
+// The MNIST_MPI_FAULT testing hook (see include/mnist_mpi/resilience/fault.hpp): parsing, and the
 // faults that end or freeze the process.
-#include "mnist_mpi/train/fault.hpp"
+#include "mnist_mpi/resilience/fault.hpp"
 
 #include <unistd.h>
 

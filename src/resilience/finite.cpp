@@ -1,7 +1,7 @@
-// all_finite (see include/mnist_mpi/train/finite.hpp): a float is NaN or +-inf exactly when its
+// all_finite (see include/mnist_mpi/resilience/finite.hpp): a float is NaN or +-inf exactly when its
 // 8 exponent bits are all ones; OR-ing a per-element flag over the buffer vectorises (the
 // compiler may not reorder a float sum, but it may reorder integer ORs).
-#include "mnist_mpi/train/finite.hpp"
+#include "mnist_mpi/resilience/finite.hpp"
 
 #include <cstring>
 
