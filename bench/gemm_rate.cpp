@@ -2,8 +2,8 @@
 // cores, timed on oneDNN's sgemm (the library our kernels use) with a large square problem.
 //
 //   build/gemm_rate [--threads T] [--n N] [--seconds S]   -> one JSON line {"gflops": ...}
-#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,9 +18,12 @@ int main(int argc, char** argv) {
   double seconds = 2.0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (a == "--n") n = std::atoi(argv[i + 1]);
-    else if (a == "--seconds") seconds = std::atof(argv[i + 1]);
+    if (a == "--threads")
+      threads = std::atoi(argv[i + 1]);
+    else if (a == "--n")
+      n = std::atoi(argv[i + 1]);
+    else if (a == "--seconds")
+      seconds = std::atof(argv[i + 1]);
     else {
       std::fprintf(stderr, "gemm_rate: unknown option %s (use --threads T --n N --seconds S)\n", a.c_str());
       return 2;
@@ -37,9 +40,7 @@ int main(int argc, char** argv) {
     a[i] = static_cast<float>(i % 7) * 0.1f;
     b[i] = static_cast<float>(i % 5) * 0.1f;
   }
-  const auto gemm = [&] {
-    return dnnl_sgemm('N', 'N', n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-  };
+  const auto gemm = [&] { return dnnl_sgemm('N', 'N', n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); };
   if (gemm() != dnnl_success) {
     std::fprintf(stderr, "gemm_rate: dnnl_sgemm failed\n");
     return 1;

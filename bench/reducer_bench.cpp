@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<Reducer>> reducers;
   for (double mb : caps) {
     const auto cap = static_cast<std::int64_t>(mb * 1048576.0 / sizeof(float));
-    reducers.push_back(std::make_unique<Reducer>(*comm, grads, plan_buckets(spec, cap, std::min<std::int64_t>(cap, 262144)), true));
+    reducers.push_back(
+        std::make_unique<Reducer>(*comm, grads, plan_buckets(spec, cap, std::min<std::int64_t>(cap, 262144)), true));
   }
   auto mpi_sum = [&] {
     MPI_Allreduce(MPI_IN_PLACE, grads.data(), static_cast<int>(grads.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -82,8 +83,8 @@ int main(int argc, char** argv) {
     for (int c = 0; c < kConfigs; ++c) {
       const double t = median(t_red[static_cast<std::size_t>(c)]);
       char name[64];
-      std::snprintf(name, sizeof name, "reducer, %zu bucket(s) <= %g MB", reducers[static_cast<std::size_t>(c)]->buckets().size(),
-                    caps[c]);
+      std::snprintf(name, sizeof name, "reducer, %zu bucket(s) <= %g MB",
+                    reducers[static_cast<std::size_t>(c)]->buckets().size(), caps[c]);
       std::printf("%-34s %9.2f %12.2f %12.2f %8.2f\n", name, 1e3 * t, bytes / t / 1e9, bytes / t / 1e9 * bus,
                   median(ratio[static_cast<std::size_t>(c)]));
     }

@@ -8,15 +8,14 @@ namespace mnist_mpi {
 
 void throw_error(ExitCode code, const std::string& msg) { throw Error(code, msg); }
 
-void throw_call_error(const char* lib, const char* stmt, const char* file, int line,
-                      const std::string& lib_msg) {
+void throw_call_error(const char* lib, const char* stmt, const char* file, int line, const std::string& lib_msg) {
   throw_call_error(ExitCode::kRuntime, lib, stmt, file, line, lib_msg);
 }
 
 void throw_call_error(ExitCode code, const char* lib, const char* stmt, const char* file, int line,
                       const std::string& lib_msg) {
-  throw Error(code, std::string(lib) + " call failed: " + stmt + " at " + file + ":" + std::to_string(line) +
-                        ": " + lib_msg);
+  throw Error(code,
+              std::string(lib) + " call failed: " + stmt + " at " + file + ":" + std::to_string(line) + ": " + lib_msg);
 }
 
 std::string mpi_error_string(int rc) {

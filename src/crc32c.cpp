@@ -33,8 +33,8 @@ std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t crc) {
     std::memcpy(&lo, p, 4);  // little-endian hosts only (x86-64, aarch64)
     std::memcpy(&hi, p + 4, 4);
     lo ^= c;
-    c = t[7][lo & 0xffu] ^ t[6][(lo >> 8) & 0xffu] ^ t[5][(lo >> 16) & 0xffu] ^ t[4][lo >> 24] ^
-        t[3][hi & 0xffu] ^ t[2][(hi >> 8) & 0xffu] ^ t[1][(hi >> 16) & 0xffu] ^ t[0][hi >> 24];
+    c = t[7][lo & 0xffu] ^ t[6][(lo >> 8) & 0xffu] ^ t[5][(lo >> 16) & 0xffu] ^ t[4][lo >> 24] ^ t[3][hi & 0xffu] ^
+        t[2][(hi >> 8) & 0xffu] ^ t[1][(hi >> 16) & 0xffu] ^ t[0][hi >> 24];
     p += 8;
     size -= 8;
   }

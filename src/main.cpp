@@ -9,12 +9,12 @@
 #include <string>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/checkpoint/evaluate_checkpoint.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/comm/watchdog.hpp"
 #include "mnist_mpi/config/options.hpp"
-#include "mnist_mpi/checkpoint/evaluate_checkpoint.hpp"
-#include "mnist_mpi/resilience/preemption.hpp"
 #include "mnist_mpi/resilience/consistency.hpp"
+#include "mnist_mpi/resilience/preemption.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 
 using namespace mnist_mpi;
@@ -117,9 +117,10 @@ int main(int argc, char** argv) {
     if (asked[0] != 0 && asked[1] != 0) {
       if (code == 0) {
         code = static_cast<int>(ExitCode::kUsage);
-        message = "the ranks were started with different options: some were given --help or --version, others a run "
-                "(this rank: " + std::string(exit_ok ? "--help/--version" : "a run") +
-                "); give every rank of the job the same options";
+        message =
+            "the ranks were started with different options: some were given --help or --version, others a run "
+            "(this rank: " +
+            std::string(exit_ok ? "--help/--version" : "a run") + "); give every rank of the job the same options";
       }
       exit_ok = false;
       trainer.reset();
@@ -133,9 +134,11 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   try {
     const RunResult r = trainer->run();
-    if (r.preempted_signal != 0) exit_code = static_cast<int>(ExitCode::kPreempted);
-    else if (r.outputs_lost) exit_code = static_cast<int>(ExitCode::kOutput);  // agreed by every rank
-  } catch (const AgreedError& e) {  // every rank threw it; the message is on one of them
+    if (r.preempted_signal != 0)
+      exit_code = static_cast<int>(ExitCode::kPreempted);
+    else if (r.outputs_lost)
+      exit_code = static_cast<int>(ExitCode::kOutput);  // agreed by every rank
+  } catch (const AgreedError& e) {                      // every rank threw it; the message is on one of them
     if (*e.what()) report(e.what());
     exit_code = static_cast<int>(e.code());
   } catch (const Error& e) {

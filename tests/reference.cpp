@@ -70,8 +70,8 @@ std::vector<double> fc(const LayerSpec& l, int batch, const std::vector<double>&
   return y;
 }
 
-SoftmaxXent softmax_cross_entropy(const std::vector<double>& logits, const std::vector<std::int32_t>& labels,
-                                  int batch, int classes, double grad_scale) {
+SoftmaxXent softmax_cross_entropy(const std::vector<double>& logits, const std::vector<std::int32_t>& labels, int batch,
+                                  int classes, double grad_scale) {
   SoftmaxXent r;
   r.dlogits.assign(static_cast<std::size_t>(batch) * classes, 0.0);
   for (int n = 0; n < batch; ++n) {

@@ -21,11 +21,11 @@ std::vector<double> relu(const std::vector<double>& x);
 std::vector<double> fc(const LayerSpec& l, int batch, const std::vector<double>& x, const std::vector<double>& w);
 
 struct SoftmaxXent {
-  double loss_sum = 0.0;         // sum over the batch of -log softmax(z)[label]
-  std::int64_t correct = 0;      // argmax == label (first maximum wins)
-  std::vector<double> dlogits;   // (softmax - onehot) * grad_scale
+  double loss_sum = 0.0;        // sum over the batch of -log softmax(z)[label]
+  std::int64_t correct = 0;     // argmax == label (first maximum wins)
+  std::vector<double> dlogits;  // (softmax - onehot) * grad_scale
 };
-SoftmaxXent softmax_cross_entropy(const std::vector<double>& logits, const std::vector<std::int32_t>& labels,
-                                  int batch, int classes, double grad_scale);
+SoftmaxXent softmax_cross_entropy(const std::vector<double>& logits, const std::vector<std::int32_t>& labels, int batch,
+                                  int classes, double grad_scale);
 
 }  // namespace mnist_mpi::ref

@@ -33,7 +33,8 @@ void write_split(const std::string& images, const std::string& labels, std::int6
     // Class c: a horizontal bar in row band 2 + 2c (even classes) or a vertical bar (odd classes).
     for (int y = 0; y < 28; ++y)
       for (int x = 0; x < 28; ++x) {
-        const float noise = rng::uniform(rng::key(seed, 2, static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(y * 28 + x)));
+        const float noise =
+            rng::uniform(rng::key(seed, 2, static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(y * 28 + x)));
         const int band = 3 + 2 * label;
         const bool on = (label % 2 == 0) ? (y >= band && y < band + 3 && x > 3 && x < 24)
                                          : (x >= band && x < band + 3 && y > 3 && y < 24);

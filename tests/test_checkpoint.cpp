@@ -15,10 +15,10 @@
 #include <limits>
 
 #include "mnist_mpi/check.hpp"
-#include "mnist_mpi/crc32c.hpp"
-#include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/checkpoint/checkpoint.hpp"
 #include "mnist_mpi/checkpoint/checkpointer.hpp"
+#include "mnist_mpi/comm/mpi_communicator.hpp"
+#include "mnist_mpi/crc32c.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 
 namespace mnist_mpi {
@@ -197,8 +197,8 @@ TEST(Checkpoint, CountersWhoseProductsOverflowAreRefused) {
   meta = sample_meta(spec);
   meta.steps_per_epoch = std::int64_t{1} << 62;
   meta.global_batch = 4;
-  meta.epoch = meta.sampler_epoch = 0;           // 37 / 2^62
-  meta.sampler_position = meta.step * 4;         // (37 % 2^62) * 4
+  meta.epoch = meta.sampler_epoch = 0;    // 37 / 2^62
+  meta.sampler_position = meta.step * 4;  // (37 % 2^62) * 4
   EXPECT_NE(message_of(encode(spec, meta, sample_state(spec.param_count))).find("disagree"), std::string::npos);
 }
 
@@ -242,11 +242,12 @@ TEST(Checkpoint, AFailedWriteLeavesThePreviousFileIntact) {
   setrlimit(RLIMIT_FSIZE, &old_limit);
   std::signal(SIGXFSZ, old_handler);
 
-  EXPECT_NE(msg.find("cannot write checkpoint '" + (dir / "step-00000001.ckpt").string() + "'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cannot write checkpoint '" + (dir / "step-00000001.ckpt").string() + "'"), std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("File too large"), std::string::npos) << msg;
   EXPECT_NE(msg.find("untouched"), std::string::npos) << msg;
   EXPECT_EQ(slurp((dir / "step-00000001.ckpt").string()), old_bytes);  // the old file, whole
-  EXPECT_FALSE(fs::exists(dir / "step-00000001.ckpt.tmp"));           // and no leftovers
+  EXPECT_FALSE(fs::exists(dir / "step-00000001.ckpt.tmp"));            // and no leftovers
   fs::remove_all(dir);
 }
 
@@ -266,8 +267,7 @@ TEST(Checkpoint, OptimizerContinuesBitwiseFromItsState) {
     for (int s = 0; s < 5; ++s) grads(s), a.step(p.data(), g.data(), 0.01);
     std::vector<float> q = p;
     Optimizer b(cfg, n);
-    b.restore(a.first_moment().data(), a.second_moment().empty() ? nullptr : a.second_moment().data(),
-              a.steps_taken());
+    b.restore(a.first_moment().data(), a.second_moment().empty() ? nullptr : a.second_moment().data(), a.steps_taken());
     for (int s = 5; s < 10; ++s) {
       grads(s);
       a.step(p.data(), g.data(), 0.01);

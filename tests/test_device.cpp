@@ -12,8 +12,8 @@
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/backend/device.hpp"
 #include "mnist_mpi/check.hpp"
-#include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
+#include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/rng.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 #include "synthetic.hpp"
@@ -73,8 +73,9 @@ TEST(DeviceChoice, CudaMapsLocalRankToGpuOneToOne) {
 TEST(DeviceChoice, CudaWithoutGpuIsADeviceErrorWithTheFix) {
   const auto [code, msg] = error_of([] { choose_device("cuda", true, gpus(0), 0, 1, false, "node7"); });
   EXPECT_EQ(code, ExitCode::kDevice);
-  EXPECT_EQ(msg, "--device cuda: no usable GPU on node7: no CUDA device is visible; run where a GPU is visible, "
-                 "or use --device cpu");
+  EXPECT_EQ(msg,
+            "--device cuda: no usable GPU on node7: no CUDA device is visible; run where a GPU is visible, "
+            "or use --device cpu");
 }
 
 TEST(DeviceChoice, CudaWithoutCudaBuildIsADeviceError) {
@@ -106,8 +107,10 @@ TEST(DeviceChoice, UnknownDeviceIsAUsageError) {
 
 TEST(DeviceChoice, ProbeNeverThrowsAndExplainsAnEmptyAnswer) {
   const GpuProbe p = probe_gpus();  // on a machine without a GPU: count 0 and a reason in words
-  if (p.count == 0) EXPECT_FALSE(p.why_none.empty());
-  else EXPECT_TRUE(cuda_built());
+  if (p.count == 0)
+    EXPECT_FALSE(p.why_none.empty());
+  else
+    EXPECT_TRUE(cuda_built());
 }
 
 // Note [Loading the CUDA module] in src/backend/device.cpp: a CPU run never maps the CUDA libraries

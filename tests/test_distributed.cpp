@@ -23,7 +23,8 @@ namespace {
 
 constexpr const char* kLenet =
     "conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10";
-constexpr const char* kSmall = "conv:3x3:4:same,relu,maxpool:2,conv:3x3:8:same,relu,maxpool:2,flatten,fc:32,relu,dropout:0.5,fc:10";
+constexpr const char* kSmall =
+    "conv:3x3:4:same,relu,maxpool:2,conv:3x3:8:same,relu,maxpool:2,flatten,fc:32,relu,dropout:0.5,fc:10";
 
 const std::string& data_dir() {
   static const std::string dir = testing::shared_synthetic_dir("dist", 1200, 200);
@@ -189,8 +190,10 @@ TEST(Distributed, TrajectoryDoesNotDependOnTheNumberOfRanks) {
         ok = ok && rel <= 1e-2;
       }
       const double rel = std::sqrt(all_diff / all_norm);
-      std::printf("  %zu ranks vs 1 rank after 5 SGD steps: displacements differ by relative %.3g at most, "
-                  "parameters by %.3g\n", k + 1, worst, rel);
+      std::printf(
+          "  %zu ranks vs 1 rank after 5 SGD steps: displacements differ by relative %.3g at most, "
+          "parameters by %.3g\n",
+          k + 1, worst, rel);
       EXPECT_LE(rel, 1e-4) << k + 1 << " ranks: the parameters differ from 1 rank's by relative " << rel;
       ok = ok && rel <= 1e-4;
     }
@@ -255,8 +258,8 @@ TEST(Reducer, MatchesAPlainAllreduceForEveryBucketCap) {
   auto c = make_mpi_communicator(MPI_COMM_WORLD);
   const int r = c->rank();
   std::vector<float> grads(static_cast<std::size_t>(spec.param_count)), expect(grads.size());
-  for (std::int64_t cap : {std::int64_t{1}, std::int64_t{5}, std::int64_t{333}, std::int64_t{4096},
-                           spec.param_count, 3 * spec.param_count}) {
+  for (std::int64_t cap : {std::int64_t{1}, std::int64_t{5}, std::int64_t{333}, std::int64_t{4096}, spec.param_count,
+                           3 * spec.param_count}) {
     for (bool overlap : {true, false}) {
       for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = expect[i] = float((r + 1) * int(i % 13) - 6 * r);
       MPI_Allreduce(MPI_IN_PLACE, expect.data(), int(expect.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -288,7 +291,8 @@ TEST(Reducer, EveryTensorIsSummedAtLenetSize) {
   const Options defaults;
   auto elems = [](double mb) { return static_cast<std::int64_t>(mb * 1048576.0 / sizeof(float)); };
   const std::vector<std::pair<std::int64_t, std::int64_t>> caps = {
-      {elems(defaults.bucket_mb), elems(defaults.first_bucket_mb)}, {elems(1.0), elems(0.25)},
+      {elems(defaults.bucket_mb), elems(defaults.first_bucket_mb)},
+      {elems(1.0), elems(0.25)},
       {spec.param_count, spec.param_count}};
   for (const auto& [cap, first] : caps) {
     Reducer red(*c, grads, plan_buckets(spec, cap, first), true);

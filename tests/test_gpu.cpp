@@ -69,7 +69,8 @@ void expect_bitwise(const std::string& what, const std::vector<float>& gpu, cons
   std::size_t bad = 0, first = 0;
   for (std::size_t i = 0; i < gpu.size(); ++i)
     if (std::memcmp(&gpu[i], &cpu[i], sizeof(float)) != 0 && bad++ == 0) first = i;
-  if (world_rank() == 0) std::printf("agreement %-44s %zu of %zu elements differ in any bit\n", what.c_str(), bad, gpu.size());
+  if (world_rank() == 0)
+    std::printf("agreement %-44s %zu of %zu elements differ in any bit\n", what.c_str(), bad, gpu.size());
   EXPECT_EQ(bad, 0u) << what << ": first difference at [" << first << "]: gpu " << gpu[first] << ", cpu " << cpu[first];
 }
 
@@ -87,7 +88,8 @@ class Gpu : public ::testing::Test {
 };
 
 std::int64_t param_size(const LayerSpec& l) {
-  if (l.kind == LayerKind::kConv) return static_cast<std::int64_t>(l.channels) * l.in.c * l.kernel_h * l.kernel_w + l.channels;
+  if (l.kind == LayerKind::kConv)
+    return static_cast<std::int64_t>(l.channels) * l.in.c * l.kernel_h * l.kernel_w + l.channels;
   if (l.kind == LayerKind::kFc) return static_cast<std::int64_t>(l.channels) * l.in.size() + l.channels;
   return 0;
 }
@@ -97,8 +99,8 @@ struct Side {
   Backend& be;
   std::unique_ptr<Buffer> x, y, dy, dx, w, dw;
   std::unique_ptr<LayerKernel> k;
-  Side(Backend& b, const LayerSpec& l, int index, int batch, const std::vector<float>& xv, const std::vector<float>& dyv,
-       const std::vector<float>& wv)
+  Side(Backend& b, const LayerSpec& l, int index, int batch, const std::vector<float>& xv,
+       const std::vector<float>& dyv, const std::vector<float>& wv)
       : be(b) {
     x = up(xv);
     y = be.allocate(static_cast<std::int64_t>(dyv.size()));
@@ -137,7 +139,8 @@ void compare_layer(int gpu, const std::string& text, Shape input, int batch, boo
   const LayerSpec& l = spec.layers.at(0);
   const auto nx = static_cast<std::size_t>(batch * l.in.size()), ny = static_cast<std::size_t>(batch * l.out.size());
   const std::vector<float> xv = distinct_input ? distinct(nx, 11) : uniform(nx, 11);
-  const std::vector<float> dyv = uniform(ny, 12), wv = uniform(static_cast<std::size_t>(param_size(l)), 13, -0.5f, 0.5f);
+  const std::vector<float> dyv = uniform(ny, 12),
+                           wv = uniform(static_cast<std::size_t>(param_size(l)), 13, -0.5f, 0.5f);
   auto cpu_be = make_cpu_backend(1);
   auto gpu_be = make_cuda_backend(gpu, tf32);
   Side cpu(*cpu_be, l, 0, batch, xv, dyv, wv), dev(*gpu_be, l, 0, batch, xv, dyv, wv);
@@ -148,8 +151,10 @@ void compare_layer(int gpu, const std::string& text, Shape input, int batch, boo
   dev.k->backward(ctx);
   const std::string name = text + (tf32 ? " tf32" : "");
   auto check = [&](const char* part, Buffer& g, Buffer& c) {
-    if (bitwise) expect_bitwise(name + " " + part, dev.down(g), cpu.down(c));
-    else expect_agree(name + " " + part, dev.down(g), cpu.down(c), rtol);
+    if (bitwise)
+      expect_bitwise(name + " " + part, dev.down(g), cpu.down(c));
+    else
+      expect_agree(name + " " + part, dev.down(g), cpu.down(c), rtol);
   };
   check("y", *dev.y, *cpu.y);
   check("dx", *dev.dx, *cpu.dx);
@@ -163,9 +168,7 @@ TEST_F(Gpu, ConvolutionMatchesCpu) {
   compare_layer(gpu_, "conv:2x2:4:same", {3, 7, 7}, 2, false, 1e-5);       // asymmetric same: padded
 }
 
-TEST_F(Gpu, ConvolutionMatchesCpuInTf32) {
-  compare_layer(gpu_, "conv:5x5:8:same", {3, 12, 12}, 4, true, 1e-2);
-}
+TEST_F(Gpu, ConvolutionMatchesCpuInTf32) { compare_layer(gpu_, "conv:5x5:8:same", {3, 12, 12}, 4, true, 1e-2); }
 
 TEST_F(Gpu, MaxPoolMatchesCpu) {
   compare_layer(gpu_, "maxpool:2", {3, 8, 8}, 3, false, 1e-6, true, true);
@@ -386,7 +389,8 @@ TEST_F(Gpu, NcclSumsAreExact) {
   be->download(buf->data(), host);
   const double ranks_sum = world * (world + 1) / 2.0;
   std::int64_t wrong = 0;
-  for (std::int64_t i = 0; i < n; ++i) wrong += host[static_cast<std::size_t>(i)] != static_cast<float>(ranks_sum * static_cast<double>(i % 1013));
+  for (std::int64_t i = 0; i < n; ++i)
+    wrong += host[static_cast<std::size_t>(i)] != static_cast<float>(ranks_sum * static_cast<double>(i % 1013));
   EXPECT_EQ(wrong, 0) << "of " << n << " bucketed sums";
   nccl->allreduce_sum(all);  // again, blocking: now world * the sum
   be->download(buf->data(), host);

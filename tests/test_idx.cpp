@@ -50,8 +50,7 @@ Bytes images_file(std::uint32_t count, std::uint32_t rows, std::uint32_t cols) {
   put_be32(b, cols);
   for (std::uint32_t i = 0; i < count; ++i)
     for (std::uint32_t r = 0; r < rows; ++r)
-      for (std::uint32_t c = 0; c < cols; ++c)
-        b.push_back(static_cast<std::uint8_t>((i * 7 + r * 3 + c) % 256));
+      for (std::uint32_t c = 0; c < cols; ++c) b.push_back(static_cast<std::uint8_t>((i * 7 + r * 3 + c) % 256));
   return b;
 }
 
@@ -74,8 +73,8 @@ class IdxTest : public ::testing::Test {
   void SetUp() override {
     static std::atomic<int> counter{0};
     const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-    dir_ = fs::temp_directory_path() /
-           ("mnist_mpi_test_idx_" + std::to_string(stamp) + "_" + std::to_string(counter++));
+    dir_ =
+        fs::temp_directory_path() / ("mnist_mpi_test_idx_" + std::to_string(stamp) + "_" + std::to_string(counter++));
     fs::create_directories(dir_);
   }
   void TearDown() override {
@@ -130,9 +129,8 @@ void expect_images(const IdxImages& im, std::uint32_t count, int rows, int cols)
   ASSERT_EQ(im.count, count);
   ASSERT_EQ(im.rows, rows);
   ASSERT_EQ(im.cols, cols);
-  ASSERT_EQ(im.pixels, payload(images_file(count, static_cast<std::uint32_t>(rows),
-                                           static_cast<std::uint32_t>(cols)),
-                               16));
+  ASSERT_EQ(im.pixels,
+            payload(images_file(count, static_cast<std::uint32_t>(rows), static_cast<std::uint32_t>(cols)), 16));
 }
 
 TEST_F(IdxTest, ReadsGoodRawFiles) {
@@ -260,8 +258,7 @@ TEST_F(IdxTest, BadDimensions) {
   put_be32(big, 2);
   put_be32(big, 4097);
   const std::string wide = write_raw("wide", big);
-  EXPECT_THAT(data_error_of([&] { read_idx_images(wide); }),
-              HasSubstr("cols = 4097 is out of range"));
+  EXPECT_THAT(data_error_of([&] { read_idx_images(wide); }), HasSubstr("cols = 4097 is out of range"));
 }
 
 TEST_F(IdxTest, HugeCountRejectedBeforeAllocating) {
@@ -288,12 +285,10 @@ TEST_F(IdxTest, LabelOutOfRange) {
   // The same file is fine with more classes, and a smaller class count catches
   // more.
   EXPECT_EQ(read_idx_labels(p, 13).count, 6);
-  EXPECT_THAT(data_error_of([&] { read_idx_labels(p, 5); }),
-              HasSubstr("label 12 at index 3 is out of range [0, 5)"));
+  EXPECT_THAT(data_error_of([&] { read_idx_labels(p, 5); }), HasSubstr("label 12 at index 3 is out of range [0, 5)"));
   b[8 + 3] = 3;
   const std::string q = write_raw("lbl", b);
-  EXPECT_THAT(data_error_of([&] { read_idx_labels(q, 5); }),
-              HasSubstr("label 5 at index 5 is out of range [0, 5)"));
+  EXPECT_THAT(data_error_of([&] { read_idx_labels(q, 5); }), HasSubstr("label 5 at index 5 is out of range [0, 5)"));
 }
 
 TEST_F(IdxTest, MissingFile) {
@@ -491,7 +486,10 @@ TEST_F(IdxTest, ADeclaredPayloadLargerThanMemoryIsRefusedBeforeReading) {
   const std::string p = write_raw("img.gz", gzip_member(b));
   const std::string msg = data_error_of([&] { read_idx_images(p); });
   EXPECT_EQ(msg.rfind(quote_input(p) + ": its header declares 100000000 images of 4096x4096 = 1677721600000000 "
-                                       "bytes of pixels, more than this machine's ", 0), 0u) << msg;
+                                       "bytes of pixels, more than this machine's ",
+                      0),
+            0u)
+      << msg;
 }
 
 // Class 4: a std::bad_alloc while reading (here: the address space is limited to 256 MiB above what
@@ -533,8 +531,9 @@ TEST_F(IdxTest, OutOfMemoryWhileReadingNamesTheFile) {
     msg = "std::bad_alloc";
   }
   ASSERT_EQ(::setrlimit(RLIMIT_AS, &old), 0);
-  EXPECT_EQ(msg, quote_input(p) + ": out of memory while reading its 1073741824 bytes of pixels (64 images of "
-                                  "4096x4096); free memory or run fewer ranks on this machine");
+  EXPECT_EQ(msg, quote_input(p) +
+                     ": out of memory while reading its 1073741824 bytes of pixels (64 images of "
+                     "4096x4096); free memory or run fewer ranks on this machine");
 #endif
 }
 

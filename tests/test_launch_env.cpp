@@ -37,8 +37,12 @@ TEST(LaunchEnv, OutsideSlurmSaysNothing) {
 }
 
 TEST(LaunchEnv, SrunTaskUsesSlurmLocalId) {
-  const LaunchEnv e = read({{"SLURM_JOB_ID", "42"}, {"SLURM_JOB_NAME", "mnist-cpu"}, {"SLURM_STEP_ID", "0"},
-                            {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_LOCALID", "3"}, {"SLURM_RESTART_COUNT", "2"},
+  const LaunchEnv e = read({{"SLURM_JOB_ID", "42"},
+                            {"SLURM_JOB_NAME", "mnist-cpu"},
+                            {"SLURM_STEP_ID", "0"},
+                            {"SLURM_STEP_NUM_TASKS", "4"},
+                            {"SLURM_LOCALID", "3"},
+                            {"SLURM_RESTART_COUNT", "2"},
                             {"SLURM_JOB_NODELIST", "n[1-2]"}});
   EXPECT_EQ(e.launcher, "srun");
   EXPECT_EQ(e.local_rank, 3);
@@ -50,8 +54,11 @@ TEST(LaunchEnv, SrunTaskUsesSlurmLocalId) {
 
 // Measured: ranks that mpirun starts inside a job inherit the batch shell's SLURM_LOCALID=0.
 TEST(LaunchEnv, MpirunInsideSlurmIgnoresInheritedLocalId) {
-  const LaunchEnv e = read({{"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NAME", "j"}, {"SLURM_LOCALID", "0"},
-                            {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}});
+  const LaunchEnv e = read({{"SLURM_JOB_ID", "7"},
+                            {"SLURM_JOB_NAME", "j"},
+                            {"SLURM_LOCALID", "0"},
+                            {"OMPI_COMM_WORLD_SIZE", "2"},
+                            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}});
   EXPECT_EQ(e.launcher, "mpirun");
   EXPECT_EQ(e.local_rank, 1);
   EXPECT_EQ(e.step_tasks, 0);
@@ -72,16 +79,19 @@ TEST(LaunchEnv, JobNameIsEscapedInJson) {
 }
 
 TEST(LaunchEnv, GarbageNumbersAreIgnored) {
-  const LaunchEnv e = read({{"SLURM_JOB_ID", "1"}, {"SLURM_STEP_ID", "0"}, {"SLURM_LOCALID", "-3"},
-                            {"SLURM_RESTART_COUNT", "x"}, {"SLURM_STEP_NUM_TASKS", "99999999999"}});
+  const LaunchEnv e = read({{"SLURM_JOB_ID", "1"},
+                            {"SLURM_STEP_ID", "0"},
+                            {"SLURM_LOCALID", "-3"},
+                            {"SLURM_RESTART_COUNT", "x"},
+                            {"SLURM_STEP_NUM_TASKS", "99999999999"}});
   EXPECT_EQ(e.local_rank, -1);
   EXPECT_EQ(e.slurm_restart_count, 0);
   EXPECT_EQ(e.step_tasks, 0);
 }
 
 TEST(LaunchEnv, SrunTasksLeftAloneByMpiAreAUsageError) {
-  const LaunchEnv e = read({{"SLURM_JOB_ID", "5"}, {"SLURM_STEP_ID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"},
-                            {"SLURM_LOCALID", "1"}});
+  const LaunchEnv e =
+      read({{"SLURM_JOB_ID", "5"}, {"SLURM_STEP_ID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_LOCALID", "1"}});
   try {
     e.check_world_size(1);
     FAIL() << "no error for 2 srun tasks in a world of 1";
@@ -91,7 +101,8 @@ TEST(LaunchEnv, SrunTasksLeftAloneByMpiAreAUsageError) {
     EXPECT_NE(std::string(err.what()).find("--mpi=pmix"), std::string::npos);
   }
   EXPECT_NO_THROW(e.check_world_size(2));
-  EXPECT_NO_THROW(read({{"SLURM_JOB_ID", "5"}, {"SLURM_STEP_ID", "0"}, {"SLURM_STEP_NUM_TASKS", "1"}}).check_world_size(1));
+  EXPECT_NO_THROW(
+      read({{"SLURM_JOB_ID", "5"}, {"SLURM_STEP_ID", "0"}, {"SLURM_STEP_NUM_TASKS", "1"}}).check_world_size(1));
   EXPECT_NO_THROW(read({{"OMPI_COMM_WORLD_SIZE", "1"}}).check_world_size(1));
 }
 
@@ -120,15 +131,18 @@ TEST(LaunchEnv, Ob1OnlyForJobsOnOneNode) {
   EXPECT_TRUE(is(pml({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}), nullptr));
   EXPECT_TRUE(is(pml({{"OMPI_COMM_WORLD_SIZE", "2"}}), nullptr));  // no local size: unknown
   // mpirun inside a two-node allocation on one of its nodes: mpirun's variables decide.
-  EXPECT_TRUE(is(pml({{"SLURM_JOB_ID", "7"}, {"SLURM_NNODES", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}), "ob1"));
+  EXPECT_TRUE(is(pml({{"SLURM_JOB_ID", "7"},
+                      {"SLURM_NNODES", "2"},
+                      {"OMPI_COMM_WORLD_SIZE", "2"},
+                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
+                 "ob1"));
   EXPECT_TRUE(is(pml({{"SLURM_JOB_ID", "7"}, {"SLURM_STEP_NUM_NODES", "1"}, {"SLURM_NNODES", "2"}}), "ob1"));
   EXPECT_TRUE(is(pml({{"SLURM_JOB_ID", "7"}, {"SLURM_STEP_NUM_NODES", "2"}}), nullptr));
   EXPECT_TRUE(is(pml({{"SLURM_JOB_ID", "7"}, {"SLURM_NNODES", "1"}}), "ob1"));
   EXPECT_TRUE(is(pml({{"SLURM_JOB_ID", "7"}}), nullptr));
   EXPECT_TRUE(is(pml({{"OMPI_MCA_pml", "ucx"}}), nullptr));  // the user's choice stands
-  EXPECT_TRUE(is(pml({{"OMPI_MCA_pml", "ucx"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
-                 nullptr));
+  EXPECT_TRUE(
+      is(pml({{"OMPI_MCA_pml", "ucx"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}), nullptr));
 }
 
 }  // namespace

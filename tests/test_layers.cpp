@@ -29,8 +29,7 @@ std::vector<float> distinct(std::size_t n, std::uint64_t seed, float gap) {
   std::iota(p.begin(), p.end(), std::size_t{0});
   std::shuffle(p.begin(), p.end(), std::mt19937_64(seed));
   std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i)
-    v[i] = gap * (static_cast<float>(p[i]) - 0.5f * static_cast<float>(n) + 0.5f);
+  for (std::size_t i = 0; i < n; ++i) v[i] = gap * (static_cast<float>(p[i]) - 0.5f * static_cast<float>(n) + 0.5f);
   return v;
 }
 
@@ -46,8 +45,8 @@ std::vector<float> away_from_zero(std::size_t n, std::uint64_t seed) {
 std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 // |got - ref| <= atol + rtol * |ref| everywhere; on failure names the worst element.
-void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<double>& ref,
-                  double atol, double rtol) {
+void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<double>& ref, double atol,
+                  double rtol) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   std::size_t worst = 0;
   double worst_excess = -1e300;
@@ -61,9 +60,9 @@ void expect_close(const std::string& what, const std::vector<float>& got, const 
       worst = i;
     }
   }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements out of tolerance (atol "
-                     << atol << ", rtol " << rtol << "); worst at [" << worst << "]: got " << got[worst]
-                     << ", expected " << ref[worst];
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements out of tolerance (atol " << atol
+                     << ", rtol " << rtol << "); worst at [" << worst << "]: got " << got[worst] << ", expected "
+                     << ref[worst];
 }
 
 LayerSpec layer_of(const std::string& text, Shape input, int classes, std::size_t index = 0) {
@@ -142,8 +141,8 @@ std::vector<T> relayout(const std::vector<T>& v, int batch, Shape s, Layout from
 
 // Central differences of rig.loss() with respect to every element of `var` (x or w of the rig),
 // against `analytic`.
-void check_fd(const std::string& what, Rig& rig, std::vector<float>& var, const std::vector<float>& analytic,
-              float h, double atol, double rtol) {
+void check_fd(const std::string& what, Rig& rig, std::vector<float>& var, const std::vector<float>& analytic, float h,
+              double atol, double rtol) {
   ASSERT_EQ(var.size(), analytic.size()) << what;
   StepContext ctx;
   std::vector<double> numeric(var.size());
@@ -190,11 +189,20 @@ void check_layer(const std::string& text, Shape input, int classes, int batch, s
   std::vector<double> ref;
   const std::vector<double> x_plain = to_double(relayout(rig.x, batch, l.in, x_layout, Layout::kPlain));
   switch (l.kind) {
-    case LayerKind::kConv: ref = ref::conv2d(l, batch, x_plain, to_double(rig.w)); break;
-    case LayerKind::kFc: ref = ref::fc(l, batch, x_plain, to_double(rig.w)); break;
-    case LayerKind::kMaxPool: ref = ref::maxpool(l, batch, x_plain); break;
-    case LayerKind::kRelu: ref = ref::relu(x_plain); break;
-    default: FAIL() << "not a reference layer";
+    case LayerKind::kConv:
+      ref = ref::conv2d(l, batch, x_plain, to_double(rig.w));
+      break;
+    case LayerKind::kFc:
+      ref = ref::fc(l, batch, x_plain, to_double(rig.w));
+      break;
+    case LayerKind::kMaxPool:
+      ref = ref::maxpool(l, batch, x_plain);
+      break;
+    case LayerKind::kRelu:
+      ref = ref::relu(x_plain);
+      break;
+    default:
+      FAIL() << "not a reference layer";
   }
   expect_close("forward", rig.y, relayout(ref, batch, l.out, Layout::kPlain, y_layout), fwd_atol, fwd_rtol);
 
@@ -216,8 +224,8 @@ void check_layer(const std::string& text, Shape input, int classes, int batch, s
       for (int o = 0; o < l.channels; ++o)
         for (int p = 0; p < plane; ++p)
           db[static_cast<std::size_t>(o)] += dy_plain[(static_cast<std::size_t>(n) * l.channels + o) * plane + p];
-    expect_close("db = sum dy", std::vector<float>(dw.begin() + static_cast<std::ptrdiff_t>(nw), dw.end()), db,
-                 1e-4, 1e-4);
+    expect_close("db = sum dy", std::vector<float>(dw.begin() + static_cast<std::ptrdiff_t>(nw), dw.end()), db, 1e-4,
+                 1e-4);
   }
   // A second backward gives the same gradients (overwritten, not accumulated).
   rig.k->backward(ctx);
@@ -320,8 +328,8 @@ TEST(BlockedLayouts, MaxPool) {
   for (Layout b : {Layout::kBlocked8, Layout::kBlocked16}) {
     check_layer("maxpool:2,fc:10", {16, 7, 7}, 10, 2, 86, 0.0, 0.0, b, b);
     check_layer("maxpool:2,fc:10", {32, 4, 4}, 10, 2, 87, 0.0, 0.0, b, Layout::kPlain);  // before flatten
-    check_layer("maxpool:3:2,fc:10", {16, 7, 7}, 10, 1, 88, 0.0, 0.0, b, b);           // overlapping
-    check_layer("maxpool:2,fc:10", {16, 7, 7}, 10, 3, 92, 0.0, 0.0, b, b, 2);          // samples on 2 threads
+    check_layer("maxpool:3:2,fc:10", {16, 7, 7}, 10, 1, 88, 0.0, 0.0, b, b);             // overlapping
+    check_layer("maxpool:2,fc:10", {16, 7, 7}, 10, 3, 92, 0.0, 0.0, b, b, 2);            // samples on 2 threads
   }
 }
 
@@ -339,15 +347,15 @@ TEST(BlockedLayouts, BackendKeepsInnerActivationsBlocked) {
   ASSERT_EQ(l.size(), lenet.layers.size() + 1);
   const Layout b = l[1];
   EXPECT_NE(b, Layout::kPlain);
-  for (std::size_t i = 1; i <= 5; ++i) EXPECT_EQ(l[i], b) << i;  // conv .. the last pool's input
+  for (std::size_t i = 1; i <= 5; ++i) EXPECT_EQ(l[i], b) << i;                        // conv .. the last pool's input
   for (std::size_t i : {0, 6, 7, 8, 9, 10, 11}) EXPECT_EQ(l[i], Layout::kPlain) << i;  // input, flatten, fc, logits
   // Channels that no block divides, and a ReLU between a conv and an fc, stay plain.
-  const ModelSpec odd = parse_model_spec("conv:3x3:6:same,relu,maxpool:2,conv:3x3:16:same,relu,flatten,fc:10",
-                                         {1, 8, 8}, 10);
+  const ModelSpec odd =
+      parse_model_spec("conv:3x3:6:same,relu,maxpool:2,conv:3x3:16:same,relu,flatten,fc:10", {1, 8, 8}, 10);
   for (Layout x : be->activation_layouts(odd)) EXPECT_EQ(x, Layout::kPlain);
   // tiny: 8 channels, then 16; one block size for the whole model, so 8.
-  const ModelSpec tiny = parse_model_spec("conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10",
-                                          {1, 28, 28}, 10);
+  const ModelSpec tiny =
+      parse_model_spec("conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 28, 28}, 10);
   EXPECT_EQ(be->activation_layouts(tiny),
             (std::vector<Layout>{Layout::kPlain, Layout::kBlocked8, Layout::kBlocked8, Layout::kBlocked8,
                                  Layout::kPlain, Layout::kPlain, Layout::kPlain}));
@@ -517,8 +525,9 @@ TEST(Dropout, MaskDependsOnGlobalRowNotOnBatchSplit) {
     ctx.first_sample = first;
     half.k->forward(ctx);
     const std::vector<bool> mh = kept(half.y);
-    const std::vector<bool> expect(mw.begin() + static_cast<std::ptrdiff_t>(first * 50),
-                                   mw.begin() + static_cast<std::ptrdiff_t>(first * 50 + static_cast<std::int64_t>(n_half)));
+    const std::vector<bool> expect(
+        mw.begin() + static_cast<std::ptrdiff_t>(first * 50),
+        mw.begin() + static_cast<std::ptrdiff_t>(first * 50 + static_cast<std::int64_t>(n_half)));
     EXPECT_EQ(mh, expect) << "first_sample " << first;
   }
   // Another step, seed or layer index gives another mask.
@@ -561,8 +570,10 @@ std::vector<double> ref_model(const ModelSpec& spec, int batch, const std::vecto
     std::int64_t begin = -1, end = -1;
     for (const ParamTensor& p : spec.params)
       if (p.layer == layer) {
-        if (!p.is_bias) begin = p.offset;
-        else end = p.offset + p.size;
+        if (!p.is_bias)
+          begin = p.offset;
+        else
+          end = p.offset + p.size;
       }
     return std::vector<double>(params.begin() + begin, params.begin() + end);
   };
@@ -602,8 +613,8 @@ class PlainLayouts final : public Backend {
                                           bool training) override {
     return be_->make_layer(spec, index, buffers, training);
   }
-  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes,
-                             float* dlogits, float grad_scale, LossMeter& meter) override {
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes, float* dlogits,
+                             float grad_scale, LossMeter& meter) override {
     be_->softmax_cross_entropy(logits, labels, batch, classes, dlogits, grad_scale, meter);
   }
   std::unique_ptr<LossMeter> make_loss_meter() override { return be_->make_loss_meter(); }
@@ -695,8 +706,7 @@ TEST(Model, GradientOfEveryParameterTensor) {
   const std::vector<double> xd = to_double(x);
   auto ref_loss = [&](const std::vector<double>& pd) {
     std::vector<int> unused;
-    return ref::softmax_cross_entropy(ref_model(spec, batch, xd, pd, &unused), labels, batch, 10, 1.0).loss_sum /
-           batch;
+    return ref::softmax_cross_entropy(ref_model(spec, batch, xd, pd, &unused), labels, batch, 10, 1.0).loss_sum / batch;
   };
   for (const ParamTensor& t : spec.params) {
     SCOPED_TRACE(t.name);

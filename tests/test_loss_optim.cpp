@@ -81,11 +81,11 @@ TEST(SoftmaxCrossEntropy, HugeLogitsStayFinite) {
 TEST(SoftmaxCrossEntropy, CountsCorrectAndMatchesReference) {
   auto be = make_cpu_backend(1);
   const int batch = 4, classes = 5;
-  const std::vector<float> z{0.1f, 2.0f, -1.0f, 0.0f, 0.5f,    // argmax 1
-                             3.0f, 2.9f, 0.0f, 0.0f, -2.0f,    // argmax 0
+  const std::vector<float> z{0.1f,  2.0f,  -1.0f, 0.0f,  0.5f,   // argmax 1
+                             3.0f,  2.9f,  0.0f,  0.0f,  -2.0f,  // argmax 0
                              -1.0f, -2.0f, -0.5f, -3.0f, -0.6f,  // argmax 2
-                             0.0f, 0.0f, 0.0f, 0.0f, 4.0f};    // argmax 4
-  const std::vector<std::int32_t> y{1, 1, 2, 0};  // rows 0 and 2 correct
+                             0.0f,  0.0f,  0.0f,  0.0f,  4.0f};  // argmax 4
+  const std::vector<std::int32_t> y{1, 1, 2, 0};                 // rows 0 and 2 correct
   std::vector<float> d(static_cast<std::size_t>(batch * classes));
   const LossStats s = be->softmax_cross_entropy(z.data(), y.data(), batch, classes, d.data(), 0.25f);
   EXPECT_EQ(s.correct, 2);
@@ -243,8 +243,8 @@ TEST(LearningRate, StepDecayPerEpochWithFloor) {
   EXPECT_NEAR(learning_rate(s, 100, 1, 1000), 7e-4, 1e-15);
   EXPECT_NEAR(learning_rate(s, 200, 2, 1000), 4.9e-4, 1e-15);
   EXPECT_NEAR(learning_rate(s, 900, 12, 1000), 1e-3 * std::pow(0.7, 12), 1e-15);  // 1.38e-5: above the floor
-  EXPECT_DOUBLE_EQ(learning_rate(s, 990, 13, 1000), 1e-5);  // 0.7^13 * 1e-3 = 9.7e-6: the floor
-  EXPECT_DOUBLE_EQ(learning_rate(s, 5000, 50, 10000), 1e-5);  // 0.7^50 * 1e-3 = 1.8e-11: the floor
+  EXPECT_DOUBLE_EQ(learning_rate(s, 990, 13, 1000), 1e-5);                        // 0.7^13 * 1e-3 = 9.7e-6: the floor
+  EXPECT_DOUBLE_EQ(learning_rate(s, 5000, 50, 10000), 1e-5);                      // 0.7^50 * 1e-3 = 1.8e-11: the floor
 }
 
 TEST(LearningRate, CosineWithWarmup) {
@@ -253,10 +253,10 @@ TEST(LearningRate, CosineWithWarmup) {
   s.base_lr = 1e-3;
   s.min_lr = 1e-5;
   s.warmup_steps = 10;
-  const std::int64_t total = 110;  // 100 cosine steps after the warm-up
+  const std::int64_t total = 110;                                // 100 cosine steps after the warm-up
   EXPECT_NEAR(learning_rate(s, 0, 0, total), 1e-3 / 10, 1e-15);  // first warm-up step: base / 10
   EXPECT_NEAR(learning_rate(s, 4, 0, total), 1e-3 * 5 / 10, 1e-15);
-  EXPECT_NEAR(learning_rate(s, 10, 0, total), 1e-3, 1e-15);  // the cosine's start
+  EXPECT_NEAR(learning_rate(s, 10, 0, total), 1e-3, 1e-15);                        // the cosine's start
   EXPECT_NEAR(learning_rate(s, 60, 0, total), 1e-5 + 0.5 * (1e-3 - 1e-5), 1e-15);  // half-way
   EXPECT_NEAR(learning_rate(s, 35, 0, total), 1e-5 + 0.5 * (1e-3 - 1e-5) * (1 + std::cos(std::numbers::pi / 4)), 1e-15);
   EXPECT_NEAR(learning_rate(s, 110, 0, total), 1e-5, 1e-15);  // the end: min_lr

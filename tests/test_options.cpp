@@ -106,15 +106,33 @@ TEST(Options, OrdinaryMistakesKeepBoostsMessage) {
 // command line and in a --config file alike (Note [One check for every floating-point option]).
 TEST(Options, NonFiniteOrOutOfRangeRealOptionsAreRefusedNamingTheOption) {
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"lr", "inf"},           {"lr", "nan"},           {"lr", "0"},
-      {"momentum", "inf"},     {"momentum", "1"},       {"momentum", "-0.5"},
-      {"beta1", "nan"},        {"beta1", "1"},          {"beta2", "-inf"},
-      {"beta2", "1.5"},        {"eps", "0"},            {"eps", "inf"},
-      {"weight-decay", "-1"},  {"weight-decay", "nan"}, {"lr-gamma", "0"},
-      {"lr-gamma", "inf"},     {"lr-step-epochs", "0"}, {"lr-step-epochs", "nan"},
-      {"lr-min", "-1e-3"},     {"lr-min", "inf"},       {"bucket-mb", "1e300"},
-      {"bucket-mb", "0"},      {"first-bucket-mb", "nan"}, {"first-bucket-mb", "inf"},
-      {"collective-timeout", "inf"}, {"collective-timeout", "nan"}, {"collective-timeout", "-1"},
+      {"lr", "inf"},
+      {"lr", "nan"},
+      {"lr", "0"},
+      {"momentum", "inf"},
+      {"momentum", "1"},
+      {"momentum", "-0.5"},
+      {"beta1", "nan"},
+      {"beta1", "1"},
+      {"beta2", "-inf"},
+      {"beta2", "1.5"},
+      {"eps", "0"},
+      {"eps", "inf"},
+      {"weight-decay", "-1"},
+      {"weight-decay", "nan"},
+      {"lr-gamma", "0"},
+      {"lr-gamma", "inf"},
+      {"lr-step-epochs", "0"},
+      {"lr-step-epochs", "nan"},
+      {"lr-min", "-1e-3"},
+      {"lr-min", "inf"},
+      {"bucket-mb", "1e300"},
+      {"bucket-mb", "0"},
+      {"first-bucket-mb", "nan"},
+      {"first-bucket-mb", "inf"},
+      {"collective-timeout", "inf"},
+      {"collective-timeout", "nan"},
+      {"collective-timeout", "-1"},
   };
   for (const auto& [name, value] : bad) {
     const auto [code, msg] = parse_within_10s({"--batch-size", "10", "--" + name, value});
@@ -126,13 +144,20 @@ TEST(Options, NonFiniteOrOutOfRangeRealOptionsAreRefusedNamingTheOption) {
     EXPECT_EQ(file_msg.rfind("--" + name + " must be ", 0), 0u) << file_msg;
   }
   // The edges that are allowed still are.
-  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
-           {"momentum", "0"}, {"momentum", "0.99"}, {"beta1", "0"}, {"weight-decay", "0"}, {"lr-min", "0"},
-           {"collective-timeout", "0"}, {"bucket-mb", "1e6"}, {"lr", "1e-30"}}) {
-    EXPECT_EQ(parse_within_10s({"--batch-size", "10", "--" + name, value}).first, ExitCode::kOk) << name << " " << value;
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{{"momentum", "0"},
+                                                                                    {"momentum", "0.99"},
+                                                                                    {"beta1", "0"},
+                                                                                    {"weight-decay", "0"},
+                                                                                    {"lr-min", "0"},
+                                                                                    {"collective-timeout", "0"},
+                                                                                    {"bucket-mb", "1e6"},
+                                                                                    {"lr", "1e-30"}}) {
+    EXPECT_EQ(parse_within_10s({"--batch-size", "10", "--" + name, value}).first, ExitCode::kOk)
+        << name << " " << value;
   }
   // A decaying schedule cannot end above where it starts; a constant one ignores --lr-min.
-  auto [code, msg] = parse_within_10s({"--batch-size", "10", "--lr", "0.01", "--lr-min", "0.1", "--lr-schedule", "cosine"});
+  auto [code, msg] =
+      parse_within_10s({"--batch-size", "10", "--lr", "0.01", "--lr-min", "0.1", "--lr-schedule", "cosine"});
   EXPECT_EQ(code, ExitCode::kUsage);
   EXPECT_NE(msg.find("--lr-min 0.1 is above --lr 0.01"), std::string::npos) << msg;
   EXPECT_EQ(parse_within_10s({"--batch-size", "10", "--lr", "0.01", "--lr-min", "0.1"}).first, ExitCode::kOk);
@@ -146,20 +171,24 @@ TEST(Options, AHugeConfigValueGivesAShortMessageNamingFileAndLine) {
   EXPECT_EQ(code, ExitCode::kUsage);
   EXPECT_LT(msg.size(), 300u) << msg.substr(0, 400);
   EXPECT_NE(msg.find("--config " + quote_input(ini.str()) + " line 3: option 'epochs': the value '7777"),
-            std::string::npos) << msg.substr(0, 400);
+            std::string::npos)
+      << msg.substr(0, 400);
   EXPECT_NE(msg.find("more bytes"), std::string::npos) << msg.substr(0, 400);
 }
 
 // A binary file given to --config: its raw bytes reached the terminal, with no file or line named.
 TEST(Options, ABinaryConfigIsRefusedEscapedWithFileAndLine) {
-  std::string elf = "lr = 0.1\n\x7f" "ELF\x02\x01\x01";
+  std::string elf =
+      "lr = 0.1\n\x7f"
+      "ELF\x02\x01\x01";
   elf += std::string(8, '\0') + std::string("\x03\x00\x3e\x00 = \x1b[2J\n", 12);
   const TempFile ini(elf);
   const auto [code, msg] = parse_within_10s({"--config", ini.str()});
   EXPECT_EQ(code, ExitCode::kUsage);
   EXPECT_TRUE(printable(msg)) << msg;
   EXPECT_NE(msg.find("--config " + quote_input(ini.str()) + " line 2: holds the control byte '\\x7f' at column 1"),
-            std::string::npos) << msg;
+            std::string::npos)
+      << msg;
   // A NUL in an otherwise textual line, and an escape sequence in a key, the same.
   const TempFile nul(std::string("batch-size = 10\nepochs = 1\0\n", 28));
   const auto [nul_code, nul_msg] = parse_within_10s({"--config", nul.str()});
@@ -241,7 +270,8 @@ TEST(Options, ConfigFilesParseAsBeforeAndTheCommandLineWins) {
   EXPECT_EQ(o.bias_init, "zeros");
   EXPECT_EQ(o.optimizer.kind, "adam");
   EXPECT_EQ(o.resolved,
-            "accumulation-steps = 1\nallow-gpu-sharing = false\nbatch-size = 128\nbeta1 = 0.9\nbeta2 = 0.999\nbias-init = zeros\n"
+            "accumulation-steps = 1\nallow-gpu-sharing = false\nbatch-size = 128\nbeta1 = 0.9\nbeta2 = "
+            "0.999\nbias-init = zeros\n"
             "bucket-mb = 4\ncheck-replicas-every = 100\ncheckpoint-async = true\ncheckpoint-every = 0\n"
             "collective-timeout = 300\ndata-dir = data/mnist\ndevice = cpu\nepochs = 3\neps = 1e-08\n"
             "eval-batch-size = 250\neval-every = 0\nfirst-bucket-mb = 1\nglobal-batch-size = 0\n"

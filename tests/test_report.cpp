@@ -105,9 +105,12 @@ std::vector<Field> parse_message(const std::string& s) {
     Field f;
     f.number = static_cast<int>(key >> 3);
     f.wire = static_cast<int>(key & 7);
-    if (f.wire == 0) f.varint = read_varint(s, i);
-    else if (f.wire == 1) f.varint = read_le(s, i, 8);
-    else if (f.wire == 5) f.varint = read_le(s, i, 4);
+    if (f.wire == 0)
+      f.varint = read_varint(s, i);
+    else if (f.wire == 1)
+      f.varint = read_le(s, i, 8);
+    else if (f.wire == 5)
+      f.varint = read_le(s, i, 4);
     else if (f.wire == 2) {
       const std::uint64_t n = read_varint(s, i);
       if (i + n > s.size()) throw std::runtime_error("truncated length-delimited field");
@@ -151,9 +154,12 @@ std::vector<Event> read_event_file(const fs::path& path) {
     i = j;
     Event e;
     for (const Field& fld : parse_message(data)) {
-      if (fld.number == 1 && fld.wire == 1) e.wall_time = std::bit_cast<double>(fld.varint);
-      else if (fld.number == 2 && fld.wire == 0) e.step = static_cast<std::int64_t>(fld.varint);
-      else if (fld.number == 3 && fld.wire == 2) e.file_version = fld.bytes;
+      if (fld.number == 1 && fld.wire == 1)
+        e.wall_time = std::bit_cast<double>(fld.varint);
+      else if (fld.number == 2 && fld.wire == 0)
+        e.step = static_cast<std::int64_t>(fld.varint);
+      else if (fld.number == 3 && fld.wire == 2)
+        e.file_version = fld.bytes;
       else if (fld.number == 5 && fld.wire == 2) {
         for (const Field& v : parse_message(fld.bytes)) {  // Summary: repeated Value value = 1
           if (v.number != 1 || v.wire != 2) throw std::runtime_error("Summary field other than value");
@@ -161,11 +167,13 @@ std::vector<Event> read_event_file(const fs::path& path) {
           float value = 0;
           bool has_value = false;
           for (const Field& x : parse_message(v.bytes)) {
-            if (x.number == 1 && x.wire == 2) tag = x.bytes;
+            if (x.number == 1 && x.wire == 2)
+              tag = x.bytes;
             else if (x.number == 2 && x.wire == 5) {
               value = std::bit_cast<float>(static_cast<std::uint32_t>(x.varint));
               has_value = true;
-            } else throw std::runtime_error("Value field other than tag / simple_value");
+            } else
+              throw std::runtime_error("Value field other than tag / simple_value");
           }
           if (!has_value) throw std::runtime_error("Value without simple_value");
           e.values.emplace_back(tag, value);
@@ -298,8 +306,10 @@ TEST(Timeline, WritesOneFileWithSpansOnRankZerosClock) {
   EXPECT_NE(s.find("\"name\":\"step\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":0,\"tid\":0"), std::string::npos);
   EXPECT_NE(s.find("\"dur\":1500,\"args\":{\"step\":7"), std::string::npos);
   // Two buckets in flight at once go to two communication rows.
-  EXPECT_NE(s.find("\"name\":\"allreduce bucket 0\",\"cat\":\"allreduce\",\"ph\":\"X\",\"pid\":0,\"tid\":1"), std::string::npos);
-  EXPECT_NE(s.find("\"name\":\"allreduce bucket 1\",\"cat\":\"allreduce\",\"ph\":\"X\",\"pid\":0,\"tid\":2"), std::string::npos);
+  EXPECT_NE(s.find("\"name\":\"allreduce bucket 0\",\"cat\":\"allreduce\",\"ph\":\"X\",\"pid\":0,\"tid\":1"),
+            std::string::npos);
+  EXPECT_NE(s.find("\"name\":\"allreduce bucket 1\",\"cat\":\"allreduce\",\"ph\":\"X\",\"pid\":0,\"tid\":2"),
+            std::string::npos);
   EXPECT_NE(s.find("\"name\":\"wait for bucket 1\",\"cat\":\"wait for bucket\",\"ph\":\"X\",\"pid\":0,\"tid\":0"),
             std::string::npos);
   const auto opt = s.find("\"name\":\"optimizer bucket 1\",\"cat\":\"optimizer\",\"ph\":\"X\",\"pid\":0,\"tid\":0,");
@@ -338,7 +348,8 @@ TEST(HtmlReport, EmbedsTheCurvesAndNeedsNoNetwork) {
   EXPECT_EQ(html.find("@import"), std::string::npos);
   // Only the SVG namespace names a URL.
   std::string rest = html;
-  for (auto p = rest.find("http://www.w3.org/2000/svg"); p != std::string::npos; p = rest.find("http://www.w3.org/2000/svg"))
+  for (auto p = rest.find("http://www.w3.org/2000/svg"); p != std::string::npos;
+       p = rest.find("http://www.w3.org/2000/svg"))
     rest.erase(p, 26);
   EXPECT_EQ(rest.find("http"), std::string::npos);
   EXPECT_NE(html.find("<path fill=\"none\" stroke=\"#4e79a7\""), std::string::npos);  // the loss curve is drawn
@@ -354,7 +365,8 @@ std::size_t lines_in(const std::string& s) { return static_cast<std::size_t>(std
 void expect_one_warning(const std::string& err, const std::string& what, const std::string& path) {
   EXPECT_EQ(lines_in(err), 1u) << err;
   EXPECT_NE(err.find("mnist_mpi: warning: cannot write " + what + " '" + path + "': write: " + std::strerror(ENOSPC)),
-            std::string::npos) << err;
+            std::string::npos)
+      << err;
   EXPECT_NE(err.find("exit with code 7"), std::string::npos) << err;
 }
 
@@ -497,7 +509,8 @@ TEST(TensorBoard, DirectoryThatIsAFifoIsRefusedSayingSo) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ExitCode::kUsage);
     EXPECT_NE(std::string(e.what()).find("--tensorboard-dir '" + fifo + "' is a FIFO (named pipe), not a directory"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   fs::remove_all(dir);
 }
@@ -555,7 +568,8 @@ TEST(Monitor, LostMetricsFileIsReportedOnceListedAndAgreed) {
   ASSERT_EQ(m.lost_outputs().size(), 1u);
   EXPECT_NE(m.lost_outputs()[0].find("the metrics file (--metrics-file) '/dev/full'"), std::string::npos);
   EXPECT_NE(out.find("outputs lost (training finished; exit code 7):\n  the metrics file (--metrics-file) '/dev/full'"),
-            std::string::npos) << out;
+            std::string::npos)
+      << out;
 }
 
 TEST(Monitor, NothingLostWhenEveryOutputIsWritten) {
@@ -596,7 +610,8 @@ TEST(Monitor, MetricsFileThatIsADirectoryOrAFifoIsRefusedAtSetUp) {
       EXPECT_EQ(e.code(), ExitCode::kUsage);
       EXPECT_NE(std::string(e.what()).find("--metrics-file '" + path + "' is " +
                                            (path == fifo ? "a FIFO (named pipe)" : "a directory")),
-                std::string::npos) << e.what();
+                std::string::npos)
+          << e.what();
     }
   }
   fs::remove_all(dir);
@@ -606,11 +621,12 @@ TEST(Monitor, MetricsFileThatIsADirectoryOrAFifoIsRefusedAtSetUp) {
 
 TEST(Json, NumbersAreNullWhenNotFiniteWholeWithoutAFractionElseExact) {
   constexpr double kInf = std::numeric_limits<double>::infinity();
-  const Json j{{"nan", json_number(std::nan(""))}, {"inf", json_number(kInf)}, {"-inf", json_number(-kInf)},
-               {"two", json_number(2.0)}, {"tenth", json_number(0.1)}, {"third", json_number(1.0 / 3.0)},
-               {"big", json_number(1e300)}, {"us", json_number(1234567 / 1e3)}};
-  EXPECT_EQ(json_text(j), "{\"nan\":null,\"inf\":null,\"-inf\":null,\"two\":2,\"tenth\":0.1,"
-                          "\"third\":0.3333333333333333,\"big\":1e+300,\"us\":1234.567}");
+  const Json j{{"nan", json_number(std::nan(""))}, {"inf", json_number(kInf)},        {"-inf", json_number(-kInf)},
+               {"two", json_number(2.0)},          {"tenth", json_number(0.1)},       {"third", json_number(1.0 / 3.0)},
+               {"big", json_number(1e300)},        {"us", json_number(1234567 / 1e3)}};
+  EXPECT_EQ(json_text(j),
+            "{\"nan\":null,\"inf\":null,\"-inf\":null,\"two\":2,\"tenth\":0.1,"
+            "\"third\":0.3333333333333333,\"big\":1e+300,\"us\":1234.567}");
   EXPECT_EQ(json_text(Json(kInf)), "null");  // even a double that did not go through json_number
 }
 
@@ -680,8 +696,9 @@ TEST(Monitor, WritesEveryMetricsEventWithItsMembersInOrder) {
   m.finish(*comm, FinalFacts{});
   EXPECT_EQ(::testing::internal::GetCapturedStdout().find("params_hash"), std::string::npos);  // --quiet
   const std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(err, "mnist_mpi: stopped by SIGTERM after step 4 of 4: checkpoint ck/step-4.ckpt written; rerun with "
-                 "--resume auto to continue (exit code 75)\n");
+  EXPECT_EQ(err,
+            "mnist_mpi: stopped by SIGTERM after step 4 of 4: checkpoint ck/step-4.ckpt written; rerun with "
+            "--resume auto to continue (exit code 75)\n");
   const std::string slurm = ",\"slurm_job_id\":\"42\",\"slurm_job_name\":\"j\",\"slurm_restart_count\":0}";
   const std::vector<std::string> want{
       "{\"event\":\"start\",\"world_size\":1,\"global_batch\":8,\"launcher\":\"srun\"" + slurm,
@@ -694,7 +711,8 @@ TEST(Monitor, WritesEveryMetricsEventWithItsMembersInOrder) {
       "\"peak_rss_mb\":[108.9599609375,100],\"step_ms\":{\"data\":125,\"forward\":62.5,\"backward\":250,"
       "\"exposed_comm\":500,\"optimizer\":31.25},\"reduced_bytes_per_step\":40,\"buckets\":1,\"skipped_steps\":1,"
       "\"params_hash\":\"0123456789abcdef\",\"checkpoints\":{\"written\":2,\"bytes\":1234,\"capture_ms\":1.5,"
-      "\"write_ms\":2.5,\"others_wait_ms\":0.5,\"others_wait_baseline_ms\":0.25}" + slurm};
+      "\"write_ms\":2.5,\"others_wait_ms\":0.5,\"others_wait_baseline_ms\":0.25}" +
+          slurm};
   EXPECT_EQ(lines_of(opt.metrics_file), want);
   fs::remove_all(dir);
 }
@@ -726,7 +744,8 @@ TEST(Monitor, PrintsTheBannerSkippedStepsAndTheFinalReport) {
   m.on_final(some_final_facts());
   const std::string out = ::testing::internal::GetCapturedStdout();
   EXPECT_EQ(out,
-            "mnist_mpi " MNIST_MPI_VERSION ": 1 rank(s), backend cpu, 2 thread(s) per rank\n"
+            "mnist_mpi " MNIST_MPI_VERSION
+            ": 1 rank(s), backend cpu, 2 thread(s) per rank\n"
             "launch: mpirun\n"
             "data: 100 train, 10 validation, 20 test images from d\n"
             "model: fc:10 (7850 parameters)\n"
@@ -760,8 +779,9 @@ TEST(Progress, LinesModePrintsTheLogLineOnly) {
   p.log(4, 2.25, 0.001, 1234.4);
   p.line("epoch 1 step 5: validation accuracy 0.5000 loss 1.0000");
   const std::string out = ::testing::internal::GetCapturedStdout();
-  EXPECT_EQ(out, "epoch 1 step 5/20 loss 2.2500 lr 0.001 1234 img/s\n"
-                 "epoch 1 step 5: validation accuracy 0.5000 loss 1.0000\n");
+  EXPECT_EQ(out,
+            "epoch 1 step 5/20 loss 2.2500 lr 0.001 1234 img/s\n"
+            "epoch 1 step 5: validation accuracy 0.5000 loss 1.0000\n");
 }
 
 TEST(Progress, BarRedrawsAtMostFourTimesASecondAndEndsEachEpochWithANewline) {

@@ -19,7 +19,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const char* kLenet = "conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10";
+const char* kLenet =
+    "conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10";
 const char* kTiny = "conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10";
 
 TEST(Spec, LenetShapesAndCount) {
@@ -50,9 +51,10 @@ TEST(Spec, LenetShapesAndCount) {
 
 TEST(Spec, ParamsInReverseLayerOrderContiguous) {
   const ModelSpec s = parse_model_spec(kLenet, {1, 28, 28}, 10);
-  const std::vector<std::string> names{"10.fc.weight", "10.fc.bias",   "7.fc.weight",  "7.fc.bias",
+  const std::vector<std::string> names{"10.fc.weight",  "10.fc.bias",  "7.fc.weight",   "7.fc.bias",
                                        "3.conv.weight", "3.conv.bias", "0.conv.weight", "0.conv.bias"};
-  const std::vector<std::vector<int>> shapes{{10, 1024}, {10}, {1024, 3136}, {1024}, {64, 32, 5, 5}, {64}, {32, 1, 5, 5}, {32}};
+  const std::vector<std::vector<int>> shapes{{10, 1024},     {10}, {1024, 3136},  {1024},
+                                             {64, 32, 5, 5}, {64}, {32, 1, 5, 5}, {32}};
   ASSERT_EQ(s.params.size(), names.size());
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < s.params.size(); ++i) {
@@ -107,9 +109,9 @@ void expect_usage(const std::string& spec, const std::string& needle, int classe
 }
 
 TEST(Spec, BadSpecsThrowUsageNamingTheToken) {
-  expect_usage("conv:5x5:32,pool:2,flatten,fc:10", "'pool:2'");        // unknown kind
+  expect_usage("conv:5x5:32,pool:2,flatten,fc:10", "'pool:2'");  // unknown kind
   expect_usage("conv:5x5:32,pool:2,flatten,fc:10", "unknown layer kind");
-  expect_usage("conv:5x5,flatten,fc:10", "'conv:5x5'");                // conv without channels
+  expect_usage("conv:5x5,flatten,fc:10", "'conv:5x5'");  // conv without channels
   expect_usage("conv:5x5:0,flatten,fc:10", "'conv:5x5:0'");
   expect_usage("conv:5x5:8:samee,flatten,fc:10", "samee");
   expect_usage("conv:axb:8,flatten,fc:10", "'conv:axb:8'");
@@ -117,11 +119,11 @@ TEST(Spec, BadSpecsThrowUsageNamingTheToken) {
   expect_usage("flatten,dropout:abc,fc:10", "dropout:abc");
   expect_usage("flatten,fc:0,fc:10", "'fc:0'");
   expect_usage("flatten,fc:-3,fc:10", "'fc:-3'");
-  expect_usage("flatten,fc:12", "ends with 12 outputs");               // wrong class count
+  expect_usage("flatten,fc:12", "ends with 12 outputs");  // wrong class count
   expect_usage("flatten,fc:12", "fc:10");
   expect_usage("conv:3x3:8,,flatten,fc:10", "empty layer");
   expect_usage("", "empty layer");
-  expect_usage("maxpool:29,flatten,fc:10", "'maxpool:29'");            // window larger than the input
+  expect_usage("maxpool:29,flatten,fc:10", "'maxpool:29'");  // window larger than the input
   expect_usage("conv:29x29:4:valid,flatten,fc:10", "'conv:29x29:4:valid'");
   expect_usage("relu:2,flatten,fc:10", "'relu:2'");
 }
@@ -168,7 +170,7 @@ TEST(Spec, SizesThatOverflow32BitsAreRefusedNamingTheLayer) {
 // message) and raw. They are quoted, cut to ~80 characters and escaped.
 TEST(Spec, HugeOrBinarySpecTextGivesAShortEscapedMessage) {
   const std::string huge(1 << 20, 'q');  // 1 MB: 10 MB took 106 s under AddressSanitizer
-  std::string relus = "flatten,fc:12";  // ends with 12 outputs: the whole text is echoed
+  std::string relus = "flatten,fc:12";   // ends with 12 outputs: the whole text is echoed
   while (relus.size() < huge.size()) relus += ",relu";
   for (const std::string& spec : {"conv:3x3:8," + huge + ",fc:10", "fc:" + huge, huge + ",,fc:10", relus}) {
     const std::string msg = usage_error(spec);
@@ -184,7 +186,7 @@ TEST(Spec, MemoryEstimateCountsStateAndActivations) {
   const ModelSpec s = parse_model_spec("flatten,fc:10", {1, 2, 2}, 10);  // 4 * 10 + 10 = 50 parameters
   MemoryEstimate e = estimate_model_memory(s, 3, 5, /*adam=*/true, /*rank0=*/true);
   EXPECT_FALSE(e.overflow);
-  EXPECT_EQ(e.state_bytes, 50 * 4 * 4);                      // params, grads, two moments
+  EXPECT_EQ(e.state_bytes, 50 * 4 * 4);                                   // params, grads, two moments
   EXPECT_EQ(e.activation_bytes, (3 + 5) * 4 * 4 + (2 * 3 + 5) * 10 * 4);  // input; fc output and its gradient
   EXPECT_EQ(e.total_bytes, 800 + 128 + 440);
   EXPECT_EQ(e.largest_layer, 1);

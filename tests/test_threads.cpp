@@ -21,7 +21,8 @@
 namespace mnist_mpi {
 namespace {
 
-constexpr const char* kSmall = "conv:3x3:4:same,relu,maxpool:2,conv:3x3:8:same,relu,maxpool:2,flatten,fc:32,relu,dropout:0.5,fc:10";
+constexpr const char* kSmall =
+    "conv:3x3:4:same,relu,maxpool:2,conv:3x3:8:same,relu,maxpool:2,flatten,fc:32,relu,dropout:0.5,fc:10";
 
 struct Fired {
   std::mutex m;
@@ -146,7 +147,8 @@ TEST(RanksAgree, SameDescriptionPassesAndADifferenceIsNamed) {
     EXPECT_EQ(e.code(), ExitCode::kUsage);
   }
   if (odd) {
-    EXPECT_NE(message.find("rank " + std::to_string(c->rank()) + " does not run the same job as rank 0: "
+    EXPECT_NE(message.find("rank " + std::to_string(c->rank()) +
+                           " does not run the same job as rank 0: "
                            "extra = 1 here, (not set) on rank 0; seed = 43 here, 42 on rank 0"),
               std::string::npos)
         << message;

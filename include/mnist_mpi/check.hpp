@@ -1,7 +1,7 @@
 // One error type and one family of check macros for every library we call (MPI, oneDNN, zlib,
 // the C runtime, and CUDA, cuDNN, cuBLAS, NCCL in the CUDA backend: those macros expand only
-// where their library's header is included). Library code throws mnist_mpi::Error; main() catches it, reports it once and
-// makes sure every rank ends (see Note [Ending every rank] in src/main.cpp).
+// where their library's header is included). Library code throws mnist_mpi::Error; main() catches it, reports it once
+// and makes sure every rank ends (see Note [Ending every rank] in src/main.cpp).
 #pragma once
 
 #include <cstddef>
@@ -16,16 +16,16 @@ namespace mnist_mpi {
 // Exit codes, documented in docs/faults.md ("Exit codes").
 enum class ExitCode : int {
   kOk = 0,
-  kRuntime = 1,      // an error while training (a library call failed, a rank died)
-  kUsage = 2,        // a bad option or value
-  kData = 3,         // a missing or corrupt data file
-  kCheckpoint = 4,   // a missing, corrupt or mismatched checkpoint (the last good one is kept)
-  kNumerical = 5,    // a non-finite loss or gradient
-  kDevice = 6,       // no usable GPU for --device cuda, or more ranks on a node than GPUs
-  kOutput = 7,       // training finished, but an output (metrics, TensorBoard, timeline, report, progress)
-                     // could not be written (Note [When an output cannot be written])
-  kPreempted = 75,   // stopped by SIGTERM / SIGINT / SIGUSR1 after writing a checkpoint: rerun with
-                     // --resume auto (75 is EX_TEMPFAIL: a temporary failure, try again)
+  kRuntime = 1,     // an error while training (a library call failed, a rank died)
+  kUsage = 2,       // a bad option or value
+  kData = 3,        // a missing or corrupt data file
+  kCheckpoint = 4,  // a missing, corrupt or mismatched checkpoint (the last good one is kept)
+  kNumerical = 5,   // a non-finite loss or gradient
+  kDevice = 6,      // no usable GPU for --device cuda, or more ranks on a node than GPUs
+  kOutput = 7,      // training finished, but an output (metrics, TensorBoard, timeline, report, progress)
+                    // could not be written (Note [When an output cannot be written])
+  kPreempted = 75,  // stopped by SIGTERM / SIGINT / SIGUSR1 after writing a checkpoint: rerun with
+                    // --resume auto (75 is EX_TEMPFAIL: a temporary failure, try again)
 };
 
 class Error : public std::runtime_error {
@@ -68,72 +68,70 @@ std::optional<std::int64_t> checked_add(std::int64_t a, std::int64_t b);
 }  // namespace mnist_mpi
 
 // Runtime checks stay on in every build type.
-#define MNIST_CHECK(cond, code, msg)                                            \
-  do {                                                                          \
-    if (!(cond)) ::mnist_mpi::throw_error((code), (msg));                       \
+#define MNIST_CHECK(cond, code, msg)                      \
+  do {                                                    \
+    if (!(cond)) ::mnist_mpi::throw_error((code), (msg)); \
   } while (0)
 
-#define MPI_CHECK(stmt)                                                                    \
-  do {                                                                                     \
-    int mnist_mpi_rc_ = (stmt);                                                            \
-    if (mnist_mpi_rc_ != 0 /* MPI_SUCCESS */)                                              \
-      ::mnist_mpi::throw_call_error("MPI", #stmt, __FILE__, __LINE__,                      \
-                                    ::mnist_mpi::mpi_error_string(mnist_mpi_rc_));         \
+#define MPI_CHECK(stmt)                                                                                              \
+  do {                                                                                                               \
+    int mnist_mpi_rc_ = (stmt);                                                                                      \
+    if (mnist_mpi_rc_ != 0 /* MPI_SUCCESS */)                                                                        \
+      ::mnist_mpi::throw_call_error("MPI", #stmt, __FILE__, __LINE__, ::mnist_mpi::mpi_error_string(mnist_mpi_rc_)); \
   } while (0)
 
 // The CUDA family. Each reports the statement, file:line and the library's own error name and
 // string; main() prefixes the rank and host. Used only in src/backend/cuda/, which includes the
 // libraries' headers.
-#define CUDA_CHECK(stmt)                                                                      \
-  do {                                                                                        \
-    const cudaError_t mnist_cuda_rc_ = (stmt);                                                \
-    if (mnist_cuda_rc_ != cudaSuccess)                                                        \
-      ::mnist_mpi::throw_call_error("CUDA", #stmt, __FILE__, __LINE__,                        \
-                                    std::string(cudaGetErrorName(mnist_cuda_rc_)) + ": " +    \
-                                        cudaGetErrorString(mnist_cuda_rc_));                  \
+#define CUDA_CHECK(stmt)                                                                              \
+  do {                                                                                                \
+    const cudaError_t mnist_cuda_rc_ = (stmt);                                                        \
+    if (mnist_cuda_rc_ != cudaSuccess)                                                                \
+      ::mnist_mpi::throw_call_error(                                                                  \
+          "CUDA", #stmt, __FILE__, __LINE__,                                                          \
+          std::string(cudaGetErrorName(mnist_cuda_rc_)) + ": " + cudaGetErrorString(mnist_cuda_rc_)); \
   } while (0)
 
 // After a kernel launch: a bad configuration shows up here, a fault at the next synchronisation.
-#define CUDA_CHECK_LAUNCH(kernel_name)                                                        \
-  do {                                                                                        \
-    const cudaError_t mnist_cuda_rc_ = cudaPeekAtLastError();                                 \
-    if (mnist_cuda_rc_ != cudaSuccess)                                                        \
-      ::mnist_mpi::throw_call_error("CUDA", "launch of " #kernel_name, __FILE__, __LINE__,    \
-                                    std::string(cudaGetErrorName(mnist_cuda_rc_)) + ": " +    \
-                                        cudaGetErrorString(mnist_cuda_rc_));                  \
+#define CUDA_CHECK_LAUNCH(kernel_name)                                                                \
+  do {                                                                                                \
+    const cudaError_t mnist_cuda_rc_ = cudaPeekAtLastError();                                         \
+    if (mnist_cuda_rc_ != cudaSuccess)                                                                \
+      ::mnist_mpi::throw_call_error(                                                                  \
+          "CUDA", "launch of " #kernel_name, __FILE__, __LINE__,                                      \
+          std::string(cudaGetErrorName(mnist_cuda_rc_)) + ": " + cudaGetErrorString(mnist_cuda_rc_)); \
   } while (0)
 
-#define CUDNN_CHECK(stmt)                                                                     \
-  do {                                                                                        \
-    const cudnnStatus_t mnist_cudnn_rc_ = (stmt);                                             \
-    if (mnist_cudnn_rc_ != CUDNN_STATUS_SUCCESS) {                                            \
-      char mnist_cudnn_last_[512] = {0};                                                      \
-      cudnnGetLastErrorString(mnist_cudnn_last_, sizeof mnist_cudnn_last_);                   \
-      ::mnist_mpi::throw_call_error("cuDNN", #stmt, __FILE__, __LINE__,                       \
-                                    std::string(cudnnGetErrorString(mnist_cudnn_rc_)) +       \
-                                        (mnist_cudnn_last_[0] ? std::string(" (") +           \
-                                             mnist_cudnn_last_ + ")" : std::string()));       \
-    }                                                                                         \
+#define CUDNN_CHECK(stmt)                                                                            \
+  do {                                                                                               \
+    const cudnnStatus_t mnist_cudnn_rc_ = (stmt);                                                    \
+    if (mnist_cudnn_rc_ != CUDNN_STATUS_SUCCESS) {                                                   \
+      char mnist_cudnn_last_[512] = {0};                                                             \
+      cudnnGetLastErrorString(mnist_cudnn_last_, sizeof mnist_cudnn_last_);                          \
+      ::mnist_mpi::throw_call_error(                                                                 \
+          "cuDNN", #stmt, __FILE__, __LINE__,                                                        \
+          std::string(cudnnGetErrorString(mnist_cudnn_rc_)) +                                        \
+              (mnist_cudnn_last_[0] ? std::string(" (") + mnist_cudnn_last_ + ")" : std::string())); \
+    }                                                                                                \
   } while (0)
 
-#define CUBLAS_CHECK(stmt)                                                                    \
-  do {                                                                                        \
-    const cublasStatus_t mnist_cublas_rc_ = (stmt);                                           \
-    if (mnist_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                            \
-      ::mnist_mpi::throw_call_error("cuBLAS", #stmt, __FILE__, __LINE__,                      \
-                                    std::string(cublasGetStatusName(mnist_cublas_rc_)) +      \
-                                        ": " + cublasGetStatusString(mnist_cublas_rc_));      \
+#define CUBLAS_CHECK(stmt)                                                                                      \
+  do {                                                                                                          \
+    const cublasStatus_t mnist_cublas_rc_ = (stmt);                                                             \
+    if (mnist_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                                              \
+      ::mnist_mpi::throw_call_error(                                                                            \
+          "cuBLAS", #stmt, __FILE__, __LINE__,                                                                  \
+          std::string(cublasGetStatusName(mnist_cublas_rc_)) + ": " + cublasGetStatusString(mnist_cublas_rc_)); \
   } while (0)
 
-#define NCCL_CHECK(stmt)                                                                      \
-  do {                                                                                        \
-    const ncclResult_t mnist_nccl_rc_ = (stmt);                                               \
-    if (mnist_nccl_rc_ != ncclSuccess) {                                                                       \
-      const char* mnist_nccl_last_ = ncclGetLastError(nullptr);                               \
-      ::mnist_mpi::throw_call_error("NCCL", #stmt, __FILE__, __LINE__,                        \
-                                    std::string(ncclGetErrorString(mnist_nccl_rc_)) +         \
-                                        (mnist_nccl_last_ && *mnist_nccl_last_                \
-                                             ? std::string(" (") + mnist_nccl_last_ + ")"     \
-                                             : std::string()));                               \
-    }                                                                                         \
+#define NCCL_CHECK(stmt)                                                                                             \
+  do {                                                                                                               \
+    const ncclResult_t mnist_nccl_rc_ = (stmt);                                                                      \
+    if (mnist_nccl_rc_ != ncclSuccess) {                                                                             \
+      const char* mnist_nccl_last_ = ncclGetLastError(nullptr);                                                      \
+      ::mnist_mpi::throw_call_error(                                                                                 \
+          "NCCL", #stmt, __FILE__, __LINE__,                                                                         \
+          std::string(ncclGetErrorString(mnist_nccl_rc_)) +                                                          \
+              (mnist_nccl_last_ && *mnist_nccl_last_ ? std::string(" (") + mnist_nccl_last_ + ")" : std::string())); \
+    }                                                                                                                \
   } while (0)

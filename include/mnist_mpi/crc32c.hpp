@@ -13,8 +13,6 @@ namespace mnist_mpi {
 std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t crc = 0);
 
 // TFRecord's masked form: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
-inline std::uint32_t crc32c_masked(std::uint32_t crc) {
-  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
-}
+inline std::uint32_t crc32c_masked(std::uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
 
 }  // namespace mnist_mpi

@@ -25,7 +25,7 @@ MNIST_MPI_HD inline std::uint64_t mix(std::uint64_t z) {
 
 // Hash of an ordered tuple of keys.
 MNIST_MPI_HD inline std::uint64_t key(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0, std::uint64_t d = 0,
-                         std::uint64_t e = 0) {
+                                      std::uint64_t e = 0) {
   std::uint64_t h = mix(a);
   h = mix(h ^ b);
   h = mix(h ^ c);
@@ -36,7 +36,9 @@ MNIST_MPI_HD inline std::uint64_t key(std::uint64_t a, std::uint64_t b, std::uin
 // Uniform in [0, 1) with 24 bits: exact in float.
 MNIST_MPI_HD inline float uniform(std::uint64_t h) { return static_cast<float>(h >> 40) * (1.0f / 16777216.0f); }
 // Uniform in (0, 1) with 53 bits.
-MNIST_MPI_HD inline double uniform_open(std::uint64_t h) { return (static_cast<double>(h >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+MNIST_MPI_HD inline double uniform_open(std::uint64_t h) {
+  return (static_cast<double>(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
 
 // Dropout, on both backends (Note [Dropout masks do not depend on the rank]): the key of one
 // sample's mask, from the seed, the global step, the sample's position in the global batch and

@@ -18,8 +18,8 @@ namespace mnist_mpi {
 inline constexpr int kCudaModuleAbi = 2;  // 2: the communicators are made by the backend
 
 struct CudaModule {
-  int abi;                  // kCudaModuleAbi
-  std::size_t table_size;   // sizeof(CudaModule)
+  int abi;                 // kCudaModuleAbi
+  std::size_t table_size;  // sizeof(CudaModule)
   GpuProbe (*probe_gpus)();
   std::string (*describe_gpu)(int gpu);
   std::unique_ptr<Backend> (*make_backend)(int gpu, bool tf32);

@@ -44,8 +44,8 @@ DeviceChoice choose_device(const std::string& requested, bool built, const GpuPr
   c.cuda = true;
   c.gpu = local_rank % gpus.count;
   if (requested == "auto")
-    c.note = "--device auto: " + std::to_string(gpus.count) + " GPU(s) visible, running on CUDA (GPU = node-local rank mod " +
-             std::to_string(gpus.count) + ")";
+    c.note = "--device auto: " + std::to_string(gpus.count) +
+             " GPU(s) visible, running on CUDA (GPU = node-local rank mod " + std::to_string(gpus.count) + ")";
   return c;
 }
 
@@ -117,7 +117,9 @@ GpuProbe probe_gpus() {
 
 std::string describe_gpu(int gpu) { return require_module().describe_gpu(gpu); }
 
-std::unique_ptr<Backend> make_cuda_backend(int device, bool tf32) { return require_module().make_backend(device, tf32); }
+std::unique_ptr<Backend> make_cuda_backend(int device, bool tf32) {
+  return require_module().make_backend(device, tf32);
+}
 
 bool cuda_module_loaded() {
   void* h = dlopen(module_path().c_str(), RTLD_LAZY | RTLD_NOLOAD);  // a handle only if it is mapped already

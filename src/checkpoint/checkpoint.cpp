@@ -15,8 +15,8 @@
 #include <limits>
 
 #include "mnist_mpi/check.hpp"
-#include "mnist_mpi/io/file_kind.hpp"
 #include "mnist_mpi/crc32c.hpp"
+#include "mnist_mpi/io/file_kind.hpp"
 
 namespace mnist_mpi {
 
@@ -59,8 +59,8 @@ struct Appender {
 };
 
 std::uint32_t section_crc(const std::uint8_t* header, std::span<const std::uint8_t> payload) {
-  std::uint32_t c = crc32c(header, 4);          // tag
-  c = crc32c(header + 8, 8, c);                 // length
+  std::uint32_t c = crc32c(header, 4);  // tag
+  c = crc32c(header + 8, 8, c);         // length
   return crc32c(payload.data(), payload.size(), c);
 }
 
@@ -212,10 +212,14 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
     std::size_t* at;
   };
   std::size_t spec_at = 0, conf_at = 0, pidx_at = 0, end_at = 0;
-  const Part parts[] = {{"META", kCheckpointMetaBytes, &meta_at_}, {"SPEC", spec_p.size(), &spec_at},
-                        {"CONF", conf_p.size(), &conf_at},         {"PIDX", pidx_p.size(), &pidx_at},
-                        {"PARM", tensor_bytes, &parm_at_},         {"MOM1", tensor_bytes, &mom1_at_},
-                        {"MOM2", second_ ? tensor_bytes : 0, &mom2_at_}, {"END ", 16, &end_at}};
+  const Part parts[] = {{"META", kCheckpointMetaBytes, &meta_at_},
+                        {"SPEC", spec_p.size(), &spec_at},
+                        {"CONF", conf_p.size(), &conf_at},
+                        {"PIDX", pidx_p.size(), &pidx_at},
+                        {"PARM", tensor_bytes, &parm_at_},
+                        {"MOM1", tensor_bytes, &mom1_at_},
+                        {"MOM2", second_ ? tensor_bytes : 0, &mom2_at_},
+                        {"END ", 16, &end_at}};
   std::size_t size = kHeaderBytes;
   for (const Part& p : parts) {
     *p.at = size;
@@ -279,8 +283,8 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
                                            " only: use the mnist_mpi that wrote it, or another checkpoint");
 
   Checkpoint ck;
-  bool seen_meta = false, seen_spec = false, seen_conf = false, seen_pidx = false, seen_parm = false,
-       seen_mom1 = false, seen_mom2 = false, seen_end = false;
+  bool seen_meta = false, seen_spec = false, seen_conf = false, seen_pidx = false, seen_parm = false, seen_mom1 = false,
+       seen_mom2 = false, seen_end = false;
   std::span<const std::uint8_t> parm, mom1, mom2;
   std::uint64_t sections = 0;
   std::size_t at = kHeaderBytes;
@@ -383,15 +387,22 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
     at += kSectionHeaderBytes + pad8(static_cast<std::size_t>(length));
   }
   if (at != size) corrupt(name, std::to_string(size - at) + " bytes follow the END section");
-  const char* missing = !seen_meta ? "META" : !seen_spec ? "SPEC" : !seen_conf ? "CONF" : !seen_pidx ? "PIDX"
-                        : !seen_parm ? "PARM" : !seen_mom1 ? "MOM1" : !seen_mom2 ? "MOM2" : nullptr;
+  const char* missing = !seen_meta   ? "META"
+                        : !seen_spec ? "SPEC"
+                        : !seen_conf ? "CONF"
+                        : !seen_pidx ? "PIDX"
+                        : !seen_parm ? "PARM"
+                        : !seen_mom1 ? "MOM1"
+                        : !seen_mom2 ? "MOM2"
+                                     : nullptr;
   if (missing) corrupt(name, std::string("it has no '") + missing + "' section");
 
   // The parts must agree with each other.
   const CheckpointMeta& m = ck.meta;
   const std::int64_t n = m.param_count;
   if (n <= 0 || static_cast<std::uint64_t>(n) * sizeof(float) != parm.size())
-    corrupt(name, "META says " + std::to_string(n) + " parameters, PARM holds " + std::to_string(parm.size()) + " bytes");
+    corrupt(name,
+            "META says " + std::to_string(n) + " parameters, PARM holds " + std::to_string(parm.size()) + " bytes");
   if (mom1.size() != parm.size()) corrupt(name, "MOM1 is not the size of PARM");
   if (m.optimizer_kind > 1) corrupt(name, "unknown optimiser kind " + std::to_string(m.optimizer_kind));
   if (mom2.size() != (m.optimizer_kind == 0 ? parm.size() : 0))
@@ -403,15 +414,16 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
   if (m.steps_per_epoch <= 0 || m.global_batch <= 0 || m.step < 0 || m.optimizer_steps < 0 ||
       __builtin_mul_overflow(m.steps_per_epoch, m.global_batch, &epoch_images) || epoch_images > m.train_count ||
       m.epoch != m.step / m.steps_per_epoch || m.sampler_epoch != m.epoch ||
-      __builtin_mul_overflow(m.step % m.steps_per_epoch, m.global_batch, &position) ||
-      m.sampler_position != position || m.dropout_step != m.step)
+      __builtin_mul_overflow(m.step % m.steps_per_epoch, m.global_batch, &position) || m.sampler_position != position ||
+      m.dropout_step != m.step)
     corrupt(name, "its step, epoch, sampler position and RNG counters disagree with each other");
   std::int64_t expect = 0;
   for (const CheckpointTensor& t : ck.tensors) {  // contiguous, in order, covering [0, n)
     if (t.offset != expect) corrupt(name, "tensor '" + t.name + "' is not where the previous one ends");
     expect += t.size;
   }
-  if (expect != n) corrupt(name, "its tensors cover " + std::to_string(expect) + " of " + std::to_string(n) + " parameters");
+  if (expect != n)
+    corrupt(name, "its tensors cover " + std::to_string(expect) + " of " + std::to_string(n) + " parameters");
 
   const auto copy = [](std::span<const std::uint8_t> s, std::vector<float>& out) {
     out.resize(s.size() / sizeof(float));
@@ -484,8 +496,10 @@ void write_file_atomically(const std::string& dir, const std::string& name, std:
   auto fail = [&](const std::string& what, int e) {
     ::unlink(tmp.c_str());
     std::string fix = "check the directory";
-    if (e == ENOSPC || e == EDQUOT || e == EFBIG) fix = "free disk space (or raise the quota / file size limit)";
-    else if (e == EACCES || e == EPERM || e == EROFS) fix = "make it writable";
+    if (e == ENOSPC || e == EDQUOT || e == EFBIG)
+      fix = "free disk space (or raise the quota / file size limit)";
+    else if (e == EACCES || e == EPERM || e == EROFS)
+      fix = "make it writable";
     throw_error(ExitCode::kCheckpoint, "cannot write checkpoint '" + final_path + "': " + what + ": " + errno_text(e) +
                                            "; the previous checkpoints in '" + dir + "' are untouched; " + fix +
                                            " or choose another --checkpoint-dir, then rerun with --resume auto");
@@ -501,8 +515,8 @@ void write_file_atomically(const std::string& dir, const std::string& name, std:
   while (done < bytes.size()) {
     const ssize_t r = ::write(f.fd, bytes.data() + done, bytes.size() - done);
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) fail("write failed after " + std::to_string(done) + " of " + std::to_string(bytes.size()) + " bytes",
-                    errno);
+    if (r < 0)
+      fail("write failed after " + std::to_string(done) + " of " + std::to_string(bytes.size()) + " bytes", errno);
     done += static_cast<std::size_t>(r);
   }
   if (::fsync(f.fd) != 0) fail("fsync failed", errno);

@@ -33,9 +33,7 @@ namespace fs = std::filesystem;
 namespace mnist_mpi {
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 void warn(const std::string& msg) {
   std::fflush(stdout);
@@ -52,11 +50,12 @@ std::string config_for_checkpoint(const std::string& resolved, std::int64_t glob
   std::istringstream in(resolved);
   std::string line, out;
   while (std::getline(in, line)) {
-    if (line.rfind("resume = ", 0) == 0 || line.rfind("data-dir = ", 0) == 0 ||
-        line.rfind("checkpoint-dir = ", 0) == 0)
+    if (line.rfind("resume = ", 0) == 0 || line.rfind("data-dir = ", 0) == 0 || line.rfind("checkpoint-dir = ", 0) == 0)
       continue;
-    if (line.rfind("global-batch-size = ", 0) == 0) line = "global-batch-size = " + std::to_string(global_batch);
-    else if (line.rfind("batch-size = ", 0) == 0) line = "batch-size = " + std::to_string(per_rank_batch);
+    if (line.rfind("global-batch-size = ", 0) == 0)
+      line = "global-batch-size = " + std::to_string(global_batch);
+    else if (line.rfind("batch-size = ", 0) == 0)
+      line = "batch-size = " + std::to_string(per_rank_batch);
     out += line + "\n";
   }
   return out;
@@ -90,7 +89,6 @@ std::vector<std::string> list_temporaries(const std::string& dir) {
   std::sort(out.begin(), out.end());
   return out;
 }
-
 
 // Note [One job per checkpoint directory]
 // Two jobs on one --checkpoint-dir (a job submitted twice, a requeued job while the old one is
@@ -126,8 +124,8 @@ int lock_checkpoint_dir(const std::string& dir) {
     if (e != EWOULDBLOCK)
       throw_error(ExitCode::kCheckpoint, "cannot lock the checkpoint directory " + quote_input(dir) + ": " +
                                              std::strerror(e) + "; choose another --checkpoint-dir");
-    throw_error(ExitCode::kCheckpoint, "the checkpoint directory " + quote_input(dir) +
-                                           " is in use by another job (" + (who.empty() ? "holder unknown" : quote_input(who, 160)) +
+    throw_error(ExitCode::kCheckpoint, "the checkpoint directory " + quote_input(dir) + " is in use by another job (" +
+                                           (who.empty() ? "holder unknown" : quote_input(who, 160)) +
                                            "); wait for it to end, or give this job another --checkpoint-dir");
   }
   char host[256] = {0};
@@ -160,7 +158,8 @@ Checkpointer::Checkpointer(const Options& options, Communicator& comm, const Che
     // the holder of the lock gets here, so no other job's write is in flight.
     for (const std::string& t : list_temporaries(dir_)) {
       fs::remove(fs::path(dir_) / t, ec);
-      if (!opt_.quiet) std::cout << "checkpoint: removed '" << dir_ << "/" << t << "', left by a write that did not finish\n";
+      if (!opt_.quiet)
+        std::cout << "checkpoint: removed '" << dir_ << "/" << t << "', left by a write that did not finish\n";
     }
     // Find out now, not after hours of training, whether the directory takes a file.
     const std::string probe = ".mnist_mpi-write-test";
@@ -171,12 +170,13 @@ Checkpointer::Checkpointer(const Options& options, Communicator& comm, const Che
       throw_error(ExitCode::kCheckpoint, "the checkpoint directory '" + dir_ + "' is not writable (" + e.what() + ")");
     }
     fs::remove(fs::path(dir_) / probe, ec);
-    encoder_ = std::make_unique<CheckpointEncoder>(*run_.spec, config_for_checkpoint(opt_.resolved, run_.global_batch, per_rank_batch()),
-                                                   opt_.optimizer.kind == "adam");
+    encoder_ = std::make_unique<CheckpointEncoder>(
+        *run_.spec, config_for_checkpoint(opt_.resolved, run_.global_batch, per_rank_batch()),
+        opt_.optimizer.kind == "adam");
     stats_.bytes = static_cast<double>(encoder_->size());
   }
   if (!opt_.resume.empty()) find_resume_checkpoint();  // may refuse: no thread runs yet
-  if (!dir_.empty() && opt_.checkpoint_async) {         // last (Note [Threads are joined on every path])
+  if (!dir_.empty() && opt_.checkpoint_async) {        // last (Note [Threads are joined on every path])
     thread_.start([this] { writer_loop(); }, mu_, quit_, cv_);
     fault_after_thread_start("checkpoint-writer", comm_.rank());
   }
@@ -251,7 +251,8 @@ std::string Checkpointer::check_compatible(const Checkpoint& ck, const std::stri
                                            ", past the end of this run (" + std::to_string(run_.total_steps) +
                                            " steps): raise --max-steps or --epochs to train on from it");
   // Everything else may change on resume; say what did.
-  const auto a = key_value_lines(ck.config), b = key_value_lines(config_for_checkpoint(opt_.resolved, run_.global_batch, per_rank_batch()));
+  const auto a = key_value_lines(ck.config),
+             b = key_value_lines(config_for_checkpoint(opt_.resolved, run_.global_batch, per_rank_batch()));
   std::string diff;
   for (const auto& [k, v] : b) {
     const auto it = a.find(k);
@@ -288,8 +289,8 @@ std::int64_t Checkpointer::restore(float* params, Optimizer& optimizer) {
 // (exit 4); a write error ends every rank with exit 4 and rank 0's message. The allreduce is 16
 // bytes, a few microseconds, next to a step's gradient reduction.
 bool Checkpointer::after_step(const StepEnd& s) {
-  const bool due = !dir_.empty() && (s.last || s.epoch_end ||
-                                     (opt_.checkpoint_every > 0 && s.step % opt_.checkpoint_every == 0));
+  const bool due =
+      !dir_.empty() && (s.last || s.epoch_end || (opt_.checkpoint_every > 0 && s.step % opt_.checkpoint_every == 0));
   if (due) s.source->settle();  // every rank: `due` does not depend on the rank
   if (rank0_ && due) write(s);
   std::int64_t flags[2] = {preemption_signal(), 0};
@@ -307,7 +308,7 @@ bool Checkpointer::after_step(const StepEnd& s) {
     others_base_s_ += waited;
     ++others_base_n_;
   }
-  if (flags[1] != 0) agree_on_errors();  // throws on every rank
+  if (flags[1] != 0) agree_on_errors();       // throws on every rank
   if (flags[0] == 0 || s.last) return false;  // a signal during the last step: the run is done anyway
   stop_signal_ = static_cast<int>(flags[0]);
   if (!dir_.empty()) s.source->settle();

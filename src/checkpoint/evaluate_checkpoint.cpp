@@ -85,10 +85,11 @@ CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& spli
     float* x = model.input();  // (eb, 1, 28, 28)
     const std::uint8_t* src = split.image(first);
     for (std::int64_t k = 0; k < n * pixels; ++k) x[k] = static_cast<float>(src[k]) * (1.0f / 255.0f);
-    for (std::int64_t i = 0; i < n; ++i) labels[static_cast<std::size_t>(i)] = split.labels[static_cast<std::size_t>(first + i)];
+    for (std::int64_t i = 0; i < n; ++i)
+      labels[static_cast<std::size_t>(i)] = split.labels[static_cast<std::size_t>(first + i)];
     model.forward(ctx);
-    const LossStats s = backend->softmax_cross_entropy(model.logits(), labels.data(), static_cast<int>(n), classes,
-                                                       nullptr, 0.0f);
+    const LossStats s =
+        backend->softmax_cross_entropy(model.logits(), labels.data(), static_cast<int>(n), classes, nullptr, 0.0f);
     loss += s.loss_sum;
     correct += s.correct;
     const float* logits = model.logits();  // (eb, classes), host memory on the CPU backend
@@ -110,16 +111,17 @@ int evaluate_checkpoint_main(int argc, char** argv) {
   std::int64_t batch = 250;
   int threads = 0;
   po::options_description desc(
-      "mnist_mpi " MNIST_MPI_VERSION " evaluate - accuracy, loss and confusion matrix of a checkpoint.\n"
+      "mnist_mpi " MNIST_MPI_VERSION
+      " evaluate - accuracy, loss and confusion matrix of a checkpoint.\n"
       "Usage: mnist_mpi evaluate --checkpoint FILE|DIR [options] (one process, no mpirun)\nOptions");
-  desc.add_options()
-      ("help,h", "print this help and exit")
-      ("checkpoint", po::value(&checkpoint), "checkpoint file, or a --checkpoint-dir (its newest valid checkpoint)")
-      ("data-dir", po::value(&data_dir)->default_value(data_dir), "directory with the four MNIST IDX files")
-      ("split", po::value(&split_name)->default_value(split_name), "test | validation (the validation split of the checkpoint's run)")
-      ("eval-batch-size", po::value(&batch)->default_value(batch), "images per evaluation batch")
-      ("threads", po::value(&threads)->default_value(threads), "threads (0 = all cores)")
-      ("show-config", "print the checkpoint's state and the options of the run that wrote it, then exit");
+  desc.add_options()("help,h", "print this help and exit")(
+      "checkpoint", po::value(&checkpoint), "checkpoint file, or a --checkpoint-dir (its newest valid checkpoint)")(
+      "data-dir", po::value(&data_dir)->default_value(data_dir), "directory with the four MNIST IDX files")(
+      "split", po::value(&split_name)->default_value(split_name),
+      "test | validation (the validation split of the checkpoint's run)")(
+      "eval-batch-size", po::value(&batch)->default_value(batch), "images per evaluation batch")(
+      "threads", po::value(&threads)->default_value(threads), "threads (0 = all cores)")(
+      "show-config", "print the checkpoint's state and the options of the run that wrote it, then exit");
   try {
     po::variables_map vm;
     try {
@@ -143,11 +145,12 @@ int evaluate_checkpoint_main(int argc, char** argv) {
                 static_cast<long long>(m.step), static_cast<long long>(m.total_steps), static_cast<long long>(m.epoch),
                 ck.spec.c_str(), static_cast<long long>(m.param_count));
     if (vm.count("show-config")) {
-      std::printf("global batch %lld, seed %llu, %lld ranks, optimiser %s (%lld steps), next lr %.6g, "
-                  "validation accuracy %.4f\noptions of the run that wrote it:\n%s",
-                  static_cast<long long>(m.global_batch), static_cast<unsigned long long>(m.seed),
-                  static_cast<long long>(m.world_size), m.optimizer_kind == 0 ? "adam" : "sgd",
-                  static_cast<long long>(m.optimizer_steps), m.next_lr, m.validation_accuracy, ck.config.c_str());
+      std::printf(
+          "global batch %lld, seed %llu, %lld ranks, optimiser %s (%lld steps), next lr %.6g, "
+          "validation accuracy %.4f\noptions of the run that wrote it:\n%s",
+          static_cast<long long>(m.global_batch), static_cast<unsigned long long>(m.seed),
+          static_cast<long long>(m.world_size), m.optimizer_kind == 0 ? "adam" : "sgd",
+          static_cast<long long>(m.optimizer_steps), m.next_lr, m.validation_accuracy, ck.config.c_str());
       return 0;
     }
     const std::int64_t val = std::stoll(config_value(ck.config, "validation-size", "5000"));

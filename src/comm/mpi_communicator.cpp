@@ -54,12 +54,11 @@ int provided_thread_level() {
 // The thread shares its core with the compute thread (one rank per core, --bind-to core): idle, it
 // sleeps on a condition variable; waiting for a peer, it polls MPI_Testsome and, after a few
 // empty polls, naps between polls (20 us, doubling up to 100 us while nothing arrives), so a rank
-// that is ahead of its peer does not take half of its core from backward by spinning. The polling itself is where shared-memory transfers make
-// progress, so it cannot stop altogether. Once the caller blocks in wait(), the core has nothing
-// else to do and the thread polls without sleeping: that is the exposed part of the step.
-// MPI must provide MPI_THREAD_MULTIPLE (init_mpi() asks for it; Debian's Open MPI does). With a
-// lower level there is no thread: the sums run inside wait() on the caller's thread, and
-// progress_mode() says so.
+// that is ahead of its peer does not take half of its core from backward by spinning. The polling itself is where
+// shared-memory transfers make progress, so it cannot stop altogether. Once the caller blocks in wait(), the core has
+// nothing else to do and the thread polls without sleeping: that is the exposed part of the step. MPI must provide
+// MPI_THREAD_MULTIPLE (init_mpi() asks for it; Debian's Open MPI does). With a lower level there is no thread: the sums
+// run inside wait() on the caller's thread, and progress_mode() says so.
 
 // Note [Sums in rank order]
 // Every element is summed by one owner rank in ascending rank order, ((g0 + g1) + g2) + ..., so
@@ -71,9 +70,9 @@ int provided_thread_level() {
 // sum runs on data still in cache, and overlaps the transfer of the next segments) and sends the
 // summed segment to every peer at once (allgather). Same bytes on the wire as a ring allreduce,
 // 2 (W-1)/W of the buffer per rank, and no copy of a rank's own contribution.
-constexpr std::int64_t kSegment = 1 << 18;     // floats: 1 MiB (measured: 256 KiB-1 MiB alike, 64 KiB slower)
-constexpr std::int64_t kMaxSegments = 8192;    // per chunk; tags [0, kMaxSegments) and
-constexpr int kGatherTag = 16384;              // [kGatherTag, kGatherTag + kMaxSegments) < 32767
+constexpr std::int64_t kSegment = 1 << 18;   // floats: 1 MiB (measured: 256 KiB-1 MiB alike, 64 KiB slower)
+constexpr std::int64_t kMaxSegments = 8192;  // per chunk; tags [0, kMaxSegments) and
+constexpr int kGatherTag = 16384;            // [kGatherTag, kGatherTag + kMaxSegments) < 32767
 // Polling while the caller computes: after 64 empty polls, naps from 20 us doubling to 100 us.
 constexpr std::chrono::microseconds kShortestNap{20}, kLongestNap{100};
 
@@ -168,8 +167,7 @@ class MpiCommunicator final : public Communicator {
     }
     done_cv_.wait(lk, [&] { return op.state == Op::kDone; });
     --waiters_;
-    if (!worker_error_.empty())
-      throw Error(worker_error_code_, "communication thread: " + worker_error_);
+    if (!worker_error_.empty()) throw Error(worker_error_code_, "communication thread: " + worker_error_);
     if (completed) *completed = op.done_at;
     op.state = Op::kFree;
     req.id = -1;
@@ -182,7 +180,8 @@ class MpiCommunicator final : public Communicator {
     MPI_CHECK(MPI_Bcast(d.data(), checked_count(d.size()), MPI_UINT8_T, root, comm_));
   }
   void allgather(std::uint64_t value, std::span<std::uint64_t> out) override {
-    MNIST_CHECK(out.size() == static_cast<std::size_t>(size_), ExitCode::kRuntime, "allgather: out.size() != world size");
+    MNIST_CHECK(out.size() == static_cast<std::size_t>(size_), ExitCode::kRuntime,
+                "allgather: out.size() != world size");
     MPI_CHECK(MPI_Allgather(&value, 1, MPI_UINT64_T, out.data(), 1, MPI_UINT64_T, comm_));
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
@@ -290,14 +289,17 @@ class MpiCommunicator final : public Communicator {
       if (p != me)
         for (int k = 0; k < segments(lo(p + 1) - lo(p)); ++k, ++B) send_peer_.push_back({p, k});
     const auto total = static_cast<std::size_t>(2 * A + 2 * B);
-    if (scratch_.size() < peers * static_cast<std::size_t>(my_len)) scratch_.resize(peers * static_cast<std::size_t>(my_len));
+    if (scratch_.size() < peers * static_cast<std::size_t>(my_len))
+      scratch_.resize(peers * static_cast<std::size_t>(my_len));
     if (reqs_.size() < total) reqs_.resize(total);
     if (indices_.size() < total) indices_.resize(total);
     if (arrived_.size() < static_cast<std::size_t>(my_segs)) arrived_.resize(static_cast<std::size_t>(my_segs));
     std::fill(reqs_.begin(), reqs_.begin() + static_cast<std::ptrdiff_t>(total), MPI_REQUEST_NULL);
     std::fill(arrived_.begin(), arrived_.end(), 0);
     auto peer_index = [&](int p) { return static_cast<std::size_t>(p < me ? p : p - 1); };
-    auto peer_of = [&](std::size_t j) { return static_cast<int>(j) < me ? static_cast<int>(j) : static_cast<int>(j) + 1; };
+    auto peer_of = [&](std::size_t j) {
+      return static_cast<int>(j) < me ? static_cast<int>(j) : static_cast<int>(j) + 1;
+    };
     auto peer_part = [&](std::size_t j, int k) {  // (len): peer j's contribution to my segment k
       return scratch_.data() + j * static_cast<std::size_t>(my_len) + static_cast<std::size_t>(k * seg);
     };
@@ -370,8 +372,8 @@ class MpiCommunicator final : public Communicator {
           if (++arrived_[static_cast<std::size_t>(k)] == n - 1) sum_and_send(k);
         } else if (index < A + B) {  // my part of (p, k) has left: its sum may land there now
           const auto [p, k] = send_peer_[static_cast<std::size_t>(index - A)];
-          MPI_CHECK(MPI_Irecv(data + lo(p) + k * seg, seg_len(lo(p + 1) - lo(p), k), MPI_FLOAT, p, kGatherTag + k,
-                              red_, &reqs_[static_cast<std::size_t>(index + B)]));
+          MPI_CHECK(MPI_Irecv(data + lo(p) + k * seg, seg_len(lo(p + 1) - lo(p), k), MPI_FLOAT, p, kGatherTag + k, red_,
+                              &reqs_[static_cast<std::size_t>(index + B)]));
         }
       }
     }
@@ -393,9 +395,9 @@ class MpiCommunicator final : public Communicator {
   bool threaded_ = false;
 
   // Owned by whichever thread runs reduce().
-  std::vector<float> scratch_;  // (world - 1, my chunk): the peers' contributions to my chunk
-  std::vector<MPI_Request> reqs_;                  // the four groups of reduce()
-  std::vector<std::pair<int, int>> send_peer_;     // (peer, segment) of each reduce-scatter send
+  std::vector<float> scratch_;                  // (world - 1, my chunk): the peers' contributions to my chunk
+  std::vector<MPI_Request> reqs_;               // the four groups of reduce()
+  std::vector<std::pair<int, int>> send_peer_;  // (peer, segment) of each reduce-scatter send
   std::vector<int> indices_, arrived_;
 
   JoinedThread worker_;  // last: joined first (Note [Threads are joined on every path])

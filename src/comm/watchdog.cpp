@@ -87,8 +87,7 @@ namespace {
 // Forwards to the inner communicator; marks each blocking call with a literal naming it.
 class WatchedCommunicator final : public Communicator {
  public:
-  WatchedCommunicator(std::unique_ptr<Communicator> inner, CollectiveWatch& watch)
-      : in_(std::move(inner)), w_(watch) {}
+  WatchedCommunicator(std::unique_ptr<Communicator> inner, CollectiveWatch& watch) : in_(std::move(inner)), w_(watch) {}
 
   int rank() const override { return in_->rank(); }
   int size() const override { return in_->size(); }

@@ -47,7 +47,8 @@ const char* boost_placeholder_in(std::string_view text) {
 // The message for a Boost error about option `name` (as the user would write it; empty when Boost
 // could not tell which) given `value` (null when none): see Note [Messages built from what the
 // user wrote]. `texts` are all the user's texts Boost may have seen, checked before what() is used.
-std::string explain(const po::error& e, std::string name, const std::string* value, const std::vector<std::string>& texts) {
+std::string explain(const po::error& e, std::string name, const std::string* value,
+                    const std::vector<std::string>& texts) {
   const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
   if (name.empty() && named != nullptr) name = named->get_option_name();  // never loops, unlike what()
   const std::string option = quote_input(name);
@@ -68,18 +69,19 @@ std::string explain(const po::error& e, std::string name, const std::string* val
       return "option " + option + ": the value" + given + " is not true or false";
     if (v->kind() == po::validation_error::invalid_option_value)
       return "option " + option + ": the value" + given + " is not valid";
-    if (v->kind() == po::validation_error::multiple_values_not_allowed)
-      return "option " + option + " takes one value";
-    if (v->kind() == po::validation_error::at_least_one_value_required)
-      return "option " + option + " needs a value";
+    if (v->kind() == po::validation_error::multiple_values_not_allowed) return "option " + option + " takes one value";
+    if (v->kind() == po::validation_error::at_least_one_value_required) return "option " + option + " needs a value";
   }
   if (const auto* s = dynamic_cast<const po::invalid_syntax*>(&e)) {
     switch (s->kind()) {
-      case po::invalid_syntax::missing_parameter: return "option " + option + " needs a value";
+      case po::invalid_syntax::missing_parameter:
+        return "option " + option + " needs a value";
       case po::invalid_syntax::extra_parameter:
         return "option " + option + " takes no value" + (value != nullptr ? ", but was given" + given : std::string());
-      case po::invalid_syntax::empty_adjacent_parameter: return "option " + option + " has an empty value";
-      default: break;
+      case po::invalid_syntax::empty_adjacent_parameter:
+        return "option " + option + " has an empty value";
+      default:
+        break;
     }
   }
   // An error kind not named above: Boost's own text, if what() can be called at all.
@@ -98,8 +100,10 @@ std::map<std::string, std::string> key_value_lines(const std::string& text) {
   std::string line;
   while (std::getline(in, line)) {
     const auto eq = line.find(" = ");
-    if (eq == std::string::npos) out[line] = "";
-    else out[line.substr(0, eq)] = line.substr(eq + 3);
+    if (eq == std::string::npos)
+      out[line] = "";
+    else
+      out[line.substr(0, eq)] = line.substr(eq + 3);
   }
   return out;
 }
@@ -187,7 +191,8 @@ std::vector<ConfigLine> read_config(const std::string& path) {
     const std::size_t eq = s.find('=');
     if (eq == std::string::npos)
       throw_error(ExitCode::kUsage, where + quote_input(s) + " is not a line of the form key = value");
-    lines.push_back({number, prefix + trim(std::string_view(s).substr(0, eq)), trim(std::string_view(s).substr(eq + 1))});
+    lines.push_back(
+        {number, prefix + trim(std::string_view(s).substr(0, eq)), trim(std::string_view(s).substr(eq + 1))});
   }
   return lines;
 }
@@ -248,74 +253,107 @@ void check_real_options(const Options& o) {
 ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::string& text) {
   Options d;  // defaults
   po::options_description general("General");
-  general.add_options()
-      ("help,h", "print this help and exit")
-      ("version", "print the version and exit")
-      ("config", po::value<std::string>(&o.config_file), "INI file of options (key = value); the command line wins");
+  general.add_options()("help,h", "print this help and exit")("version", "print the version and exit")(
+      "config", po::value<std::string>(&o.config_file), "INI file of options (key = value); the command line wins");
   po::options_description data("Data");
-  data.add_options()
-      ("data-dir", po::value(&o.data_dir)->default_value(d.data_dir), "directory with the four MNIST IDX files (raw or .gz)")
-      ("validation-size", po::value(&o.validation_size)->default_value(d.validation_size), "images: the last N training images form the validation split")
-      ("train-limit", po::value(&o.train_limit)->default_value(d.train_limit), "images: train on the first N training images only (0 = all)");
+  data.add_options()("data-dir", po::value(&o.data_dir)->default_value(d.data_dir),
+                     "directory with the four MNIST IDX files (raw or .gz)")(
+      "validation-size", po::value(&o.validation_size)->default_value(d.validation_size),
+      "images: the last N training images form the validation split")(
+      "train-limit", po::value(&o.train_limit)->default_value(d.train_limit),
+      "images: train on the first N training images only (0 = all)");
   po::options_description model("Model");
-  model.add_options()
-      ("model", po::value(&o.model)->default_value(d.model), "layer spec (see docs/usage.md, 'Writing a model spec')")
-      ("weight-init", po::value(&o.weight_init)->default_value(d.weight_init), "truncated_normal:STD | normal:STD | xavier | he | zeros | constant:V")
-      ("bias-init", po::value(&o.bias_init)->default_value(d.bias_init), "initialiser for biases, as --weight-init");
+  model.add_options()("model", po::value(&o.model)->default_value(d.model),
+                      "layer spec (see docs/usage.md, 'Writing a model spec')")(
+      "weight-init", po::value(&o.weight_init)->default_value(d.weight_init),
+      "truncated_normal:STD | normal:STD | xavier | he | zeros | constant:V")(
+      "bias-init", po::value(&o.bias_init)->default_value(d.bias_init), "initialiser for biases, as --weight-init");
   po::options_description train("Training");
-  train.add_options()
-      ("batch-size", po::value(&o.batch_size)->default_value(d.batch_size), "images per rank per step (per micro-batch with --accumulation-steps; or give --global-batch-size)")
-      ("global-batch-size", po::value(&o.global_batch_size)->default_value(d.global_batch_size), "images per step over all ranks; must divide by the number of ranks")
-      ("epochs", po::value(&o.epochs)->default_value(d.epochs), "passes over the training split")
-      ("max-steps", po::value(&o.max_steps)->default_value(d.max_steps), "global steps in the whole run (0 = epochs decide)")
-      ("seed", po::value(&o.seed)->default_value(d.seed), "seed of initialisation, sampling and dropout")
-      ("optimizer", po::value(&o.optimizer.kind)->default_value(d.optimizer.kind), "adam | sgd")
-      ("lr", po::value(&o.schedule.base_lr)->default_value(d.schedule.base_lr), "base learning rate")
-      ("momentum", po::value(&o.optimizer.momentum)->default_value(d.optimizer.momentum), "sgd momentum")
-      ("nesterov", po::value(&o.optimizer.nesterov)->default_value(d.optimizer.nesterov), "sgd: Nesterov momentum (true|false)")
-      ("beta1", po::value(&o.optimizer.beta1)->default_value(d.optimizer.beta1), "adam beta1")
-      ("beta2", po::value(&o.optimizer.beta2)->default_value(d.optimizer.beta2), "adam beta2")
-      ("eps", po::value(&o.optimizer.eps)->default_value(d.optimizer.eps), "adam epsilon")
-      ("weight-decay", po::value(&o.optimizer.weight_decay)->default_value(d.optimizer.weight_decay), "L2 penalty added to the gradient")
-      ("lr-schedule", po::value(&o.schedule.kind)->default_value(d.schedule.kind), "constant | step | cosine")
-      ("lr-gamma", po::value(&o.schedule.gamma)->default_value(d.schedule.gamma), "step: factor applied every --lr-step-epochs epochs")
-      ("lr-step-epochs", po::value(&o.schedule.step_epochs)->default_value(d.schedule.step_epochs), "step: epochs between decays")
-      ("lr-min", po::value(&o.schedule.min_lr)->default_value(d.schedule.min_lr), "step: floor; cosine: final learning rate")
-      ("warmup-steps", po::value(&o.schedule.warmup_steps)->default_value(d.schedule.warmup_steps), "steps of linear warm-up from 0");
+  train.add_options()(
+      "batch-size", po::value(&o.batch_size)->default_value(d.batch_size),
+      "images per rank per step (per micro-batch with --accumulation-steps; or give --global-batch-size)")(
+      "global-batch-size", po::value(&o.global_batch_size)->default_value(d.global_batch_size),
+      "images per step over all ranks; must divide by the number of ranks")(
+      "epochs", po::value(&o.epochs)->default_value(d.epochs), "passes over the training split")(
+      "max-steps", po::value(&o.max_steps)->default_value(d.max_steps),
+      "global steps in the whole run (0 = epochs decide)")("seed", po::value(&o.seed)->default_value(d.seed),
+                                                           "seed of initialisation, sampling and dropout")(
+      "optimizer", po::value(&o.optimizer.kind)->default_value(d.optimizer.kind), "adam | sgd")(
+      "lr", po::value(&o.schedule.base_lr)->default_value(d.schedule.base_lr), "base learning rate")(
+      "momentum", po::value(&o.optimizer.momentum)->default_value(d.optimizer.momentum), "sgd momentum")(
+      "nesterov", po::value(&o.optimizer.nesterov)->default_value(d.optimizer.nesterov),
+      "sgd: Nesterov momentum (true|false)")("beta1", po::value(&o.optimizer.beta1)->default_value(d.optimizer.beta1),
+                                             "adam beta1")(
+      "beta2", po::value(&o.optimizer.beta2)->default_value(d.optimizer.beta2), "adam beta2")(
+      "eps", po::value(&o.optimizer.eps)->default_value(d.optimizer.eps), "adam epsilon")(
+      "weight-decay", po::value(&o.optimizer.weight_decay)->default_value(d.optimizer.weight_decay),
+      "L2 penalty added to the gradient")("lr-schedule", po::value(&o.schedule.kind)->default_value(d.schedule.kind),
+                                          "constant | step | cosine")(
+      "lr-gamma", po::value(&o.schedule.gamma)->default_value(d.schedule.gamma),
+      "step: factor applied every --lr-step-epochs epochs")(
+      "lr-step-epochs", po::value(&o.schedule.step_epochs)->default_value(d.schedule.step_epochs),
+      "step: epochs between decays")("lr-min", po::value(&o.schedule.min_lr)->default_value(d.schedule.min_lr),
+                                     "step: floor; cosine: final learning rate")(
+      "warmup-steps", po::value(&o.schedule.warmup_steps)->default_value(d.schedule.warmup_steps),
+      "steps of linear warm-up from 0");
   po::options_description red("Gradient reduction");
-  red.add_options()
-      ("bucket-mb", po::value(&o.bucket_mb)->default_value(d.bucket_mb), "MB (2^20 bytes): largest gradient bucket; a larger tensor is split")
-      ("first-bucket-mb", po::value(&o.first_bucket_mb)->default_value(d.first_bucket_mb), "MB: cap of the first bucket (the last layers' gradients), which starts earliest")
-      ("accumulation-steps", po::value(&o.accumulation_steps)->default_value(d.accumulation_steps), "micro-batches per step, summed locally and reduced once (like DDP's no_sync)")
-      ("no-overlap", po::bool_switch(&o.no_overlap), "one blocking sum of all gradients after backward, no overlap (for comparison)");
+  red.add_options()("bucket-mb", po::value(&o.bucket_mb)->default_value(d.bucket_mb),
+                    "MB (2^20 bytes): largest gradient bucket; a larger tensor is split")(
+      "first-bucket-mb", po::value(&o.first_bucket_mb)->default_value(d.first_bucket_mb),
+      "MB: cap of the first bucket (the last layers' gradients), which starts earliest")(
+      "accumulation-steps", po::value(&o.accumulation_steps)->default_value(d.accumulation_steps),
+      "micro-batches per step, summed locally and reduced once (like DDP's no_sync)")(
+      "no-overlap", po::bool_switch(&o.no_overlap),
+      "one blocking sum of all gradients after backward, no overlap (for comparison)");
   po::options_description ck("Checkpoints (docs/checkpoint.md)");
-  ck.add_options()
-      ("checkpoint-dir", po::value(&o.checkpoint_dir), "directory where rank 0 writes checkpoints (created if missing); none: no checkpoints")
-      ("checkpoint-every", po::value(&o.checkpoint_every)->default_value(d.checkpoint_every), "steps between checkpoints (0 = only at the end of each epoch and of the run)")
-      ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(d.keep_checkpoints), "keep the newest N checkpoints plus the best by validation accuracy (0 = keep all)")
-      ("resume", po::value(&o.resume), "auto: continue from the newest valid checkpoint in --checkpoint-dir (or start fresh and say so); or a checkpoint file")
-      ("checkpoint-async", po::value(&o.checkpoint_async)->default_value(d.checkpoint_async), "true: rank 0 copies the state and writes it on a background thread while training goes on; false: writes before the next step");
+  ck.add_options()("checkpoint-dir", po::value(&o.checkpoint_dir),
+                   "directory where rank 0 writes checkpoints (created if missing); none: no checkpoints")(
+      "checkpoint-every", po::value(&o.checkpoint_every)->default_value(d.checkpoint_every),
+      "steps between checkpoints (0 = only at the end of each epoch and of the run)")(
+      "keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(d.keep_checkpoints),
+      "keep the newest N checkpoints plus the best by validation accuracy (0 = keep all)")(
+      "resume", po::value(&o.resume),
+      "auto: continue from the newest valid checkpoint in --checkpoint-dir (or start fresh and say so); or a "
+      "checkpoint file")("checkpoint-async", po::value(&o.checkpoint_async)->default_value(d.checkpoint_async),
+                         "true: rank 0 copies the state and writes it on a background thread while training goes on; "
+                         "false: writes before the next step");
   po::options_description sys("System");
-  sys.add_options()
-      ("device", po::value(&o.device)->default_value(d.device), "cpu | cuda | auto (auto: a GPU when one is visible, else the CPU); with cuda each rank takes GPU (node-local rank mod visible GPUs)")
-      ("precision", po::value(&o.precision)->default_value(d.precision), "fp32 | tf32: float math of cuDNN and cuBLAS on the GPU (tf32: tensor cores, ~1e-3 relative error)")
-      ("allow-gpu-sharing", po::bool_switch(&o.allow_gpu_sharing), "let more ranks than GPUs run on a node (they share GPUs round-robin)")
-      ("threads", po::value(&o.threads)->default_value(d.threads), "threads per rank (0 = 1 when ranks share a node, else all cores)")
-      ("collective-timeout", po::value(&o.collective_timeout)->default_value(d.collective_timeout), "seconds: a collective still unfinished after this ends the job, naming the step, bucket and collective (0 = wait forever)")
-      ("skip-nonfinite-steps", po::bool_switch(&o.skip_nonfinite_steps), "skip (no update on any rank) and count a step whose loss or gradient is NaN or inf, instead of stopping with exit code 5");
+  sys.add_options()("device", po::value(&o.device)->default_value(d.device),
+                    "cpu | cuda | auto (auto: a GPU when one is visible, else the CPU); with cuda each rank takes GPU "
+                    "(node-local rank mod visible GPUs)")(
+      "precision", po::value(&o.precision)->default_value(d.precision),
+      "fp32 | tf32: float math of cuDNN and cuBLAS on the GPU (tf32: tensor cores, ~1e-3 relative error)")(
+      "allow-gpu-sharing", po::bool_switch(&o.allow_gpu_sharing),
+      "let more ranks than GPUs run on a node (they share GPUs round-robin)")(
+      "threads", po::value(&o.threads)->default_value(d.threads),
+      "threads per rank (0 = 1 when ranks share a node, else all cores)")(
+      "collective-timeout", po::value(&o.collective_timeout)->default_value(d.collective_timeout),
+      "seconds: a collective still unfinished after this ends the job, naming the step, bucket and collective (0 = "
+      "wait forever)")("skip-nonfinite-steps", po::bool_switch(&o.skip_nonfinite_steps),
+                       "skip (no update on any rank) and count a step whose loss or gradient is NaN or inf, instead of "
+                       "stopping with exit code 5");
   po::options_description rep("Reporting");
-  rep.add_options()
-      ("log-every", po::value(&o.log_every)->default_value(d.log_every), "steps between progress lines (0 = none)")
-      ("eval-every", po::value(&o.eval_every)->default_value(d.eval_every), "steps between test evaluations (0 = only at the end)")
-      ("eval-batch-size", po::value(&o.eval_batch_size)->default_value(d.eval_batch_size), "images per evaluation batch on rank 0")
-      ("check-replicas-every", po::value(&o.check_replicas_every)->default_value(d.check_replicas_every), "steps between checks that all ranks hold identical parameters (0 = never)")
-      ("metrics-file", po::value(&o.metrics_file), "write JSON lines of step / eval / final events (rank 0)")
-      ("quiet", po::bool_switch(&o.quiet), "print only errors and the final summary")
-      ("progress", po::value(&o.progress)->default_value(d.progress), "auto | bar | lines: rank 0's progress; auto = a live bar on a terminal, else a line every --log-every steps")
-      ("tensorboard-dir", po::value(&o.tensorboard_dir), "write TensorBoard event files (scalars: loss, lr, images/s, accuracy, time split) into this directory (rank 0)")
-      ("timeline", po::value(&o.timeline_file), "write a Chrome trace-event JSON of every rank's steps (data, forward, backward per layer, allreduce per bucket, optimizer, evaluation) to this file")
-      ("report", po::value(&o.report_file), "write a self-contained HTML report (curves, where the time went) to this file at the end");
-  po::options_description all("mnist_mpi " MNIST_MPI_VERSION " - data-parallel CNN training on MNIST.\n"
+  rep.add_options()("log-every", po::value(&o.log_every)->default_value(d.log_every),
+                    "steps between progress lines (0 = none)")("eval-every",
+                                                               po::value(&o.eval_every)->default_value(d.eval_every),
+                                                               "steps between test evaluations (0 = only at the end)")(
+      "eval-batch-size", po::value(&o.eval_batch_size)->default_value(d.eval_batch_size),
+      "images per evaluation batch on rank 0")(
+      "check-replicas-every", po::value(&o.check_replicas_every)->default_value(d.check_replicas_every),
+      "steps between checks that all ranks hold identical parameters (0 = never)")(
+      "metrics-file", po::value(&o.metrics_file), "write JSON lines of step / eval / final events (rank 0)")(
+      "quiet", po::bool_switch(&o.quiet), "print only errors and the final summary")(
+      "progress", po::value(&o.progress)->default_value(d.progress),
+      "auto | bar | lines: rank 0's progress; auto = a live bar on a terminal, else a line every --log-every steps")(
+      "tensorboard-dir", po::value(&o.tensorboard_dir),
+      "write TensorBoard event files (scalars: loss, lr, images/s, accuracy, time split) into this directory (rank 0)")(
+      "timeline", po::value(&o.timeline_file),
+      "write a Chrome trace-event JSON of every rank's steps (data, forward, backward per layer, allreduce per bucket, "
+      "optimizer, evaluation) to this file")(
+      "report", po::value(&o.report_file),
+      "write a self-contained HTML report (curves, where the time went) to this file at the end");
+  po::options_description all("mnist_mpi " MNIST_MPI_VERSION
+                              " - data-parallel CNN training on MNIST.\n"
                               "Usage: mpirun -np N mnist_mpi [--config FILE] [options]\nOptions");
   all.add(general).add(data).add(model).add(train).add(red).add(ck).add(sys).add(rep);
 
@@ -386,8 +424,8 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
 
   auto positive = [](std::int64_t v, const char* name, bool allow_zero) {
     if (v < 0 || (!allow_zero && v == 0))
-      throw_error(ExitCode::kUsage, std::string("--") + name + " must be " + (allow_zero ? ">= 0" : "> 0") +
-                                        ", got " + std::to_string(v));
+      throw_error(ExitCode::kUsage, std::string("--") + name + " must be " + (allow_zero ? ">= 0" : "> 0") + ", got " +
+                                        std::to_string(v));
   };
   positive(o.validation_size, "validation-size", true);
   positive(o.train_limit, "train-limit", true);
@@ -404,7 +442,8 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   positive(o.checkpoint_every, "checkpoint-every", true);
   positive(o.keep_checkpoints, "keep-checkpoints", true);
   if (o.checkpoint_dir.empty() && o.resume == "auto")
-    throw_error(ExitCode::kUsage, "--resume auto looks in --checkpoint-dir: give --checkpoint-dir DIR (or --resume FILE)");
+    throw_error(ExitCode::kUsage,
+                "--resume auto looks in --checkpoint-dir: give --checkpoint-dir DIR (or --resume FILE)");
   if (o.checkpoint_dir.empty() && o.checkpoint_every > 0)
     throw_error(ExitCode::kUsage, "--checkpoint-every needs --checkpoint-dir DIR to write into");
   if (o.progress != "auto" && o.progress != "bar" && o.progress != "lines")
@@ -425,12 +464,18 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       continue;
     const boost::any& a = value.value();
     res << name << " = ";
-    if (auto s = boost::any_cast<std::string>(&a)) res << *s;
-    else if (auto i = boost::any_cast<std::int64_t>(&a)) res << *i;
-    else if (auto u = boost::any_cast<std::uint64_t>(&a)) res << *u;
-    else if (auto n = boost::any_cast<int>(&a)) res << *n;
-    else if (auto f = boost::any_cast<double>(&a)) res << *f;
-    else if (auto b = boost::any_cast<bool>(&a)) res << (*b ? "true" : "false");
+    if (auto s = boost::any_cast<std::string>(&a))
+      res << *s;
+    else if (auto i = boost::any_cast<std::int64_t>(&a))
+      res << *i;
+    else if (auto u = boost::any_cast<std::uint64_t>(&a))
+      res << *u;
+    else if (auto n = boost::any_cast<int>(&a))
+      res << *n;
+    else if (auto f = boost::any_cast<double>(&a))
+      res << *f;
+    else if (auto b = boost::any_cast<bool>(&a))
+      res << (*b ? "true" : "false");
     res << "\n";
   }
   o.resolved = res.str();

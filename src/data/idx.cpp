@@ -35,8 +35,7 @@ constexpr std::uint32_t kImagesMagic = 2051;
 constexpr std::uint32_t kLabelsMagic = 2049;
 constexpr std::int64_t kMaxCount = 100'000'000;
 constexpr int kMaxSide = 4096;
-constexpr const char* kFetchHint =
-    "fetch it with scripts/fetch_mnist.sh (or point --data-dir at it)";
+constexpr const char* kFetchHint = "fetch it with scripts/fetch_mnist.sh (or point --data-dir at it)";
 
 // The path is quoted (Note [Quoting what the user wrote] in include/mnist_mpi/check.hpp): it comes
 // from --data-dir.
@@ -46,9 +45,7 @@ constexpr const char* kFetchHint =
 
 constexpr const char* kReplaceHint = "replace it with the MNIST file (scripts/fetch_mnist.sh)";
 
-bool ends_with_gz(const std::string& path) {
-  return path.size() >= 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
-}
+bool ends_with_gz(const std::string& path) { return path.size() >= 3 && path.compare(path.size() - 3, 3, ".gz") == 0; }
 
 // A sequential byte source over a raw or gzip-compressed file. It is opened with
 // open_regular_file() (Note [Look before you open]): a FIFO, a directory or a link to /dev/zero is
@@ -85,8 +82,7 @@ class Reader {
     std::size_t total = 0;
     if (gz_) {
       while (total < n) {
-        const auto chunk = static_cast<unsigned>(
-            std::min<std::size_t>(n - total, std::numeric_limits<int>::max() / 2));
+        const auto chunk = static_cast<unsigned>(std::min<std::size_t>(n - total, std::numeric_limits<int>::max() / 2));
         const int got = gzread(gz_file_, dst + total, chunk);
         if (got < 0) {
           int errnum = 0;
@@ -150,8 +146,8 @@ class Reader {
  private:
   std::string path_;
   bool gz_;
-  int fd_ = -1;                // raw files; -1 once gzdopen() owns it
-  std::uint64_t offset_ = 0;   // raw files: bytes read so far
+  int fd_ = -1;               // raw files; -1 once gzdopen() owns it
+  std::uint64_t offset_ = 0;  // raw files: bytes read so far
   gzFile gz_file_ = nullptr;
 };
 
@@ -166,13 +162,11 @@ std::string resolve(const std::string& path) {
 }
 
 std::uint32_t be32(const std::uint8_t* p) {
-  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) |
-         std::uint32_t{p[3]};
+  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | std::uint32_t{p[3]};
 }
 
 // Reads and checks the header: magic, then `dims` big-endian 32-bit sizes.
-std::vector<std::uint32_t> read_header(Reader& r, const std::string& path, std::uint32_t magic,
-                                       int dims) {
+std::vector<std::uint32_t> read_header(Reader& r, const std::string& path, std::uint32_t magic, int dims) {
   std::uint8_t magic_bytes[4];
   if (r.read(magic_bytes, 4) != 4) data_error(path, "truncated: no IDX header");
   const std::uint32_t got_magic = be32(magic_bytes);
@@ -182,14 +176,12 @@ std::vector<std::uint32_t> read_header(Reader& r, const std::string& path, std::
     const int got_type = magic_bytes[2];
     const int got_dims = magic_bytes[3];
     if (magic_bytes[0] == 0 && magic_bytes[1] == 0 && got_type == 0x08 && got_dims != dims) {
-      data_error(path, "wrong dimension count: expected " + std::to_string(dims) + ", got " +
-                           std::to_string(got_dims) + " (magic " + std::to_string(got_magic) +
-                           ", expected " + std::to_string(magic) + ")");
+      data_error(path, "wrong dimension count: expected " + std::to_string(dims) + ", got " + std::to_string(got_dims) +
+                           " (magic " + std::to_string(got_magic) + ", expected " + std::to_string(magic) + ")");
     }
-    data_error(path, "bad magic number " + std::to_string(got_magic) + ", expected " +
-                         std::to_string(magic) + " (not an IDX" + std::to_string(dims) +
-                         " unsigned-byte file" + (ends_with_gz(path) ? "" : ", or compressed?") +
-                         ")");
+    data_error(path, "bad magic number " + std::to_string(got_magic) + ", expected " + std::to_string(magic) +
+                         " (not an IDX" + std::to_string(dims) + " unsigned-byte file" +
+                         (ends_with_gz(path) ? "" : ", or compressed?") + ")");
   }
   std::vector<std::uint8_t> raw(static_cast<std::size_t>(dims) * 4);
   if (r.read(raw.data(), raw.size()) != raw.size()) {
@@ -254,18 +246,18 @@ std::vector<std::uint8_t> read_payload(Reader& r, const std::string& path, std::
 std::vector<std::uint8_t> read_payload_unchecked(Reader& r, const std::string& path, std::size_t n, const char* what) {
   if (const std::optional<std::uint64_t> rest = r.remaining()) {  // Note [Reading the data in one pass]
     if (*rest < n)
-      data_error(path, "truncated: expected " + std::to_string(n) + " bytes of " + what + ", got " +
-                           std::to_string(*rest));
+      data_error(path,
+                 "truncated: expected " + std::to_string(n) + " bytes of " + what + ", got " + std::to_string(*rest));
     if (*rest > n)
-      data_error(path, std::to_string(*rest - n) + " trailing byte(s) after the " + std::to_string(n) +
-                           " bytes of " + what);
+      data_error(path,
+                 std::to_string(*rest - n) + " trailing byte(s) after the " + std::to_string(n) + " bytes of " + what);
     std::vector<std::uint8_t> data;
     reserve_huge(data, n);
     data.resize(n);
     const std::size_t got = r.read(data.data(), n);
     if (got != n)  // the file shrank while we read it
-      data_error(path, "truncated: expected " + std::to_string(n) + " bytes of " + what + ", got " +
-                           std::to_string(got));
+      data_error(path,
+                 "truncated: expected " + std::to_string(n) + " bytes of " + what + ", got " + std::to_string(got));
     return data;
   }
   constexpr std::size_t kFirstChunk = std::size_t{1} << 16;
@@ -280,8 +272,7 @@ std::vector<std::uint8_t> read_payload_unchecked(Reader& r, const std::string& p
   }
   data.resize(got);
   if (got != n) {
-    data_error(path, "truncated: expected " + std::to_string(n) + " bytes of " + what + ", got " +
-                         std::to_string(got));
+    data_error(path, "truncated: expected " + std::to_string(n) + " bytes of " + what + ", got " + std::to_string(got));
   }
   if (const auto [extra, at_end] = r.probe_rest(); extra > 0)  // Note [Trailing data is probed, not counted]
     data_error(path, (at_end ? "" : "at least ") + std::to_string(extra) + " trailing byte(s) after the " +
@@ -291,8 +282,7 @@ std::vector<std::uint8_t> read_payload_unchecked(Reader& r, const std::string& p
 
 void check_count(const std::string& path, std::uint32_t count) {
   if (count > kMaxCount) {
-    data_error(path, "item count " + std::to_string(count) + " exceeds the limit of " +
-                         std::to_string(kMaxCount));
+    data_error(path, "item count " + std::to_string(count) + " exceeds the limit of " + std::to_string(kMaxCount));
   }
 }
 
@@ -305,15 +295,14 @@ std::string require_file(const fs::path& dir, const char* name) {
     const FileKind kind = file_kind(p);
     if (kind == FileKind::kRegular) return path;
     if (kind != FileKind::kMissing)
-      throw Error(ExitCode::kData, "MNIST file " + quote_input(p) + " is " + describe_path(p) +
-                                       ", not a regular file; " + kReplaceHint);
+      throw Error(ExitCode::kData,
+                  "MNIST file " + quote_input(p) + " is " + describe_path(p) + ", not a regular file; " + kReplaceHint);
   }
-  throw Error(ExitCode::kData, "MNIST file " + quote_input(path) + " not found (nor " + quote_input(path + ".gz") +
-                                   "); " + kFetchHint);
+  throw Error(ExitCode::kData,
+              "MNIST file " + quote_input(path) + " not found (nor " + quote_input(path + ".gz") + "); " + kFetchHint);
 }
 
-Split make_split(const IdxImages& images, const IdxLabels& labels, std::int64_t begin,
-                 std::int64_t end) {
+Split make_split(const IdxImages& images, const IdxLabels& labels, std::int64_t begin, std::int64_t end) {
   Split s;
   s.count = end - begin;
   s.rows = images.rows;
@@ -350,9 +339,8 @@ Split whole_split(IdxImages&& images, IdxLabels&& labels) {
 void check_agree(const IdxImages& images, const std::string& images_path, const IdxLabels& labels,
                  const std::string& labels_path) {
   if (images.count != labels.count) {
-    throw Error(ExitCode::kData, quote_input(images_path) + " has " + std::to_string(images.count) +
-                                     " images but " + quote_input(labels_path) + " has " +
-                                     std::to_string(labels.count) + " labels");
+    throw Error(ExitCode::kData, quote_input(images_path) + " has " + std::to_string(images.count) + " images but " +
+                                     quote_input(labels_path) + " has " + std::to_string(labels.count) + " labels");
   }
 }
 
@@ -366,19 +354,19 @@ IdxImages read_idx_images(const std::string& requested) {
   for (int d = 1; d <= 2; ++d) {
     const std::uint32_t v = dims[static_cast<std::size_t>(d)];
     if (v == 0 || v > static_cast<std::uint32_t>(kMaxSide)) {
-      data_error(path, std::string(d == 1 ? "rows" : "cols") + " = " + std::to_string(v) +
-                           " is out of range [1, " + std::to_string(kMaxSide) + "]");
+      data_error(path, std::string(d == 1 ? "rows" : "cols") + " = " + std::to_string(v) + " is out of range [1, " +
+                           std::to_string(kMaxSide) + "]");
     }
   }
   IdxImages out;
   out.count = dims[0];
   out.rows = static_cast<int>(dims[1]);
   out.cols = static_cast<int>(dims[2]);
-  const std::size_t n = static_cast<std::size_t>(out.count) * static_cast<std::size_t>(out.rows) *
-                        static_cast<std::size_t>(out.cols);
-  out.pixels = read_payload(r, path, n, "pixels",
-                            std::to_string(out.count) + " images of " + std::to_string(out.rows) + "x" +
-                                std::to_string(out.cols));
+  const std::size_t n =
+      static_cast<std::size_t>(out.count) * static_cast<std::size_t>(out.rows) * static_cast<std::size_t>(out.cols);
+  out.pixels = read_payload(
+      r, path, n, "pixels",
+      std::to_string(out.count) + " images of " + std::to_string(out.rows) + "x" + std::to_string(out.cols));
   return out;
 }
 
@@ -392,13 +380,13 @@ IdxLabels read_idx_labels(const std::string& requested, int num_classes) {
   check_count(path, dims[0]);
   IdxLabels out;
   out.count = dims[0];
-  out.labels = read_payload(r, path, static_cast<std::size_t>(out.count), "labels",
-                            std::to_string(out.count) + " labels");
+  out.labels =
+      read_payload(r, path, static_cast<std::size_t>(out.count), "labels", std::to_string(out.count) + " labels");
   for (std::int64_t i = 0; i < out.count; ++i) {
     const int v = out.labels[static_cast<std::size_t>(i)];
     if (v >= num_classes) {
-      data_error(path, "label " + std::to_string(v) + " at index " + std::to_string(i) +
-                           " is out of range [0, " + std::to_string(num_classes) + ")");
+      data_error(path, "label " + std::to_string(v) + " at index " + std::to_string(i) + " is out of range [0, " +
+                           std::to_string(num_classes) + ")");
     }
   }
   return out;
@@ -424,23 +412,20 @@ Mnist load_mnist(const std::string& dir, std::int64_t validation_size, std::int6
   IdxLabels test_labels = read_idx_labels(test_labels_path);
   check_agree(test_images, resolve(test_images_path), test_labels, resolve(test_labels_path));
   if (test_images.rows != train_images.rows || test_images.cols != train_images.cols) {
-    throw Error(ExitCode::kData,
-                quote_input(resolve(test_images_path)) + " has " + std::to_string(test_images.rows) +
-                    "x" + std::to_string(test_images.cols) + " images but " +
-                    quote_input(resolve(train_images_path)) + " has " + std::to_string(train_images.rows) +
-                    "x" + std::to_string(train_images.cols));
+    throw Error(ExitCode::kData, quote_input(resolve(test_images_path)) + " has " + std::to_string(test_images.rows) +
+                                     "x" + std::to_string(test_images.cols) + " images but " +
+                                     quote_input(resolve(train_images_path)) + " has " +
+                                     std::to_string(train_images.rows) + "x" + std::to_string(train_images.cols));
   }
 
   if (train_limit < 0) {
     throw Error(ExitCode::kUsage, "--train-limit must be >= 0, got " + std::to_string(train_limit));
   }
-  const std::int64_t n_train =
-      train_limit > 0 ? std::min(train_limit, train_images.count) : train_images.count;
+  const std::int64_t n_train = train_limit > 0 ? std::min(train_limit, train_images.count) : train_images.count;
   if (validation_size < 0 || validation_size >= n_train) {
     throw Error(ExitCode::kUsage, "--validation-size " + std::to_string(validation_size) +
-                                     " must be >= 0 and < the training count " +
-                                     std::to_string(n_train) + " (from " +
-                                     quote_input(resolve(train_images_path)) + ")");
+                                      " must be >= 0 and < the training count " + std::to_string(n_train) + " (from " +
+                                      quote_input(resolve(train_images_path)) + ")");
   }
 
   Mnist m;

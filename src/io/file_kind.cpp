@@ -45,15 +45,24 @@ FileKind file_kind(const std::string& path) {
 
 const char* file_kind_name(FileKind kind) {
   switch (kind) {
-    case FileKind::kMissing: return "missing";
-    case FileKind::kRegular: return "a regular file";
-    case FileKind::kDirectory: return "a directory";
-    case FileKind::kFifo: return "a FIFO (named pipe)";
-    case FileKind::kCharDevice: return "a character device";
-    case FileKind::kBlockDevice: return "a block device";
-    case FileKind::kSocket: return "a socket";
-    case FileKind::kBrokenLink: return "a symbolic link to nothing";
-    case FileKind::kOther: return "not a file, directory or device";
+    case FileKind::kMissing:
+      return "missing";
+    case FileKind::kRegular:
+      return "a regular file";
+    case FileKind::kDirectory:
+      return "a directory";
+    case FileKind::kFifo:
+      return "a FIFO (named pipe)";
+    case FileKind::kCharDevice:
+      return "a character device";
+    case FileKind::kBlockDevice:
+      return "a block device";
+    case FileKind::kSocket:
+      return "a socket";
+    case FileKind::kBrokenLink:
+      return "a symbolic link to nothing";
+    case FileKind::kOther:
+      return "not a file, directory or device";
   }
   return "?";
 }

@@ -40,7 +40,7 @@ Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* pa
   // Note [Activation layouts] in backend.hpp: the backend may keep inner activations blocked.
   const std::vector<Layout> layouts = backend.activation_layouts(spec);
   MNIST_CHECK(layouts.size() == L + 1 && layouts.front() == Layout::kPlain && layouts.back() == Layout::kPlain,
-                  ExitCode::kRuntime, "backend '" + backend.name() + "' chose invalid activation layouts");
+              ExitCode::kRuntime, "backend '" + backend.name() + "' chose invalid activation layouts");
   std::vector<std::int64_t> param_offset(L, -1);
   for (const ParamTensor& p : spec.params)
     if (!p.is_bias) param_offset[static_cast<std::size_t>(p.layer)] = p.offset;

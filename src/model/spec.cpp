@@ -81,9 +81,8 @@ void check_activation(const std::string& what, const Shape& out) {
   const std::optional<std::int64_t> hw = checked_mul(out.h, out.w);
   const std::optional<std::int64_t> n = hw ? checked_mul(out.c, *hw) : std::nullopt;
   if (n && *n <= kMaxDim) return;
-  throw_error(ExitCode::kUsage, "model spec: " + what + " " +
-                                    std::to_string(out.c) + "x" + std::to_string(out.h) + "x" + std::to_string(out.w) +
-                                    (n ? " = " + std::to_string(*n) : std::string()) +
+  throw_error(ExitCode::kUsage, "model spec: " + what + " " + std::to_string(out.c) + "x" + std::to_string(out.h) +
+                                    "x" + std::to_string(out.w) + (n ? " = " + std::to_string(*n) : std::string()) +
                                     " values per image, more than the " + std::to_string(kMaxDim) +
                                     " a tensor can hold; use fewer channels or units, or pool before it");
 }
@@ -122,10 +121,14 @@ ModelSpec parse_model_spec(const std::string& text, Shape input, int num_classes
       l.channels = to_int(token, f[2]);
       l.same = true;
       for (std::size_t i = 3; i < f.size(); ++i) {
-        if (f[i] == "same") l.same = true;
-        else if (f[i] == "valid") l.same = false;
-        else if (f[i].size() > 1 && f[i][0] == 's') l.stride = to_int(token, f[i].substr(1));
-        else bad(token, "unknown field " + quote_input(f[i], 40) + " (same, valid or sSTRIDE)");
+        if (f[i] == "same")
+          l.same = true;
+        else if (f[i] == "valid")
+          l.same = false;
+        else if (f[i].size() > 1 && f[i][0] == 's')
+          l.stride = to_int(token, f[i].substr(1));
+        else
+          bad(token, "unknown field " + quote_input(f[i], 40) + " (same, valid or sSTRIDE)");
       }
       // In 64 bits: a kernel or stride near INT32_MAX overflows the sums in int (Note [Sizes of a model]).
       auto resolve = [&](int in, int ksize, int& lo, int& hi) {
@@ -264,8 +267,9 @@ InitSpec parse_init_spec(const std::string& text) {
     s.kind = InitSpec::Kind::kConstant;
     s.value = need_value(0.0f);
   } else {
-    throw_error(ExitCode::kUsage, what + ": unknown kind (truncated_normal:STD, normal:STD, xavier, he, "
-                                         "zeros, constant:V)");
+    throw_error(ExitCode::kUsage, what +
+                                      ": unknown kind (truncated_normal:STD, normal:STD, xavier, he, "
+                                      "zeros, constant:V)");
   }
   if (s.kind != InitSpec::Kind::kConstant && f.size() == 2 && !(s.value > 0.0f))
     throw_error(ExitCode::kUsage, what + ": stddev must be positive");
@@ -306,8 +310,10 @@ MemoryEstimate estimate_model_memory(const ModelSpec& spec, std::int64_t train_b
   };
   auto add = [&](std::int64_t& to, std::optional<std::int64_t> v) {
     const std::optional<std::int64_t> sum = v ? checked_add(to, *v) : std::nullopt;
-    if (!sum) e.overflow = true;
-    else to = *sum;
+    if (!sum)
+      e.overflow = true;
+    else
+      to = *sum;
     return sum.has_value();
   };
   const std::int64_t state_copies = 2 + (adam ? 2 : 1);  // parameters, gradients, moments
@@ -355,9 +361,12 @@ void check_model_fits_memory(const ModelSpec& spec, std::int64_t train_batch, st
   const std::int64_t physical = physical_memory_bytes();
   const MemoryEstimate e = estimate_model_memory(spec, train_batch, eval_batch, adam, rank0);
   if (physical <= 0 || (!e.overflow && e.total_bytes <= physical)) return;
-  const auto amount = [&](std::int64_t b) { return e.overflow ? std::string("more than 8 EiB") : "about " + bytes_text(b); };
-  std::string msg = "the model needs " + amount(e.total_bytes) + " of memory on this rank (" + std::to_string(spec.param_count) +
-                    " parameters with their gradients and " + (adam ? "adam" : "sgd") + " state";
+  const auto amount = [&](std::int64_t b) {
+    return e.overflow ? std::string("more than 8 EiB") : "about " + bytes_text(b);
+  };
+  std::string msg = "the model needs " + amount(e.total_bytes) + " of memory on this rank (" +
+                    std::to_string(spec.param_count) + " parameters with their gradients and " +
+                    (adam ? "adam" : "sgd") + " state";
   if (!e.overflow) msg += ": " + bytes_text(e.state_bytes);
   msg += "; activations for a batch of " + std::to_string(train_batch) +
          (rank0 ? " and an evaluation batch of " + std::to_string(eval_batch) : std::string()) +
@@ -371,8 +380,8 @@ void check_model_fits_memory(const ModelSpec& spec, std::int64_t train_batch, st
   throw_error(ExitCode::kUsage, msg + "; use a smaller --model or --batch-size");
 }
 
-void init_params(const ModelSpec& spec, const InitSpec& weight_init, const InitSpec& bias_init,
-                 std::uint64_t seed, float* params) {
+void init_params(const ModelSpec& spec, const InitSpec& weight_init, const InitSpec& bias_init, std::uint64_t seed,
+                 float* params) {
   for (std::size_t t = 0; t < spec.params.size(); ++t) {
     const ParamTensor& p = spec.params[t];
     const InitSpec& init = p.is_bias ? bias_init : weight_init;
@@ -393,14 +402,20 @@ void init_params(const ModelSpec& spec, const InitSpec& weight_init, const InitS
           v *= init.value;
           break;
         }
-        case InitSpec::Kind::kNormal: v = init.value * normal(i, 0); break;
-        case InitSpec::Kind::kHeNormal: v = std::sqrt(2.0 / p.fan_in) * normal(i, 0); break;
+        case InitSpec::Kind::kNormal:
+          v = init.value * normal(i, 0);
+          break;
+        case InitSpec::Kind::kHeNormal:
+          v = std::sqrt(2.0 / p.fan_in) * normal(i, 0);
+          break;
         case InitSpec::Kind::kXavierUniform: {
           double limit = std::sqrt(6.0 / (p.fan_in + p.fan_out));
           v = limit * (2.0 * rng::uniform_open(rng::key(seed, 0x1417, t, static_cast<std::uint64_t>(i), 7)) - 1.0);
           break;
         }
-        case InitSpec::Kind::kConstant: v = init.value; break;
+        case InitSpec::Kind::kConstant:
+          v = init.value;
+          break;
       }
       out[i] = static_cast<float>(v);
     }

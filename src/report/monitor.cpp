@@ -56,15 +56,16 @@ Monitor::Monitor(const Options& options, MonitorSetup setup)
     }
     if (!opt_.timeline_file.empty()) {
       check_replaced_output("--timeline", opt_.timeline_file);
-      timeline_file_ = std::make_unique<OutputFile>("the timeline (--timeline)", opt_.timeline_file,
-                                                    OutputFile::Mode::kReplace);
+      timeline_file_ =
+          std::make_unique<OutputFile>("the timeline (--timeline)", opt_.timeline_file, OutputFile::Mode::kReplace);
     }
     if (!opt_.report_file.empty()) {
       check_replaced_output("--report", opt_.report_file);
       report_file_ =
           std::make_unique<OutputFile>("the report (--report)", opt_.report_file, OutputFile::Mode::kReplace);
     }
-    if (!opt_.tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(opt_.tensorboard_dir, setup_.host);
+    if (!opt_.tensorboard_dir.empty())
+      tensorboard_ = std::make_unique<TensorBoardWriter>(opt_.tensorboard_dir, setup_.host);
     // Reserved up front so that logging allocates nothing, up to a cap: --max-steps comes from the
     // user, and a run of 2^63 steps must not ask for exabytes here (it grows past the cap instead).
     constexpr std::int64_t kMaxReserved = std::int64_t{1} << 20;
@@ -74,11 +75,11 @@ Monitor::Monitor(const Options& options, MonitorSetup setup)
     scalars_.reserve(8);
   }
   if (!opt_.timeline_file.empty())
-    timeline_ = std::make_unique<Timeline>(
-        setup_.rank,
-        timeline_capacity(setup_.total_steps, setup_.accumulation, setup_.layer_names.size(), setup_.buckets, evaluations,
-                          setup_.world),
-        setup_.layer_names);
+    timeline_ =
+        std::make_unique<Timeline>(setup_.rank,
+                                   timeline_capacity(setup_.total_steps, setup_.accumulation, setup_.layer_names.size(),
+                                                     setup_.buckets, evaluations, setup_.world),
+                                   setup_.layer_names);
 }
 
 // An output written at the end through PATH.tmp and a rename: a directory, a FIFO or a missing
@@ -92,8 +93,9 @@ void Monitor::check_replaced_output(const char* option, const std::string& path)
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   std::error_code ec;
   MNIST_CHECK(::access(dir.c_str(), W_OK) == 0 && (!fs::exists(p, ec) || ::access(p.c_str(), W_OK) == 0),
-              ExitCode::kUsage, std::string(option) + " " + quote_input(path) + ": cannot write there (" +
-                                    std::strerror(errno) + "); choose a writable path");
+              ExitCode::kUsage,
+              std::string(option) + " " + quote_input(path) + ": cannot write there (" + std::strerror(errno) +
+                  "); choose a writable path");
 }
 
 void Monitor::metrics(const Json& event) {
@@ -118,7 +120,9 @@ void Monitor::on_start(const StartFacts& f) {
                 f.gpu_description.c_str());
   if (!rank0_) return;
   if (metrics_file_) {
-    Json event{{"event", "start"}, {"world_size", setup_.world}, {"global_batch", setup_.global_batch},
+    Json event{{"event", "start"},
+               {"world_size", setup_.world},
+               {"global_batch", setup_.global_batch},
                {"launcher", launch_.launcher}};
     launch_.add_json_fields(event);
     metrics(event);
@@ -127,11 +131,13 @@ void Monitor::on_start(const StartFacts& f) {
   std::ostringstream os;
   if (!f.device_note.empty()) os << f.device_note << "\n";
   os << "mnist_mpi " MNIST_MPI_VERSION ": " << setup_.world << " rank(s), backend " << f.backend << ", ";
-  if (f.cuda && !f.shared_gpus) os << "one GPU per rank, gradients summed by NCCL\n";
+  if (f.cuda && !f.shared_gpus)
+    os << "one GPU per rank, gradients summed by NCCL\n";
   else if (f.cuda)
     os << "ranks share GPUs (--allow-gpu-sharing): gradients summed through host memory by MPI, as NCCL needs one GPU "
           "per rank\n";
-  else os << f.threads << " thread(s) per rank\n";
+  else
+    os << f.threads << " thread(s) per rank\n";
   if (!launch_.describe().empty()) os << launch_.describe() << "\n";
   os << "data: " << f.train_images << " train, " << f.validation_images << " validation, " << f.test_images
      << " test images from " << opt_.data_dir << "\n"
@@ -184,8 +190,12 @@ void Monitor::on_log(std::int64_t step, double loss, double lr, double images_pe
   window_ = StepTiming{};
   window_steps_ = 0;
   if (metrics_file_)
-    metrics({{"event", "step"}, {"step", step + 1}, {"epoch", step / setup_.steps_per_epoch + 1},
-             {"loss", json_number(loss)}, {"lr", json_number(lr)}, {"images_per_s", json_number(images_per_s)}});
+    metrics({{"event", "step"},
+             {"step", step + 1},
+             {"epoch", step / setup_.steps_per_epoch + 1},
+             {"loss", json_number(loss)},
+             {"lr", json_number(lr)},
+             {"images_per_s", json_number(images_per_s)}});
 }
 
 void Monitor::on_eval(std::int64_t step, std::int64_t epoch, const char* split, double accuracy, double loss,
@@ -251,19 +261,21 @@ void Monitor::on_final(const FinalFacts& f) {
               static_cast<long long>(f.steps), f.epochs);
     out.print("%.0f images/s steady, wall %.1f s (+ evaluation %.1f s), start-up %.2f s, peak RSS per rank %s MB\n",
               f.images_per_s, f.wall_s, f.eval_s, f.startup_s, mb_list(f.peak_rss_kib).c_str());
-    out.print("per step: data %.2f ms, forward %.2f ms, backward %.2f ms, exposed communication %.2f ms, "
-              "optimizer %.2f ms; %.1f MB reduced\n",
-              1e3 * t.data, 1e3 * t.forward, 1e3 * t.backward, 1e3 * t.exposed_comm, 1e3 * t.optimizer,
-              t.reduced_bytes / 1048576.0);
+    out.print(
+        "per step: data %.2f ms, forward %.2f ms, backward %.2f ms, exposed communication %.2f ms, "
+        "optimizer %.2f ms; %.1f MB reduced\n",
+        1e3 * t.data, 1e3 * t.forward, 1e3 * t.backward, 1e3 * t.exposed_comm, 1e3 * t.optimizer,
+        t.reduced_bytes / 1048576.0);
     if (c.written > 0) {
       const double n = static_cast<double>(c.written);
       const double state = static_cast<double>(f.params) * sizeof(float) * (opt_.optimizer.kind == "adam" ? 3.0 : 2.0);
-      out.print("checkpoints: %lld written, %.2f MB each (parameters and optimiser state %.2f MB + %.1f KB); "
-                "rank 0 copied the state in %.2f ms, wrote it in %.1f ms (%s); the other ranks waited %.2f ms "
-                "at a checkpoint step (%.2f ms at other steps)\n",
-                static_cast<long long>(c.written), c.bytes / 1048576.0, state / 1048576.0, (c.bytes - state) / 1024.0,
-                c.capture_ms / n, c.write_ms / n, opt_.checkpoint_async ? "in the background" : "inline",
-                c.others_wait_ms, c.others_wait_baseline_ms);
+      out.print(
+          "checkpoints: %lld written, %.2f MB each (parameters and optimiser state %.2f MB + %.1f KB); "
+          "rank 0 copied the state in %.2f ms, wrote it in %.1f ms (%s); the other ranks waited %.2f ms "
+          "at a checkpoint step (%.2f ms at other steps)\n",
+          static_cast<long long>(c.written), c.bytes / 1048576.0, state / 1048576.0, (c.bytes - state) / 1024.0,
+          c.capture_ms / n, c.write_ms / n, opt_.checkpoint_async ? "in the background" : "inline", c.others_wait_ms,
+          c.others_wait_baseline_ms);
     }
     if (opt_.skip_nonfinite_steps || f.skipped_steps > 0)
       out.print("%lld non-finite step(s) skipped\n", static_cast<long long>(f.skipped_steps));
@@ -285,21 +297,23 @@ void Monitor::on_final(const FinalFacts& f) {
              {"images_per_s", json_number(f.images_per_s)},
              {"startup_s", json_number(f.startup_s)},
              {"peak_rss_mb", std::move(rss)},
-             {"step_ms", {{"data", json_number(1e3 * t.data)},
-                          {"forward", json_number(1e3 * t.forward)},
-                          {"backward", json_number(1e3 * t.backward)},
-                          {"exposed_comm", json_number(1e3 * t.exposed_comm)},
-                          {"optimizer", json_number(1e3 * t.optimizer)}}},
+             {"step_ms",
+              {{"data", json_number(1e3 * t.data)},
+               {"forward", json_number(1e3 * t.forward)},
+               {"backward", json_number(1e3 * t.backward)},
+               {"exposed_comm", json_number(1e3 * t.exposed_comm)},
+               {"optimizer", json_number(1e3 * t.optimizer)}}},
              {"reduced_bytes_per_step", json_number(t.reduced_bytes)},
              {"buckets", setup_.buckets},
              {"skipped_steps", f.skipped_steps},
              {"params_hash", f.params_hash},
-             {"checkpoints", {{"written", c.written},
-                              {"bytes", json_number(c.bytes)},
-                              {"capture_ms", json_number(c.written ? c.capture_ms / written : 0.0)},
-                              {"write_ms", json_number(c.written ? c.write_ms / written : 0.0)},
-                              {"others_wait_ms", json_number(c.others_wait_ms)},
-                              {"others_wait_baseline_ms", json_number(c.others_wait_baseline_ms)}}}};
+             {"checkpoints",
+              {{"written", c.written},
+               {"bytes", json_number(c.bytes)},
+               {"capture_ms", json_number(c.written ? c.capture_ms / written : 0.0)},
+               {"write_ms", json_number(c.written ? c.write_ms / written : 0.0)},
+               {"others_wait_ms", json_number(c.others_wait_ms)},
+               {"others_wait_baseline_ms", json_number(c.others_wait_baseline_ms)}}}};
   launch_.add_json_fields(event);
   metrics(event);
 }
@@ -311,9 +325,12 @@ void Monitor::finish(Communicator& comm, const FinalFacts& f) {
     const double all_s = std::chrono::duration<double>(Clock::now() - setup_.process_start).count();
     const StepTiming& t = total_;
     std::vector<TimeShare>& time = report_.time;
-    time = {{"start-up", f.startup_s},  {"data", t.data},
-            {"forward", t.forward},     {"backward", t.backward},
-            {"exposed communication", t.exposed_comm}, {"optimizer", t.optimizer},
+    time = {{"start-up", f.startup_s},
+            {"data", t.data},
+            {"forward", t.forward},
+            {"backward", t.backward},
+            {"exposed communication", t.exposed_comm},
+            {"optimizer", t.optimizer},
             {"evaluation", eval_s_}};
     double known = 0;
     for (const TimeShare& s : time) known += s.seconds;

@@ -35,8 +35,10 @@ OutputFile::~OutputFile() {
   if (!owned_ || !file_) return;
   // A kReplace output not closed explicitly is incomplete (an exception while writing it): it
   // must not replace PATH. A stream has everything written so far: close it, checked.
-  if (mode_ == Mode::kReplace) discard();
-  else close();
+  if (mode_ == Mode::kReplace)
+    discard();
+  else
+    close();
 }
 
 OutputFile& OutputFile::standard_output() {

@@ -17,8 +17,10 @@ std::string clock_text(double s) {
   if (!(s >= 0) || s > 359999) return "--:--";
   const long t = static_cast<long>(s + 0.5);
   char b[32];
-  if (t >= 3600) std::snprintf(b, sizeof b, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
-  else std::snprintf(b, sizeof b, "%ld:%02ld", t / 60, t % 60);
+  if (t >= 3600)
+    std::snprintf(b, sizeof b, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  else
+    std::snprintf(b, sizeof b, "%ld:%02ld", t / 60, t % 60);
   return b;
 }
 
@@ -54,9 +56,7 @@ Progress::Progress(ProgressMode mode, std::int64_t total_steps, std::int64_t ste
   start(Clock::now());
 }
 
-void Progress::start(Clock::time_point t) {
-  epoch_start_ = last_draw_ = t;
-}
+void Progress::start(Clock::time_point t) { epoch_start_ = last_draw_ = t; }
 
 void Progress::step_done(std::int64_t step, Clock::time_point now) {
   if (mode_ != ProgressMode::kBar) return;

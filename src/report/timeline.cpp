@@ -13,7 +13,7 @@
 namespace mnist_mpi {
 namespace {
 
-constexpr const char* kSpanNames[] = {"step", "data", "forward", "backward", "wait for bucket",
+constexpr const char* kSpanNames[] = {"step",      "data",      "forward",    "backward",  "wait for bucket",
                                       "optimizer", "allreduce", "evaluation", "checkpoint"};
 static_assert(sizeof kSpanNames / sizeof kSpanNames[0] == static_cast<std::size_t>(SpanKind::kCount));
 
@@ -73,7 +73,8 @@ void Timeline::align_clocks(Communicator& comm) {
   for (int round = 0; round < kRounds; ++round) {
     comm.barrier();
     comm.allgather(static_cast<std::uint64_t>(ns(Clock::now())), got);
-    diffs.push_back(static_cast<std::int64_t>(got[static_cast<std::size_t>(rank_)]) - static_cast<std::int64_t>(got[0]));
+    diffs.push_back(static_cast<std::int64_t>(got[static_cast<std::size_t>(rank_)]) -
+                    static_cast<std::int64_t>(got[0]));
     origin_ns_ = static_cast<std::int64_t>(got[0]);
   }
   std::sort(diffs.begin(), diffs.end());
@@ -120,12 +121,12 @@ void Timeline::gather_and_write(Communicator& comm, OutputFile* out, const std::
   std::vector<std::int64_t> lane_end;  // per communication lane: when its last span ended
   // One span event, reused: only the values change, assigned through references to them (no
   // lookup by name, and the name's string keeps its buffer).
-  Json span{{"name", ""}, {"cat", ""}, {"ph", "X"}, {"pid", 0}, {"tid", 0}, {"ts", 0}, {"dur", 0},
-            {"args", {{"step", 0}, {"index", 0}}}};
+  Json span{{"name", ""}, {"cat", ""}, {"ph", "X"}, {"pid", 0},
+            {"tid", 0},   {"ts", 0},   {"dur", 0},  {"args", {{"step", 0}, {"index", 0}}}};
   std::string& span_name_text = span["name"].get_ref<std::string&>();
   std::string& span_cat = span["cat"].get_ref<std::string&>();
-  Json &span_pid = span["pid"], &span_tid = span["tid"], &span_ts = span["ts"],
-       &span_dur = span["dur"], &span_step = span["args"]["step"], &span_index = span["args"]["index"];
+  Json &span_pid = span["pid"], &span_tid = span["tid"], &span_ts = span["ts"], &span_dur = span["dur"],
+       &span_step = span["args"]["step"], &span_index = span["args"]["index"];
   for (std::size_t r = 0; r < counts.size() && !f.failed(); ++r) {
     const std::uint8_t* end = p + counts[r];
     const auto dropped = read_pod<std::int64_t>(p);
@@ -157,7 +158,8 @@ void Timeline::gather_and_write(Communicator& comm, OutputFile* out, const std::
       if (s.kind == SpanKind::kBackward && s.index >= 0)
         std::snprintf(name, sizeof name, "backward %d %s", s.index,
                       static_cast<std::size_t>(s.index) < layer_names_.size()
-                          ? layer_names_[static_cast<std::size_t>(s.index)].c_str() : "");
+                          ? layer_names_[static_cast<std::size_t>(s.index)].c_str()
+                          : "");
       else if (s.kind == SpanKind::kAllreduce)
         std::snprintf(name, sizeof name, "allreduce bucket %d", s.index);
       else if (s.kind == SpanKind::kWait)

@@ -12,9 +12,7 @@
 #include "mnist_mpi/hash.hpp"
 
 namespace mnist_mpi {
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 std::string agreed_options(const std::string& resolved) {
   std::istringstream in(resolved);
@@ -60,9 +58,8 @@ void check_ranks_agree(Communicator& comm, const std::string& description) {
     diffs += (diffs.empty() ? "" : "; ") + key + " = " + va + " here, " + vb + " on rank 0";
   }
   if (diffs.empty()) diffs = "the descriptions differ only in their form";
-  throw_error(ExitCode::kUsage, "rank " + std::to_string(comm.rank()) +
-                                    " does not run the same job as rank 0: " + diffs +
-                                    " (every rank must get the same options, model, data and program version)");
+  throw_error(ExitCode::kUsage, "rank " + std::to_string(comm.rank()) + " does not run the same job as rank 0: " +
+                                    diffs + " (every rank must get the same options, model, data and program version)");
 }
 
 }  // namespace mnist_mpi

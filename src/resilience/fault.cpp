@@ -14,10 +14,11 @@ namespace mnist_mpi {
 
 Fault parse_fault(const std::string& text) {
   const auto bad = [&]() -> Fault {
-    throw_error(ExitCode::kUsage, "MNIST_MPI_FAULT=" + quote_input(text) +
-                                      " is not RANK:STEP:KIND with KIND one of kill, segv, throw, stop, hang, nan, "
-                                      "nor RANK:thread:NAME with NAME one of checkpoint-writer, communication, watchdog "
-                                      "(a testing hook; unset it for a normal run)");
+    throw_error(ExitCode::kUsage,
+                "MNIST_MPI_FAULT=" + quote_input(text) +
+                    " is not RANK:STEP:KIND with KIND one of kill, segv, throw, stop, hang, nan, "
+                    "nor RANK:thread:NAME with NAME one of checkpoint-writer, communication, watchdog "
+                    "(a testing hook; unset it for a normal run)");
   };
   Fault f;
   if (text.size() > 200) return bad();
@@ -41,13 +42,20 @@ Fault parse_fault(const std::string& text) {
     return bad();
   }
   const std::string k = text.substr(c2 + 1);
-  if (k == "kill") f.kind = FaultKind::kKill;
-  else if (k == "segv") f.kind = FaultKind::kSegv;
-  else if (k == "throw") f.kind = FaultKind::kThrow;
-  else if (k == "stop") f.kind = FaultKind::kStop;
-  else if (k == "hang") f.kind = FaultKind::kHang;
-  else if (k == "nan") f.kind = FaultKind::kNan;
-  else return bad();
+  if (k == "kill")
+    f.kind = FaultKind::kKill;
+  else if (k == "segv")
+    f.kind = FaultKind::kSegv;
+  else if (k == "throw")
+    f.kind = FaultKind::kThrow;
+  else if (k == "stop")
+    f.kind = FaultKind::kStop;
+  else if (k == "hang")
+    f.kind = FaultKind::kHang;
+  else if (k == "nan")
+    f.kind = FaultKind::kNan;
+  else
+    return bad();
   return f;
 }
 
@@ -66,8 +74,9 @@ void fault_after_thread_start(const char* name, int rank) {
     }
   }();
   if (f.kind == FaultKind::kThreadStart && f.rank == rank && f.thread == name)
-    throw_error(ExitCode::kRuntime, "MNIST_MPI_FAULT: rank " + std::to_string(rank) + " fails right after starting its " +
-                                        name + " thread, on purpose (a testing hook)");
+    throw_error(ExitCode::kRuntime, "MNIST_MPI_FAULT: rank " + std::to_string(rank) +
+                                        " fails right after starting its " + name +
+                                        " thread, on purpose (a testing hook)");
 }
 
 void fire_fault(const Fault& f) {
@@ -85,15 +94,23 @@ void fire_fault(const Fault& f) {
       break;
   }
   switch (f.kind) {
-    case FaultKind::kKill: std::raise(SIGKILL); break;
-    case FaultKind::kSegv: std::raise(SIGSEGV); break;
-    case FaultKind::kStop: std::raise(SIGSTOP); break;
+    case FaultKind::kKill:
+      std::raise(SIGKILL);
+      break;
+    case FaultKind::kSegv:
+      std::raise(SIGSEGV);
+      break;
+    case FaultKind::kStop:
+      std::raise(SIGSTOP);
+      break;
     case FaultKind::kHang:
       for (;;) pause();  // never returns: no signal handler of ours ends it
-    case FaultKind::kThrow: throw_error(ExitCode::kRuntime, what);
+    case FaultKind::kThrow:
+      throw_error(ExitCode::kRuntime, what);
     case FaultKind::kNone:
     case FaultKind::kNan:
-    case FaultKind::kThreadStart: break;
+    case FaultKind::kThreadStart:
+      break;
   }
 }
 

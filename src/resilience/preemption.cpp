@@ -65,8 +65,8 @@ void install_preemption_handlers() {
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
     for (int s : {SIGTERM, SIGINT, SIGUSR1}) sigaction(s, &sa, nullptr);
-    block_preemption_signals();  // this thread and every thread it starts from now on
-    std::thread(signal_thread).detach();        // lives until the process ends
+    block_preemption_signals();           // this thread and every thread it starts from now on
+    std::thread(signal_thread).detach();  // lives until the process ends
     return true;
   }();
   (void)installed;
@@ -78,9 +78,12 @@ void clear_preemption_signal() { g_signal = 0; }
 
 const char* signal_name(int signo) {
   switch (signo) {
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    case SIGUSR1: return "SIGUSR1";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    case SIGUSR1:
+      return "SIGUSR1";
     default: {
       static thread_local char buf[24];
       std::snprintf(buf, sizeof buf, "signal %d", signo);

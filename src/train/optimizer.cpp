@@ -61,8 +61,10 @@ void Optimizer::update(float* params, const float* grads, double lr, std::int64_
               "Optimizer::update: range outside the buffer or no begin_step()");
   float* m = m_.data() + begin;
   float* v = v_.empty() ? nullptr : v_.data() + begin;  // sgd has no second moment
-  if (backend_) backend_->optimizer_step(cfg_, t_, lr, params + begin, grads + begin, m, v, end - begin);
-  else optimizer_pass_host(cfg_, t_, lr, params + begin, grads + begin, m, v, end - begin);
+  if (backend_)
+    backend_->optimizer_step(cfg_, t_, lr, params + begin, grads + begin, m, v, end - begin);
+  else
+    optimizer_pass_host(cfg_, t_, lr, params + begin, grads + begin, m, v, end - begin);
 }
 
 void optimizer_pass_host(const OptimizerConfig& cfg, std::int64_t t, double lr, float* __restrict p,

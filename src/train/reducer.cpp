@@ -66,8 +66,8 @@ void Reducer::on_layer_done(int layer) {
   while (next_ < buckets_.size() && buckets_[next_].ready_after_layer >= layer) {
     const Bucket& b = buckets_[next_];
     timings_[next_].start = std::chrono::steady_clock::now();
-    requests_[next_] = comm_.start_allreduce_sum(grads_.subspan(static_cast<std::size_t>(b.begin),
-                                                                static_cast<std::size_t>(b.end - b.begin)));
+    requests_[next_] = comm_.start_allreduce_sum(
+        grads_.subspan(static_cast<std::size_t>(b.begin), static_cast<std::size_t>(b.end - b.begin)));
     ++next_;
   }
 }

@@ -12,8 +12,8 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 Step::Step(const StepParts& parts, const StepShape& shape)
     : p_(parts), shape_(shape), grad_scale_(1.0f / static_cast<float>(shape.global_batch)) {
-  MNIST_CHECK(p_.backend && p_.model && p_.params && p_.grads && p_.reducer && p_.optimizer && p_.guard &&
-                  p_.sampler && p_.data && p_.loss,
+  MNIST_CHECK(p_.backend && p_.model && p_.params && p_.grads && p_.reducer && p_.optimizer && p_.guard && p_.sampler &&
+                  p_.data && p_.loss,
               ExitCode::kRuntime, "Step: a part is missing");
   const ModelSpec& spec = p_.model->spec();
   if (shape_.accumulation > 1) p_.backend->allocate(spec.param_count).swap(accum_);
@@ -54,8 +54,8 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
   for (std::int64_t micro = 0; micro < shape_.accumulation; ++micro) {
     const bool last = micro + 1 == shape_.accumulation;
     // Note [Micro-batches and positions] (include/mnist_mpi/data/sampler.hpp)
-    const Slice slice = p_.sampler->slice(step, shape_.rank * shape_.accumulation + micro,
-                                          shape_.world * shape_.accumulation);
+    const Slice slice =
+        p_.sampler->slice(step, shape_.rank * shape_.accumulation + micro, shape_.world * shape_.accumulation);
     const auto m0 = Clock::now();
     load_batch(slice);
     const auto m1 = Clock::now();
@@ -72,8 +72,10 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
       accumulating_ = false;
     } else {  // like DDP's no_sync: no reduction, the gradients are summed locally
       p_.model->backward(ctx);
-      if (micro == 0) p_.backend->copy(accum_->data(), p_.grads->data(), spec.param_count);
-      else p_.backend->add(accum_->data(), p_.grads->data(), spec.param_count);
+      if (micro == 0)
+        p_.backend->copy(accum_->data(), p_.grads->data(), spec.param_count);
+      else
+        p_.backend->add(accum_->data(), p_.grads->data(), spec.param_count);
     }
     const auto m3 = Clock::now();
     if (tl) {

@@ -55,7 +55,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   make_training_state();
   if (rank0_) make_evaluation();
   replica_hashes_.resize(static_cast<std::size_t>(comm_.size()));
-  MonitorSetup ms{comm_.rank(), comm_.size(), comm_.host(), {}, reducer_->buckets().size(), total_steps_,
+  MonitorSetup ms{comm_.rank(),     comm_.size(),  comm_.host(),  {},    reducer_->buckets().size(), total_steps_,
                   steps_per_epoch_, global_batch_, accumulation_, start_};
   for (const LayerSpec& l : spec_.layers) ms.layer_names.push_back(l.text);
   monitor_ = std::make_unique<Monitor>(opt_, std::move(ms));  // opens the metrics file (rank 0)
@@ -63,7 +63,8 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   step_ = std::make_unique<Step>(
       StepParts{backend_.get(), train_model_.get(), params_.get(), grads_.get(), reducer_.get(), optimizer_.get(),
                 guard_.get(), sampler_.get(), train_data_.get(), train_loss_.get(), timeline_},
-      StepShape{comm_.rank(), comm_.size(), accumulation_, batch_, global_batch_, opt_.seed, opt_.skip_nonfinite_steps});
+      StepShape{comm_.rank(), comm_.size(), accumulation_, batch_, global_batch_, opt_.seed,
+                opt_.skip_nonfinite_steps});
   monitor_->on_start(start_facts(threads, gpus));  // which GPU (every rank), the banner, the "start" event
 }
 
@@ -79,21 +80,24 @@ void Trainer::resolve_batch_sizes() {
   const std::int64_t parts = checked_mul(world, accumulation_).value_or(-1);  // micro-batches per global batch
   if (parts < 0) too_big("--accumulation-steps " + std::to_string(accumulation_));
   if (opt_.global_batch_size > 0) {
-    MNIST_CHECK(opt_.global_batch_size % parts == 0, ExitCode::kUsage,
-                "--global-batch-size " + std::to_string(opt_.global_batch_size) + " does not divide by the " +
-                    std::to_string(world) + " ranks" +
-                    (accumulation_ > 1 ? " x " + std::to_string(accumulation_) + " accumulation steps" : std::string()) +
-                    "; choose a multiple of " + std::to_string(parts) + " or give --batch-size per rank");
+    MNIST_CHECK(
+        opt_.global_batch_size % parts == 0, ExitCode::kUsage,
+        "--global-batch-size " + std::to_string(opt_.global_batch_size) + " does not divide by the " +
+            std::to_string(world) + " ranks" +
+            (accumulation_ > 1 ? " x " + std::to_string(accumulation_) + " accumulation steps" : std::string()) +
+            "; choose a multiple of " + std::to_string(parts) + " or give --batch-size per rank");
     global_batch_ = opt_.global_batch_size;
     batch_ = global_batch_ / parts;
   } else {
     batch_ = opt_.batch_size;
     global_batch_ = checked_mul(batch_, parts).value_or(-1);
-    if (global_batch_ < 0) too_big("--batch-size " + std::to_string(batch_) + " x " + std::to_string(parts) + " micro-batches");
+    if (global_batch_ < 0)
+      too_big("--batch-size " + std::to_string(batch_) + " x " + std::to_string(parts) + " micro-batches");
   }
   MNIST_CHECK(batch_ <= std::numeric_limits<int>::max(), ExitCode::kUsage,
-              "a batch of " + std::to_string(batch_) + " images per rank is more than this program can hold; give a "
-              "smaller --batch-size or --global-batch-size");
+              "a batch of " + std::to_string(batch_) +
+                  " images per rank is more than this program can hold; give a "
+                  "smaller --batch-size or --global-batch-size");
 }
 
 // The backend of the chosen device, and the communicator that sums its gradients. Returns the
@@ -119,8 +123,8 @@ void Trainer::make_training_state() {
   const InitSpec wi = parse_init_spec(opt_.weight_init), bi = parse_init_spec(opt_.bias_init);
   {  // before anything is allocated (Note [Will the model fit?])
     const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
-    backend_->check_model_fits(spec_, batch_, std::min(opt_.eval_batch_size, largest),
-                               opt_.optimizer.kind == "adam", rank0_);
+    backend_->check_model_fits(spec_, batch_, std::min(opt_.eval_batch_size, largest), opt_.optimizer.kind == "adam",
+                               rank0_);
   }
   params_ = backend_->allocate(spec_.param_count);
   grads_ = backend_->allocate(spec_.param_count);
@@ -159,22 +163,22 @@ void Trainer::make_evaluation() {
 // What the banner says (Monitor::on_start).
 StartFacts Trainer::start_facts(int threads, const GpuProbe& gpus) const {
   return StartFacts{.device_note = device_.note,
-                         .backend = backend_->name(),
-                         .threads = threads,
-                         .cuda = device_.cuda,
-                         .shared_gpus = shared_gpus_,
-                         .gpu = device_.gpu,
-                         .gpus = gpus.count,
-                         .gpu_description = device_.cuda ? describe_gpu(device_.gpu) : std::string(),
-                         .launch = launch_,
-                         .train_images = data_.train.count,
-                         .validation_images = data_.validation.count,
-                         .test_images = data_.test.count,
-                         .model = spec_.text,
-                         .params = spec_.param_count,
-                         .layers = train_model_->describe(),
-                         .per_rank_batch = batch_,
-                         .gradient_progress = grad_comm_->progress_mode()};
+                    .backend = backend_->name(),
+                    .threads = threads,
+                    .cuda = device_.cuda,
+                    .shared_gpus = shared_gpus_,
+                    .gpu = device_.gpu,
+                    .gpus = gpus.count,
+                    .gpu_description = device_.cuda ? describe_gpu(device_.gpu) : std::string(),
+                    .launch = launch_,
+                    .train_images = data_.train.count,
+                    .validation_images = data_.validation.count,
+                    .test_images = data_.test.count,
+                    .model = spec_.text,
+                    .params = spec_.param_count,
+                    .layers = train_model_->describe(),
+                    .per_rank_batch = batch_,
+                    .gradient_progress = grad_comm_->progress_mode()};
 }
 
 std::string Trainer::job_description() const {
@@ -222,8 +226,8 @@ EvalResult Trainer::evaluate(const Split& split) {
     source->slice(first, n, eval_model_->input());
     // A short last batch: the rows past n are stale and their outputs are ignored.
     eval_model_->forward(ctx);
-    backend_->softmax_cross_entropy(eval_model_->logits(), source->labels(), static_cast<int>(n),
-                                    spec_.num_classes(), nullptr, 0.0f, *eval_loss_);
+    backend_->softmax_cross_entropy(eval_model_->logits(), source->labels(), static_cast<int>(n), spec_.num_classes(),
+                                    nullptr, 0.0f, *eval_loss_);
   }
   const LossStats s = eval_loss_->read();  // the one synchronisation of an evaluation
   const double loss = s.loss_sum;
@@ -382,10 +386,11 @@ void Trainer::nonfinite_step(std::int64_t bad_step, bool own_loss_bad) {
                                : "; the GPU guard kept it and the " + std::to_string(current_step_ - bad_step) +
                                      " step(s) after it from the parameters";
   if (!opt_.skip_nonfinite_steps)
-    throw AgreedError(ExitCode::kNumerical, !rank0_ ? std::string() :  // main prints the one message
-                      "non-finite gradient in step " + std::to_string(bad_step + 1) + " (" + where + seen +
-                          "); training diverged or the data holds NaN: lower --lr, add --warmup-steps, or pass "
-                          "--skip-nonfinite-steps to skip such steps (no non-finite value reached the parameters)");
+    throw AgreedError(ExitCode::kNumerical,
+                      !rank0_ ? std::string() :  // main prints the one message
+                          "non-finite gradient in step " + std::to_string(bad_step + 1) + " (" + where + seen +
+                              "); training diverged or the data holds NaN: lower --lr, add --warmup-steps, or pass "
+                              "--skip-nonfinite-steps to skip such steps (no non-finite value reached the parameters)");
   ++skipped_;
   monitor_->on_skipped_step(bad_step, where);
 }

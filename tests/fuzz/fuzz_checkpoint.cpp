@@ -9,8 +9,8 @@
 
 #include "fuzz_util.hpp"
 #include "mnist_mpi/check.hpp"
-#include "mnist_mpi/crc32c.hpp"
 #include "mnist_mpi/checkpoint/checkpoint.hpp"
+#include "mnist_mpi/crc32c.hpp"
 
 namespace {
 

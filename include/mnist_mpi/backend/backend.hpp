@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "mnist_mpi/config/optimizer_config.hpp"
 #include "mnist_mpi/data/idx.hpp"
 #include "mnist_mpi/model/spec.hpp"
-#include "mnist_mpi/config/optimizer_config.hpp"
 
 namespace mnist_mpi {
 
@@ -41,12 +41,12 @@ enum class Layout { kPlain, kBlocked8, kBlocked16 };
 // Buffers of one layer, fixed for the model's lifetime (kernels bind them once, at build).
 struct LayerBuffers {
   int batch = 0;
-  const float* x = nullptr;  // (N, in.c, in.h, in.w)
-  float* y = nullptr;        // (N, out.c, out.h, out.w)
-  const float* dy = nullptr; // like y; null in an inference model
-  float* dx = nullptr;       // like x; null when no input gradient is needed (the first layer)
-  const float* w = nullptr;  // this layer's weight, then bias, in the flat parameter buffer
-  float* dw = nullptr;       // the same range of the flat gradient buffer; null for inference
+  const float* x = nullptr;          // (N, in.c, in.h, in.w)
+  float* y = nullptr;                // (N, out.c, out.h, out.w)
+  const float* dy = nullptr;         // like y; null in an inference model
+  float* dx = nullptr;               // like x; null when no input gradient is needed (the first layer)
+  const float* w = nullptr;          // this layer's weight, then bias, in the flat parameter buffer
+  float* dw = nullptr;               // the same range of the flat gradient buffer; null for inference
   Layout x_layout = Layout::kPlain;  // of x and dx
   Layout y_layout = Layout::kPlain;  // of y and dy
 };
@@ -160,8 +160,8 @@ class Backend {
     return std::vector<Layout>(spec.layers.size() + 1, Layout::kPlain);
   }
   // index: the layer's position in the spec (dropout key). training=false builds inference only.
-  virtual std::unique_ptr<LayerKernel> make_layer(const LayerSpec& spec, int index,
-                                                  const LayerBuffers& buffers, bool training) = 0;
+  virtual std::unique_ptr<LayerKernel> make_layer(const LayerSpec& spec, int index, const LayerBuffers& buffers,
+                                                  bool training) = 0;
   // Softmax cross-entropy from logits (N, classes), computed stably via log-sum-exp, added to
   // meter. When dlogits is non-null writes dlogits = (softmax - onehot) * grad_scale.
   virtual void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes,
@@ -180,8 +180,8 @@ class Backend {
 
   // One fused optimiser pass over n elements (Optimizer::step computes t and lr): params -= update,
   // with the moment buffers m and v (v unused by sgd) in the backend's memory.
-  virtual void optimizer_step(const OptimizerConfig& cfg, std::int64_t t, double lr, float* params,
-                              const float* grads, float* m, float* v, std::int64_t n) = 0;
+  virtual void optimizer_step(const OptimizerConfig& cfg, std::int64_t t, double lr, float* params, const float* grads,
+                              float* m, float* v, std::int64_t n) = 0;
   // dst[i] += src[i] and dst[i] = src[i] on the backend's buffers (gradient accumulation).
   virtual void add(float* dst, const float* src, std::int64_t n) = 0;
   virtual void copy(float* dst, const float* src, std::int64_t n) = 0;

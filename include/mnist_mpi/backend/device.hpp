@@ -9,14 +9,14 @@
 namespace mnist_mpi {
 
 struct GpuProbe {
-  int count = 0;           // usable GPUs visible to this process
-  std::string why_none;    // when count == 0: why, in words (no driver, no device, CUDA_VISIBLE_DEVICES)
+  int count = 0;         // usable GPUs visible to this process
+  std::string why_none;  // when count == 0: why, in words (no driver, no device, CUDA_VISIBLE_DEVICES)
 };
 
 struct DeviceChoice {
   bool cuda = false;
-  int gpu = -1;            // index among the visible GPUs
-  std::string note;        // how auto was resolved (printed by rank 0), empty otherwise
+  int gpu = -1;      // index among the visible GPUs
+  std::string note;  // how auto was resolved (printed by rank 0), empty otherwise
 };
 
 // requested: "auto" | "cpu" | "cuda". cuda_built: this build has the CUDA backend. Throws
@@ -25,7 +25,7 @@ DeviceChoice choose_device(const std::string& requested, bool cuda_built, const 
                            int local_size, bool allow_sharing, const std::string& host);
 
 bool cuda_built();
-GpuProbe probe_gpus();          // never throws; count 0 in builds without CUDA
+GpuProbe probe_gpus();              // never throws; count 0 in builds without CUDA
 std::string describe_gpu(int gpu);  // "NVIDIA H200, bus 0000:19:00.0, 139 GiB, sm_90"
 // Whether the CUDA backend module (build/libmnist_mpi_cuda.so) is loaded in this process; asking
 // does not load it. A run with --device cpu never loads it (tests/test_device.cpp).

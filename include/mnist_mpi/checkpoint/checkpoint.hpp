@@ -24,31 +24,31 @@ inline constexpr std::uint64_t kMaxCheckpointBytes = std::uint64_t{16} << 30;
 
 // The META section: a fixed 240-byte record (offsets in docs/checkpoint.md).
 struct CheckpointMeta {
-  std::int64_t step = 0;              // global steps completed; the next step to run
-  std::int64_t epoch = 0;             // 0-based epoch of the next step: step / steps_per_epoch
+  std::int64_t step = 0;   // global steps completed; the next step to run
+  std::int64_t epoch = 0;  // 0-based epoch of the next step: step / steps_per_epoch
   std::int64_t steps_per_epoch = 0;
   std::int64_t sampler_position = 0;  // the next step's first position in its epoch's permutation
   std::int64_t global_batch = 0;
-  std::int64_t train_count = 0;       // images in the training split the sampler permutes
-  std::int64_t total_steps = 0;       // of the run that wrote the file
-  std::int64_t world_size = 0;        // ranks of that run (information only)
+  std::int64_t train_count = 0;  // images in the training split the sampler permutes
+  std::int64_t total_steps = 0;  // of the run that wrote the file
+  std::int64_t world_size = 0;   // ranks of that run (information only)
   std::uint64_t seed = 0;
-  std::int64_t sampler_epoch = 0;     // RNG counter of the sampler: the permutation is key(seed, epoch)
-  std::int64_t dropout_step = 0;      // RNG counter of dropout: the next step's masks use this step
+  std::int64_t sampler_epoch = 0;  // RNG counter of the sampler: the permutation is key(seed, epoch)
+  std::int64_t dropout_step = 0;   // RNG counter of dropout: the next step's masks use this step
   std::int64_t param_count = 0;
-  std::int64_t optimizer_steps = 0;   // Adam's t (bias correction), SGD's step count
-  std::uint32_t optimizer_kind = 0;   // 0 adam, 1 sgd
+  std::int64_t optimizer_steps = 0;  // Adam's t (bias correction), SGD's step count
+  std::uint32_t optimizer_kind = 0;  // 0 adam, 1 sgd
   std::uint32_t nesterov = 0;
   double beta1 = 0, beta2 = 0, eps = 0, momentum = 0, weight_decay = 0;
-  std::uint32_t schedule_kind = 0;    // 0 constant, 1 step, 2 cosine
+  std::uint32_t schedule_kind = 0;  // 0 constant, 1 step, 2 cosine
   std::uint32_t reserved = 0;
   double base_lr = 0, gamma = 0, step_epochs = 0, min_lr = 0;
   std::int64_t warmup_steps = 0;
-  double last_lr = 0;                 // the learning rate of the last step taken
-  double next_lr = 0;                 // the learning rate of the next step (of this run's schedule)
-  double validation_accuracy = 0;     // NaN when the validation split was not evaluated at this step
+  double last_lr = 0;              // the learning rate of the last step taken
+  double next_lr = 0;              // the learning rate of the next step (of this run's schedule)
+  double validation_accuracy = 0;  // NaN when the validation split was not evaluated at this step
   double validation_loss = 0;
-  double train_loss = 0;              // the last logged global training loss; NaN if none
+  double train_loss = 0;  // the last logged global training loss; NaN if none
 };
 inline constexpr std::size_t kCheckpointMetaBytes = 240;
 
@@ -63,14 +63,14 @@ struct CheckpointTensor {
 // Everything a file holds, decoded.
 struct Checkpoint {
   CheckpointMeta meta;
-  Shape input;                          // per-sample input (C, H, W)
+  Shape input;  // per-sample input (C, H, W)
   std::int32_t num_classes = 0;
-  std::string spec;                     // the model spec text
-  std::string config;                   // "key = value" lines of every option of the run
+  std::string spec;    // the model spec text
+  std::string config;  // "key = value" lines of every option of the run
   std::vector<CheckpointTensor> tensors;
-  std::vector<float> params;            // (param_count), the flat layout of ModelSpec
-  std::vector<float> first_moment;      // (param_count): Adam's m, SGD's momentum buffer
-  std::vector<float> second_moment;     // (param_count) for Adam, empty for SGD
+  std::vector<float> params;         // (param_count), the flat layout of ModelSpec
+  std::vector<float> first_moment;   // (param_count): Adam's m, SGD's momentum buffer
+  std::vector<float> second_moment;  // (param_count) for Adam, empty for SGD
 };
 
 // Lays out one run's file once (the sizes never change during a run) and writes the parts that
@@ -80,8 +80,7 @@ class CheckpointEncoder {
   CheckpointEncoder(const ModelSpec& spec, const std::string& config, bool second_moment);
   std::size_t size() const { return image_.size(); }
   // The training thread's part: copies the state into the file image (memcpy; no allocation).
-  void capture(const CheckpointMeta& meta, const float* params, const float* first_moment,
-               const float* second_moment);
+  void capture(const CheckpointMeta& meta, const float* params, const float* first_moment, const float* second_moment);
   // The writer's part: checksums of the sections capture() changed. Then bytes() is the file.
   void seal();
   std::span<const std::uint8_t> bytes() const { return image_; }
@@ -100,7 +99,9 @@ class CheckpointEncoder {
 Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::string& name);
 // Reads a file into memory (size bounded by kMaxCheckpointBytes first). Throws Error(kCheckpoint).
 std::vector<std::uint8_t> read_checkpoint_bytes(const std::string& path);
-inline Checkpoint load_checkpoint(const std::string& path) { return decode_checkpoint(read_checkpoint_bytes(path), path); }
+inline Checkpoint load_checkpoint(const std::string& path) {
+  return decode_checkpoint(read_checkpoint_bytes(path), path);
+}
 // Reads and verifies only the header and META (the first section): cheap, for choosing files.
 CheckpointMeta read_checkpoint_meta(const std::string& path);
 

@@ -14,11 +14,11 @@
 #include <thread>
 #include <vector>
 
-#include "mnist_mpi/comm/communicator.hpp"
-#include "mnist_mpi/joined_thread.hpp"
-#include "mnist_mpi/config/options.hpp"
-#include "mnist_mpi/model/spec.hpp"
 #include "mnist_mpi/checkpoint/checkpoint.hpp"
+#include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/config/options.hpp"
+#include "mnist_mpi/joined_thread.hpp"
+#include "mnist_mpi/model/spec.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 
 namespace mnist_mpi {
@@ -31,10 +31,10 @@ struct CheckpointRun {
 
 // The training state a checkpoint saves, in host memory.
 struct TrainingState {
-  const float* params = nullptr;          // (count)
-  const float* first_moment = nullptr;    // (count)
-  const float* second_moment = nullptr;   // (count); null for sgd
-  const Optimizer* optimizer = nullptr;   // step count and configuration
+  const float* params = nullptr;         // (count)
+  const float* first_moment = nullptr;   // (count)
+  const float* second_moment = nullptr;  // (count); null for sgd
+  const Optimizer* optimizer = nullptr;  // step count and configuration
 };
 
 // The trainer's side of a checkpoint; the checkpointer calls it only when it writes one.
@@ -54,22 +54,22 @@ class CheckpointSource {
 
 // The state after a step, for a checkpoint at that point.
 struct StepEnd {
-  std::int64_t step = 0;       // steps completed
+  std::int64_t step = 0;  // steps completed
   bool epoch_end = false, last = false;
-  double lr = 0, next_lr = 0;  // of the step just taken, of the next one
+  double lr = 0, next_lr = 0;                           // of the step just taken, of the next one
   double validation_accuracy = 0, validation_loss = 0;  // NaN unless evaluated after this step
-  double train_loss = 0;       // NaN unless known
+  double train_loss = 0;                                // NaN unless known
   CheckpointSource* source = nullptr;
 };
 
 // Numbers for the final report.
 struct CheckpointStats {
   std::int64_t written = 0;
-  double bytes = 0;                 // per file
-  double capture_ms = 0;            // rank 0, training thread: copying the state (mean)
-  double write_ms = 0;              // rank 0: checksums + write + fsync + rename (mean; background if async)
-  double wait_previous_ms = 0;      // rank 0: waiting for the previous write to finish (total)
-  double others_wait_ms = 0;        // the other ranks: mean wait at the step boundary after a checkpoint
+  double bytes = 0;                    // per file
+  double capture_ms = 0;               // rank 0, training thread: copying the state (mean)
+  double write_ms = 0;                 // rank 0: checksums + write + fsync + rename (mean; background if async)
+  double wait_previous_ms = 0;         // rank 0: waiting for the previous write to finish (total)
+  double others_wait_ms = 0;           // the other ranks: mean wait at the step boundary after a checkpoint
   double others_wait_baseline_ms = 0;  // ... and after a step without one
   std::string last_file;
 };
@@ -105,11 +105,11 @@ class Checkpointer {
   std::int64_t per_rank_batch() const { return run_.global_batch / (comm_.size() * opt_.accumulation_steps); }
   // Throws when ck cannot continue this run; returns the options that differ (for a note).
   std::string check_compatible(const Checkpoint& ck, const std::string& path) const;
-  void write(const StepEnd& s);   // rank 0
-  void wait_idle();               // rank 0: the previous write has finished
-  void write_job();               // rank 0: seal, write, prune (the writer thread, or inline)
+  void write(const StepEnd& s);  // rank 0
+  void wait_idle();              // rank 0: the previous write has finished
+  void write_job();              // rank 0: seal, write, prune (the writer thread, or inline)
   void prune();
-  void agree_on_errors();         // collective
+  void agree_on_errors();  // collective
   void writer_loop();
 
   const Options& opt_;
@@ -121,7 +121,7 @@ class Checkpointer {
   std::string resumed_from_;
   std::int64_t last_written_step_ = -1;
   int stop_signal_ = 0;
-  std::unique_ptr<CheckpointEncoder> encoder_;  // rank 0
+  std::unique_ptr<CheckpointEncoder> encoder_;   // rank 0
   std::map<std::string, double> validation_of_;  // file name -> validation accuracy (NaN: none)
   CheckpointStats stats_;
   double others_wait_s_ = 0, others_base_s_ = 0;
@@ -133,7 +133,7 @@ class Checkpointer {
   std::mutex mu_;
   std::condition_variable cv_;
   bool job_ = false, quit_ = false;
-  std::string error_;  // the first write error, for the next agreement
+  std::string error_;    // the first write error, for the next agreement
   JoinedThread thread_;  // last: joined first (Note [Threads are joined on every path])
 };
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "mnist_mpi/data/idx.hpp"
 #include "mnist_mpi/checkpoint/checkpoint.hpp"
+#include "mnist_mpi/data/idx.hpp"
 
 namespace mnist_mpi {
 

@@ -22,14 +22,15 @@ struct Options {
   std::int64_t validation_size = 5000;
   std::int64_t train_limit = 0;
   // model
-  std::string model = "conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10";
+  std::string model =
+      "conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10";
   std::string weight_init = "truncated_normal:0.1";
   std::string bias_init = "zeros";
   // training
   std::int64_t batch_size = 0;         // per rank
   std::int64_t global_batch_size = 0;  // alternative to batch_size
   std::int64_t epochs = 1;
-  std::int64_t max_steps = 0;          // 0: epochs decide
+  std::int64_t max_steps = 0;  // 0: epochs decide
   std::uint64_t seed = 42;
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
@@ -39,16 +40,16 @@ struct Options {
   bool no_overlap = false;
   std::int64_t accumulation_steps = 1;
   // checkpoints (docs/checkpoint.md)
-  std::string checkpoint_dir;          // empty: no checkpoints
-  std::int64_t checkpoint_every = 0;   // steps; 0: only at epoch ends and at the end of the run
-  std::int64_t keep_checkpoints = 3;   // the newest N, plus the best by validation accuracy; 0: all
-  std::string resume;                  // "", "auto" or a file
-  bool checkpoint_async = true;        // rank 0 writes from a snapshot on a background thread
+  std::string checkpoint_dir;         // empty: no checkpoints
+  std::int64_t checkpoint_every = 0;  // steps; 0: only at epoch ends and at the end of the run
+  std::int64_t keep_checkpoints = 3;  // the newest N, plus the best by validation accuracy; 0: all
+  std::string resume;                 // "", "auto" or a file
+  bool checkpoint_async = true;       // rank 0 writes from a snapshot on a background thread
   // system
-  std::string device = "cpu";     // auto | cpu | cuda (resolved per rank: include/mnist_mpi/backend/device.hpp)
+  std::string device = "cpu";      // auto | cpu | cuda (resolved per rank: include/mnist_mpi/backend/device.hpp)
   std::string precision = "fp32";  // fp32 | tf32 (CUDA: TF32 tensor cores in cuDNN and cuBLAS)
   bool allow_gpu_sharing = false;  // more ranks on a node than GPUs
-  int threads = 0;  // 0: auto
+  int threads = 0;                 // 0: auto
   // fault tolerance (issue 8)
   double collective_timeout = 300.0;  // seconds one collective may take before the job is ended (0 = never)
   bool skip_nonfinite_steps = false;  // skip (and count) a step whose gradient is not finite, instead of stopping

@@ -20,9 +20,9 @@ class Model {
 
   const ModelSpec& spec() const { return spec_; }
   int batch() const { return batch_; }
-  float* input() { return act_ptr_.front(); }                // (N, C, H, W)
-  const float* logits() const { return act_ptr_.back(); }    // (N, classes)
-  float* dlogits() { return dact_ptr_.back(); }              // (N, classes)
+  float* input() { return act_ptr_.front(); }              // (N, C, H, W)
+  const float* logits() const { return act_ptr_.back(); }  // (N, classes)
+  float* dlogits() { return dact_ptr_.back(); }            // (N, classes)
   bool training() const { return training_; }
 
   void forward(const StepContext& ctx);

@@ -22,13 +22,13 @@ struct Shape {
 
 struct LayerSpec {
   LayerKind kind{};
-  int kernel_h = 0, kernel_w = 0, stride = 1;  // conv and maxpool
-  int channels = 0;                            // conv: output channels; fc: output units
-  bool same = false;                           // conv padding
+  int kernel_h = 0, kernel_w = 0, stride = 1;                    // conv and maxpool
+  int channels = 0;                                              // conv: output channels; fc: output units
+  bool same = false;                                             // conv padding
   int pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;  // resolved from `same`
-  float drop_rate = 0.0f;                      // dropout: probability of dropping
-  Shape in, out;                               // resolved by parse_model_spec
-  std::string text;                            // the token as written
+  float drop_rate = 0.0f;                                        // dropout: probability of dropping
+  Shape in, out;                                                 // resolved by parse_model_spec
+  std::string text;                                              // the token as written
 };
 
 struct InitSpec {
@@ -39,11 +39,11 @@ struct InitSpec {
 
 // One parameter tensor's place in the flat buffers.
 struct ParamTensor {
-  std::string name;            // "3.conv.weight"
-  std::vector<int> shape;      // conv weight (O, I, KH, KW), fc weight (O, I), bias (O)
-  std::int64_t offset = 0;     // in elements, into the flat parameter / gradient buffers
+  std::string name;         // "3.conv.weight"
+  std::vector<int> shape;   // conv weight (O, I, KH, KW), fc weight (O, I), bias (O)
+  std::int64_t offset = 0;  // in elements, into the flat parameter / gradient buffers
   std::int64_t size = 0;
-  int layer = 0;               // index into ModelSpec::layers
+  int layer = 0;  // index into ModelSpec::layers
   bool is_bias = false;
   int fan_in = 0, fan_out = 0;
 };
@@ -68,11 +68,11 @@ InitSpec parse_init_spec(const std::string& text);
 // their gradients for train_batch images; on rank 0 the evaluation model's activations for
 // eval_batch images. An estimate: a backend's workspaces and copies come on top.
 struct MemoryEstimate {
-  bool overflow = false;               // some product or sum exceeded int64: far beyond any machine
+  bool overflow = false;  // some product or sum exceeded int64: far beyond any machine
   std::int64_t total_bytes = 0;
-  std::int64_t state_bytes = 0;        // parameters, gradients, optimiser moments
-  std::int64_t activation_bytes = 0;   // training and evaluation activations (and their gradients)
-  int largest_layer = -1;              // index into ModelSpec::layers; -1: no layer holds anything
+  std::int64_t state_bytes = 0;       // parameters, gradients, optimiser moments
+  std::int64_t activation_bytes = 0;  // training and evaluation activations (and their gradients)
+  int largest_layer = -1;             // index into ModelSpec::layers; -1: no layer holds anything
   std::int64_t largest_layer_bytes = 0;
 };
 MemoryEstimate estimate_model_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch,
@@ -85,7 +85,7 @@ std::int64_t physical_memory_bytes();
 void check_model_fits_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch, bool adam,
                              bool rank0);
 // Fills params (size spec.param_count) from the initialisers, deterministically from seed.
-void init_params(const ModelSpec& spec, const InitSpec& weight_init, const InitSpec& bias_init,
-                 std::uint64_t seed, float* params);
+void init_params(const ModelSpec& spec, const InitSpec& weight_init, const InitSpec& bias_init, std::uint64_t seed,
+                 float* params);
 
 }  // namespace mnist_mpi

@@ -27,9 +27,9 @@ struct TimeShare {
 
 struct ReportData {
   std::vector<std::pair<std::string, std::string>> facts;  // (name, value) rows of the summary
-  std::vector<TrainPoint> train;  // at every --log-every
+  std::vector<TrainPoint> train;                           // at every --log-every
   std::vector<EvalPoint> evals;
-  std::vector<TimeShare> time;    // where the time of the run went, in seconds, summing to the wall time
+  std::vector<TimeShare> time;  // where the time of the run went, in seconds, summing to the wall time
 };
 
 std::string report_json(const ReportData& data);

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mnist_mpi/checkpoint/checkpointer.hpp"
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/launch/launch_env.hpp"
@@ -27,7 +28,6 @@
 #include "mnist_mpi/report/progress.hpp"
 #include "mnist_mpi/report/tensorboard.hpp"
 #include "mnist_mpi/report/timeline.hpp"
-#include "mnist_mpi/checkpoint/checkpointer.hpp"
 
 namespace mnist_mpi {
 
@@ -60,17 +60,17 @@ struct StartFacts {
   std::string gpu_description;  // CUDA: describe_gpu(gpu)
   LaunchEnv launch;
   std::int64_t train_images = 0, validation_images = 0, test_images = 0;
-  std::string model;            // the model spec's text
+  std::string model;  // the model spec's text
   std::int64_t params = 0;
-  std::string layers;           // Model::describe(): one line per layer, each ending in '\n'
+  std::string layers;               // Model::describe(): one line per layer, each ending in '\n'
   std::int64_t per_rank_batch = 0;  // per micro-batch
   std::string gradient_progress;    // Communicator::progress_mode() of the gradient communicator
 };
 
 // A run stopped by a signal at a step boundary (exit code 75): rank 0's message and event.
 struct PreemptedFacts {
-  const char* signal = "";   // "SIGTERM"
-  std::int64_t steps = 0;    // steps done
+  const char* signal = "";     // "SIGTERM"
+  std::int64_t steps = 0;      // steps done
   bool checkpointing = false;  // --checkpoint-dir was given ...
   std::string checkpoint;      // ... and this checkpoint holds the run's state
 };
@@ -81,10 +81,10 @@ struct FinalFacts {
   std::int64_t steps = 0;
   double epochs = 0, startup_s = 0, images_per_s = 0, test_accuracy = 0, test_loss = 0;
   std::string params_hash, model;
-  double wall_s = 0;   // training, from the first step (evaluation included)
-  double eval_s = 0;   // evaluation, as the trainer timed it
+  double wall_s = 0;                        // training, from the first step (evaluation included)
+  double eval_s = 0;                        // evaluation, as the trainer timed it
   std::vector<std::uint64_t> peak_rss_kib;  // per rank
-  StepTiming per_step;  // means over the steady steps, and the bytes reduced per step
+  StepTiming per_step;                      // means over the steady steps, and the bytes reduced per step
   std::int64_t params = 0;
   CheckpointStats checkpoints;  // capture_ms and write_ms: totals over the checkpoints written
   std::int64_t skipped_steps = 0;

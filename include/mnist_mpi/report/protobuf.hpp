@@ -14,7 +14,7 @@ namespace mnist_mpi {
 
 class ProtoWriter {
  public:
-  void varint(int field, std::uint64_t v);       // wire type 0 (int64, uint64, bool, enum)
+  void varint(int field, std::uint64_t v);  // wire type 0 (int64, uint64, bool, enum)
   void int64(int field, std::int64_t v) { varint(field, static_cast<std::uint64_t>(v)); }
   void float64(int field, double v);             // wire type 1 (double)
   void float32(int field, float v);              // wire type 5 (float)

@@ -47,7 +47,7 @@ class TensorBoardWriter {
  private:
   void write_event(const ProtoWriter& event);
 
-  std::optional<OutputFile> file_;  // always engaged once constructed
+  std::optional<OutputFile> file_;       // always engaged once constructed
   ProtoWriter event_, summary_, value_;  // reused: their buffers grow to the largest event once
   std::string record_;
 };

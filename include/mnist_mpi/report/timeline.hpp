@@ -112,7 +112,7 @@ class Timeline {
 // counts and 1 GiB.
 inline constexpr std::size_t kTimelineMaxSpans = std::size_t{1} << 20;     // 32 MiB per rank
 inline constexpr std::size_t kTimelineMaxGathered = std::size_t{1} << 25;  // 1 GiB on rank 0
-std::size_t timeline_capacity(std::int64_t steps, std::int64_t accumulation, std::size_t layers,
-                              std::size_t buckets, std::int64_t evaluations, int world = 1);
+std::size_t timeline_capacity(std::int64_t steps, std::int64_t accumulation, std::size_t layers, std::size_t buckets,
+                              std::int64_t evaluations, int world = 1);
 
 }  // namespace mnist_mpi

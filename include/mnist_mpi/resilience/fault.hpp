@@ -13,12 +13,12 @@ namespace mnist_mpi {
 
 enum class FaultKind {
   kNone,
-  kKill,   // the rank sends itself SIGKILL (a node or process lost)
-  kSegv,   // the rank sends itself SIGSEGV (a crash)
-  kThrow,  // the rank throws an Error, as a failing library call would
-  kStop,   // the rank sends itself SIGSTOP (a stopped or swapped-out process)
-  kHang,   // the rank sleeps forever (a deadlock, a lost node that keeps its sockets)
-  kNan,    // the rank's loss and loss gradient become NaN (numerical trouble)
+  kKill,         // the rank sends itself SIGKILL (a node or process lost)
+  kSegv,         // the rank sends itself SIGSEGV (a crash)
+  kThrow,        // the rank throws an Error, as a failing library call would
+  kStop,         // the rank sends itself SIGSTOP (a stopped or swapped-out process)
+  kHang,         // the rank sleeps forever (a deadlock, a lost node that keeps its sockets)
+  kNan,          // the rank's loss and loss gradient become NaN (numerical trouble)
   kThreadStart,  // the rank throws right after starting the thread named by Fault::thread
 };
 
@@ -26,7 +26,7 @@ struct Fault {
   int rank = -1;
   std::int64_t step = 0;  // 1-based
   FaultKind kind = FaultKind::kNone;
-  std::string thread;     // kThreadStart: checkpoint-writer | communication | watchdog
+  std::string thread;  // kThreadStart: checkpoint-writer | communication | watchdog
   bool armed_for(int r, std::int64_t step0) const { return kind != FaultKind::kNone && rank == r && step == step0 + 1; }
 };
 

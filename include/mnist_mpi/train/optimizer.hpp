@@ -46,8 +46,8 @@ class Optimizer {
   std::int64_t count_;
   std::int64_t t_ = 0;
   Backend* backend_ = nullptr;
-  std::vector<float> host_m_, host_v_;          // without a backend; allocated once, here
-  std::unique_ptr<Buffer> buf_m_, buf_v_;       // with one
+  std::vector<float> host_m_, host_v_;     // without a backend; allocated once, here
+  std::unique_ptr<Buffer> buf_m_, buf_v_;  // with one
   std::span<float> m_, v_;
 };
 

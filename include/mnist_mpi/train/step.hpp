@@ -25,31 +25,31 @@ namespace mnist_mpi {
 // Where this rank's step runs: the pieces it drives, all owned by the trainer and bound once.
 struct StepParts {
   Backend* backend = nullptr;
-  Model* model = nullptr;           // the training model, bound to params and grads
+  Model* model = nullptr;  // the training model, bound to params and grads
   Buffer* params = nullptr;
   Buffer* grads = nullptr;
-  Reducer* reducer = nullptr;       // sums grads across the ranks, bucket by bucket
+  Reducer* reducer = nullptr;  // sums grads across the ranks, bucket by bucket
   Optimizer* optimizer = nullptr;
-  StepGuard* guard = nullptr;       // the backend's non-finite guard
-  Sampler* sampler = nullptr;       // order() caches the epoch's permutation
-  DataSource* data = nullptr;       // the training split where the backend computes
-  LossMeter* loss = nullptr;        // the training loss, summed over the log window
-  Timeline* timeline = nullptr;     // null unless --timeline
+  StepGuard* guard = nullptr;    // the backend's non-finite guard
+  Sampler* sampler = nullptr;    // order() caches the epoch's permutation
+  DataSource* data = nullptr;    // the training split where the backend computes
+  LossMeter* loss = nullptr;     // the training loss, summed over the log window
+  Timeline* timeline = nullptr;  // null unless --timeline
 };
 
 // The shape of the step, fixed for the run.
 struct StepShape {
   int rank = 0, world = 1;
-  std::int64_t accumulation = 1;      // micro-batches per rank per step
-  std::int64_t batch = 0;             // images per micro-batch
-  std::int64_t global_batch = 0;      // batch * accumulation * world
-  std::uint64_t seed = 0;             // dropout key
-  bool check_all_first = false;       // --skip-nonfinite-steps: every bucket checked before any is applied
+  std::int64_t accumulation = 1;  // micro-batches per rank per step
+  std::int64_t batch = 0;         // images per micro-batch
+  std::int64_t global_batch = 0;  // batch * accumulation * world
+  std::uint64_t seed = 0;         // dropout key
+  bool check_all_first = false;   // --skip-nonfinite-steps: every bucket checked before any is applied
 };
 
 struct StepResult {
-  StepTiming timing;      // host seconds of the parts of this step
-  bool applied = true;    // false: the host guard found a non-finite bucket; the rest were not applied
+  StepTiming timing;    // host seconds of the parts of this step
+  bool applied = true;  // false: the host guard found a non-finite bucket; the rest were not applied
   std::chrono::steady_clock::time_point begin, end;
 };
 
@@ -68,10 +68,10 @@ class Step {
 
   StepParts p_;
   StepShape shape_;
-  float grad_scale_;                        // 1 / global batch (Note [Averaging is a scaled sum])
-  std::unique_ptr<Buffer> accum_;           // the earlier micro-batches' gradient sum (accumulation > 1)
+  float grad_scale_;               // 1 / global batch (Note [Averaging is a scaled sum])
+  std::unique_ptr<Buffer> accum_;  // the earlier micro-batches' gradient sum (accumulation > 1)
   std::vector<std::pair<std::int64_t, std::int64_t>> layer_params_;  // (offset, size) per layer
-  bool accumulating_ = false;               // the last micro-batch of an accumulated step
+  bool accumulating_ = false;                                        // the last micro-batch of an accumulated step
   std::function<void(int)> on_layer_done_;  // made once: finishes a layer's gradient, starts buckets
   std::int64_t order_epoch_ = -1;           // the epoch whose order p_.data holds
 };

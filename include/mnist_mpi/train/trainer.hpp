@@ -14,6 +14,7 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/backend/device.hpp"
+#include "mnist_mpi/checkpoint/checkpointer.hpp"
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/data/idx.hpp"
@@ -22,7 +23,6 @@
 #include "mnist_mpi/launch/launch_env.hpp"
 #include "mnist_mpi/model/model.hpp"
 #include "mnist_mpi/report/monitor.hpp"
-#include "mnist_mpi/checkpoint/checkpointer.hpp"
 #include "mnist_mpi/resilience/fault.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 #include "mnist_mpi/train/reducer.hpp"
@@ -36,7 +36,6 @@ struct EvalResult {
   std::int64_t count = 0;
 };
 
-
 struct RunResult {
   StepTiming timing;  // seconds per step, averaged over the steady steps (the first 10 excluded)
   std::int64_t steps = 0;
@@ -44,11 +43,11 @@ struct RunResult {
   double last_train_loss = 0.0;  // global mean of the last logged step
   EvalResult test;               // rank 0 only
   double wall_s = 0.0;
-  double images_per_s = 0.0;     // steady: first 10 steps and evaluation excluded
+  double images_per_s = 0.0;  // steady: first 10 steps and evaluation excluded
   std::string params_hash;
-  std::int64_t first_step = 0;   // > 0 when resumed from a checkpoint
-  int preempted_signal = 0;      // the signal that stopped the run early (exit code 75), else 0
-  CheckpointStats checkpoints;   // rank 0's numbers (others_wait_* from every rank)
+  std::int64_t first_step = 0;     // > 0 when resumed from a checkpoint
+  int preempted_signal = 0;        // the signal that stopped the run early (exit code 75), else 0
+  CheckpointStats checkpoints;     // rank 0's numbers (others_wait_* from every rank)
   std::int64_t skipped_steps = 0;  // non-finite steps skipped (--skip-nonfinite-steps)
   // Training finished but an output (metrics, TensorBoard, timeline, report, stdout) could not be
   // written: exit code 7, on every rank alike (Note [When an output cannot be written]).
@@ -83,11 +82,11 @@ class Trainer final : private CheckpointSource {
   // run()'s clocks (Note [Timing a step] in src/train/trainer.cpp).
   struct RunClock {
     std::chrono::steady_clock::time_point run, steady, window;  // window: of the next log line's rate
-    std::int64_t warmup = 0;       // steps before the steady part
+    std::int64_t warmup = 0;                                    // steps before the steady part
     double startup_s = 0, eval_s = 0;
     double excluded_s = 0, excluded_at_steady = 0;  // evaluation and checkpoints (not training time)
     double steady_s = 0;
-    StepTiming sum;                // over the steady steps
+    StepTiming sum;  // over the steady steps
     void start_steady(Backend& backend);
     void end_steady(Backend& backend);
     void add(const StepTiming& t);
@@ -142,20 +141,19 @@ class Trainer final : private CheckpointSource {
   std::unique_ptr<DataSource> train_data_, validation_data_, test_data_;  // where the backend computes
   std::unique_ptr<LossMeter> train_loss_, eval_loss_;
   std::vector<std::uint64_t> replica_hashes_;  // (world)
-  std::unique_ptr<Monitor> monitor_;  // progress, metrics file, TensorBoard, timeline, report (src/report/)
-  Timeline* timeline_ = nullptr;      // null unless --timeline: then every step records spans
-  LaunchEnv launch_;  // Slurm job, launcher (src/launch/launch_env.cpp)
+  std::unique_ptr<Monitor> monitor_;           // progress, metrics file, TensorBoard, timeline, report (src/report/)
+  Timeline* timeline_ = nullptr;               // null unless --timeline: then every step records spans
+  LaunchEnv launch_;                           // Slurm job, launcher (src/launch/launch_env.cpp)
   bool rank0_ = false;
-  Fault fault_;  // MNIST_MPI_FAULT, when it names this rank (a testing hook)
+  Fault fault_;                 // MNIST_MPI_FAULT, when it names this rank (a testing hook)
   std::unique_ptr<Step> step_;  // one global step (step.hpp)
 
   // The loop's state (run()).
   RunClock clock_;
   std::int64_t current_step_ = 0, verdict_next_ = 0;  // verdict_next_: the first step whose verdict is unread
-  std::int64_t window_n_ = 0;                          // images in the log window
-  std::int64_t skipped_ = 0;                           // non-finite steps skipped
-  double logged_loss_ = 0;                             // the last logged training loss (NaN before)
+  std::int64_t window_n_ = 0;                         // images in the log window
+  std::int64_t skipped_ = 0;                          // non-finite steps skipped
+  double logged_loss_ = 0;                            // the last logged training loss (NaN before)
 };
-
 
 }  // namespace mnist_mpi

@@ -42,9 +42,8 @@ namespace {
 // (c, kh, kw, b) element is summed in the same order as before vectorising; the b loop is B
 // independent lanes (no FMA contraction in ISO C++ mode), so the bits do not depend on the ISA.
 template <int B>
-inline void image_weight_grad(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp,
-                              const float* __restrict xp, const float* __restrict dyp, float* __restrict part,
-                              float* __restrict bsum) {
+inline void image_weight_grad(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp, const float* __restrict xp,
+                              const float* __restrict dyp, float* __restrict part, float* __restrict bsum) {
   for (int h = 0; h < OH; ++h)
     for (int w = 0; w < OW; ++w) {
       const float* __restrict g = dyp + (static_cast<std::int64_t>(h) * OW + w) * B;
@@ -108,16 +107,19 @@ inline void image_weight_grad_k(int C, int s, int OH, int OW, int Hp, int Wp, co
 template <int B>
 inline void image_weight_grad_any(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp, const float* xp,
                                   const float* dyp, float* part, float* bsum) {
-  if (KH == 3 && KW == 3) image_weight_grad_k<B, 3, 3>(C, s, OH, OW, Hp, Wp, xp, dyp, part, bsum);
-  else if (KH == 5 && KW == 5) image_weight_grad_k<B, 5, 5>(C, s, OH, OW, Hp, Wp, xp, dyp, part, bsum);
-  else image_weight_grad<B>(C, KH, KW, s, OH, OW, Hp, Wp, xp, dyp, part, bsum);
+  if (KH == 3 && KW == 3)
+    image_weight_grad_k<B, 3, 3>(C, s, OH, OW, Hp, Wp, xp, dyp, part, bsum);
+  else if (KH == 5 && KW == 5)
+    image_weight_grad_k<B, 5, 5>(C, s, OH, OW, Hp, Wp, xp, dyp, part, bsum);
+  else
+    image_weight_grad<B>(C, KH, KW, s, OH, OW, Hp, Wp, xp, dyp, part, bsum);
 }
 
 // Built for AVX-512, AVX2 and the baseline, chosen at load time by the CPU (GCC's target_clones):
 // the rest of the program is built for the baseline x86-64 so that one build runs anywhere.
 MNIST_MPI_CPU_CLONES
-void image_weight_grad8(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp, const float* xp,
-                        const float* dyp, float* part, float* bsum) {
+void image_weight_grad8(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp, const float* xp, const float* dyp,
+                        float* part, float* bsum) {
   image_weight_grad_any<8>(C, KH, KW, s, OH, OW, Hp, Wp, xp, dyp, part, bsum);
 }
 MNIST_MPI_CPU_CLONES
@@ -129,8 +131,8 @@ void image_weight_grad16(int C, int KH, int KW, int s, int OH, int OW, int Hp, i
 // db[o] = the sum of dy (N, O/B, plane, B) over images and positions: per image in float, over
 // the batch in double (acc, O), B lanes at a time. Note [Bias gradient of a blocked convolution]
 template <int B>
-inline void bias_grad_blocked(int batch, int O, std::int64_t plane, const float* __restrict dy,
-                              double* __restrict acc, float* __restrict db) {
+inline void bias_grad_blocked(int batch, int O, std::int64_t plane, const float* __restrict dy, double* __restrict acc,
+                              float* __restrict db) {
   std::fill(acc, acc + O, 0.0);
   for (int n = 0; n < batch; ++n)
     for (int ob = 0; ob < O / B; ++ob) {
@@ -167,8 +169,8 @@ struct OwnScratch {
 // bits depend on the thread count (not on timing), and one thread gives exactly the serial sum.
 // Hp = (OH - 1) * stride + KH, Wp likewise.
 template <int B>
-void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, const float* dy, OwnScratch& sc,
-                             float* dw, float* db) {
+void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, const float* dy, OwnScratch& sc, float* dw,
+                             float* db) {
   const int C = l.in.c, H = l.in.h, W = l.in.w, O = l.out.c, OH = l.out.h, OW = l.out.w, KH = l.kernel_h,
             KW = l.kernel_w, s = l.stride;
   const int Hp = (OH - 1) * s + KH, Wp = (OW - 1) * s + KW;
@@ -193,7 +195,8 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
           for (int j = 0; j < W; ++j) {
             const int pw = j + l.pad_left;
             if (pw >= 0 && pw < Wp)
-              xpad[(static_cast<std::int64_t>(c) * Hp + ph) * Wp + pw] = xs[(static_cast<std::int64_t>(c) * H + i) * W + j];
+              xpad[(static_cast<std::int64_t>(c) * Hp + ph) * Wp + pw] =
+                  xs[(static_cast<std::int64_t>(c) * H + i) * W + j];
           }
         }
       for (int ob = 0; ob < O / B; ++ob) {
@@ -201,8 +204,10 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
         std::fill(part, part + per_block, 0.0f);
         float bsum[B] = {};
         const float* dyp = dy + ((static_cast<std::int64_t>(n) * (O / B) + ob) * OH * OW) * B;  // (OH, OW, B)
-        if constexpr (B == 8) image_weight_grad8(C, KH, KW, s, OH, OW, Hp, Wp, xpad, dyp, part, bsum);
-        else image_weight_grad16(C, KH, KW, s, OH, OW, Hp, Wp, xpad, dyp, part, bsum);
+        if constexpr (B == 8)
+          image_weight_grad8(C, KH, KW, s, OH, OW, Hp, Wp, xpad, dyp, part, bsum);
+        else
+          image_weight_grad16(C, KH, KW, s, OH, OW, Hp, Wp, xpad, dyp, part, bsum);
         double* a = acc + ob * per_block;
         for (std::int64_t k = 0; k < per_block; ++k) a[k] += part[k];
         for (int b = 0; b < B; ++b) bias_sum[ob * B + b] += bsum[b];
@@ -238,37 +243,37 @@ class Conv final : public LayerKernel {
     const dnnl::memory user_w = wrap(c, wei, tag::oihw, b.w);
 
     dnnl::convolution_forward::primitive_desc fwd(
-        dnnl::convolution_forward::desc(training ? dnnl::prop_kind::forward_training
-                                                 : dnnl::prop_kind::forward_inference,
-                                        dnnl::algorithm::convolution_direct, src_md, wei_any, bia_md,
-                                        dst_md, strides, pad_l, pad_r),
+        dnnl::convolution_forward::desc(
+            training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference,
+            dnnl::algorithm::convolution_direct, src_md, wei_any, bia_md, dst_md, strides, pad_l, pad_r),
         user_scratchpad(), c.engine);
     desc_ = "conv fwd " + impl(fwd);
     w_fwd_ = maybe_reorder(c, user_w, fwd.weights_desc(), true);
-    fwd_ = bind<dnnl::convolution_forward>(c, fwd, {{DNNL_ARG_SRC, wrap(c, src, src_tag, b.x)},
-                                                    {DNNL_ARG_WEIGHTS, w_fwd_.mem},
-                                                    {DNNL_ARG_BIAS, wrap(c, bia, tag::x, bias)},
-                                                    {DNNL_ARG_DST, wrap(c, dst, dst_tag, b.y)}});
+    fwd_ = bind<dnnl::convolution_forward>(c, fwd,
+                                           {{DNNL_ARG_SRC, wrap(c, src, src_tag, b.x)},
+                                            {DNNL_ARG_WEIGHTS, w_fwd_.mem},
+                                            {DNNL_ARG_BIAS, wrap(c, bia, tag::x, bias)},
+                                            {DNNL_ARG_DST, wrap(c, dst, dst_tag, b.y)}});
     if (!training) return;
     if (b.dx) {  // the first layer computes no input gradient
       dnnl::convolution_backward_data::primitive_desc bd(
-          dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_md, wei_any,
-                                                dst_md, strides, pad_l, pad_r),
+          dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_md, wei_any, dst_md, strides,
+                                                pad_l, pad_r),
           user_scratchpad(), c.engine, fwd);
       desc_ += ", bwd-data " + impl(bd);
       if (bd.weights_desc() == fwd.weights_desc())
         w_bwd_ = MaybeReorder{w_fwd_.mem, std::nullopt};  // forward's copy (see the Note)
       else
         w_bwd_ = maybe_reorder(c, user_w, bd.weights_desc(), true);
-      bwd_data_ = bind<dnnl::convolution_backward_data>(
-          c, bd, {{DNNL_ARG_DIFF_DST, wrap(c, dst, dst_tag, b.dy)},
-                  {DNNL_ARG_WEIGHTS, w_bwd_.mem},
-                  {DNNL_ARG_DIFF_SRC, wrap(c, src, src_tag, b.dx)}});
+      bwd_data_ = bind<dnnl::convolution_backward_data>(c, bd,
+                                                        {{DNNL_ARG_DIFF_DST, wrap(c, dst, dst_tag, b.dy)},
+                                                         {DNNL_ARG_WEIGHTS, w_bwd_.mem},
+                                                         {DNNL_ARG_DIFF_SRC, wrap(c, src, src_tag, b.dx)}});
     }
     float* dbias = b.dw + (bias - b.w);
     dnnl::convolution_backward_weights::primitive_desc bw(
-        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md, wei_any,
-                                                 bia_md, dst_md, strides, pad_l, pad_r),
+        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md, wei_any, bia_md, dst_md,
+                                                 strides, pad_l, pad_r),
         user_scratchpad(), c.engine, fwd);
     if (is_ref(impl(bw)) && b.x_layout == Layout::kPlain && b.y_layout != Layout::kPlain) {
       // Note [Weight gradient of a plain-input convolution]
@@ -298,10 +303,10 @@ class Conv final : public LayerKernel {
       if (!is_ref(impl(bw_nb))) {
         desc_ += ", bwd-weights " + impl(bw_nb) + " + own bias sum";
         dw_ = maybe_reorder(c, wrap(c, wei, tag::oihw, b.dw), bw_nb.diff_weights_desc(), false);
-        bwd_weights_ = bind<dnnl::convolution_backward_weights>(
-            c, bw_nb, {{DNNL_ARG_SRC, wrap(c, src, src_tag, b.x)},
-                       {DNNL_ARG_DIFF_DST, wrap(c, dst, dst_tag, b.dy)},
-                       {DNNL_ARG_DIFF_WEIGHTS, dw_.mem}});
+        bwd_weights_ = bind<dnnl::convolution_backward_weights>(c, bw_nb,
+                                                                {{DNNL_ARG_SRC, wrap(c, src, src_tag, b.x)},
+                                                                 {DNNL_ARG_DIFF_DST, wrap(c, dst, dst_tag, b.dy)},
+                                                                 {DNNL_ARG_DIFF_WEIGHTS, dw_.mem}});
         own_bias_ = true;
         l_ = l;
         b_ = b;
@@ -311,11 +316,11 @@ class Conv final : public LayerKernel {
     }
     desc_ += ", bwd-weights " + impl(bw);
     dw_ = maybe_reorder(c, wrap(c, wei, tag::oihw, b.dw), bw.diff_weights_desc(), false);
-    bwd_weights_ = bind<dnnl::convolution_backward_weights>(
-        c, bw, {{DNNL_ARG_SRC, wrap(c, src, src_tag, b.x)},
-                {DNNL_ARG_DIFF_DST, wrap(c, dst, dst_tag, b.dy)},
-                {DNNL_ARG_DIFF_WEIGHTS, dw_.mem},
-                {DNNL_ARG_DIFF_BIAS, wrap(c, bia, tag::x, dbias)}});
+    bwd_weights_ = bind<dnnl::convolution_backward_weights>(c, bw,
+                                                            {{DNNL_ARG_SRC, wrap(c, src, src_tag, b.x)},
+                                                             {DNNL_ARG_DIFF_DST, wrap(c, dst, dst_tag, b.dy)},
+                                                             {DNNL_ARG_DIFF_WEIGHTS, dw_.mem},
+                                                             {DNNL_ARG_DIFF_BIAS, wrap(c, bia, tag::x, dbias)}});
   }
 
   void forward(const StepContext&) override {
@@ -333,8 +338,10 @@ class Conv final : public LayerKernel {
       if (own_bias_) {
         float* db = b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w;
         const std::int64_t plane = static_cast<std::int64_t>(l_.out.h) * l_.out.w;
-        if (b_.y_layout == Layout::kBlocked8) bias_grad_blocked8(b_.batch, l_.channels, plane, b_.dy, bias_acc_.data(), db);
-        else bias_grad_blocked16(b_.batch, l_.channels, plane, b_.dy, bias_acc_.data(), db);
+        if (b_.y_layout == Layout::kBlocked8)
+          bias_grad_blocked8(b_.batch, l_.channels, plane, b_.dy, bias_acc_.data(), db);
+        else
+          bias_grad_blocked16(b_.batch, l_.channels, plane, b_.dy, bias_acc_.data(), db);
       }
       return;
     }
@@ -352,10 +359,10 @@ class Conv final : public LayerKernel {
   Bound fwd_;
   std::optional<Bound> bwd_data_, bwd_weights_;
   std::string desc_;
-  LayerSpec l_;                 // for the own weight-gradient loop, when used
+  LayerSpec l_;  // for the own weight-gradient loop, when used
   LayerBuffers b_;
-  OwnScratch own_;               // for the own weight-gradient loop, when used
-  bool own_bias_ = false;        // Note [Bias gradient of a blocked convolution]
+  OwnScratch own_;                // for the own weight-gradient loop, when used
+  bool own_bias_ = false;         // Note [Bias gradient of a blocked convolution]
   std::vector<double> bias_acc_;  // (O)
 };
 
@@ -364,31 +371,31 @@ class Conv final : public LayerKernel {
 bool conv_has_fast_kernels(const Context& c, const LayerSpec& l, Layout x_layout, Layout y_layout, bool with_dx) {
   using dims = dnnl::memory::dims;
   const dnnl::memory::dim batch = 32;  // a probe: the implementation does not depend on it here
-  const dims src{batch, l.in.c, l.in.h, l.in.w}, wei{l.channels, l.in.c, l.kernel_h, l.kernel_w},
-      bia{l.channels}, dst{batch, l.out.c, l.out.h, l.out.w};
+  const dims src{batch, l.in.c, l.in.h, l.in.w}, wei{l.channels, l.in.c, l.kernel_h, l.kernel_w}, bia{l.channels},
+      dst{batch, l.out.c, l.out.h, l.out.w};
   const dims strides{l.stride, l.stride}, pad_l{l.pad_top, l.pad_left}, pad_r{l.pad_bottom, l.pad_right};
   const dnnl::memory::desc src_md(src, dt::f32, tag_of(x_layout)), wei_any(wei, dt::f32, tag::any),
       bia_md(bia, dt::f32, tag::x), dst_md(dst, dt::f32, tag_of(y_layout));
   const auto fast = [](const std::string& name) { return !is_ref(name); };
   try {
-  dnnl::convolution_forward::primitive_desc fwd(
-      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                      src_md, wei_any, bia_md, dst_md, strides, pad_l, pad_r),
-      c.engine);
-  dnnl::convolution_backward_weights::primitive_desc bw(
-      dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md, wei_any, bia_md,
-                                               dst_md, strides, pad_l, pad_r),
-      c.engine, fwd);
-  const bool own_bw = x_layout == Layout::kPlain && y_layout != Layout::kPlain;  // Note [Weight gradient ...]
-  bool ok = fast(impl(fwd)) && (own_bw || fast(impl(bw)));
-  if (with_dx) {
-    dnnl::convolution_backward_data::primitive_desc bd(
-        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_md, wei_any, dst_md,
-                                              strides, pad_l, pad_r),
+    dnnl::convolution_forward::primitive_desc fwd(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_md,
+                                        wei_any, bia_md, dst_md, strides, pad_l, pad_r),
+        c.engine);
+    dnnl::convolution_backward_weights::primitive_desc bw(
+        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md, wei_any, bia_md, dst_md,
+                                                 strides, pad_l, pad_r),
         c.engine, fwd);
-    ok = ok && fast(impl(bd));
-  }
-  return ok;
+    const bool own_bw = x_layout == Layout::kPlain && y_layout != Layout::kPlain;  // Note [Weight gradient ...]
+    bool ok = fast(impl(fwd)) && (own_bw || fast(impl(bw)));
+    if (with_dx) {
+      dnnl::convolution_backward_data::primitive_desc bd(
+          dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_md, wei_any, dst_md, strides,
+                                                pad_l, pad_r),
+          c.engine, fwd);
+      ok = ok && fast(impl(bd));
+    }
+    return ok;
   } catch (const dnnl::error&) {
     return false;
   }

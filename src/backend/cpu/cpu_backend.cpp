@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
-#include "mnist_mpi/resilience/finite.hpp"     // all_finite
-#include "mnist_mpi/train/optimizer.hpp"  // optimizer_pass_host
+#include "mnist_mpi/resilience/finite.hpp"  // all_finite
+#include "mnist_mpi/train/optimizer.hpp"    // optimizer_pass_host
 #include "src/backend/cpu/kernels.hpp"
 
 namespace mnist_mpi {
@@ -51,8 +51,10 @@ class HostBuffer final : public Buffer {
     madvise(p_, size, MADV_HUGEPAGE);  // a hint only
   }
   ~HostBuffer() override {
-    if (mapped_) munmap(p_, mapped_);
-    else std::free(p_);
+    if (mapped_)
+      munmap(p_, mapped_);
+    else
+      std::free(p_);
   }
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
@@ -100,7 +102,8 @@ class HostDataSource final : public DataSource {
 
  private:
   void check(std::int64_t n) const {
-    MNIST_CHECK(n <= static_cast<std::int64_t>(labels_.size()), ExitCode::kRuntime, "batch larger than the data source's");
+    MNIST_CHECK(n <= static_cast<std::int64_t>(labels_.size()), ExitCode::kRuntime,
+                "batch larger than the data source's");
   }
   // uint8 pixels to [0, 1] floats: the one conversion of an image, for training and evaluation.
   static void to_unit_float(const std::uint8_t* src, std::int64_t n, float* dst) {
@@ -118,7 +121,7 @@ class HostStepGuard final : public StepGuard {
   void begin_step() override { loss_bad_ = gradient_bad_ = false; }
   void after_loss(LossMeter& meter, float* dlogits, bool poison) override {
     if (poison || !std::isfinite(meter.read().loss_sum)) loss_bad_ = true;  // a plain read here
-    if (loss_bad_) dlogits[0] = std::numeric_limits<float>::quiet_NaN();   // every later micro-batch too
+    if (loss_bad_) dlogits[0] = std::numeric_limits<float>::quiet_NaN();    // every later micro-batch too
   }
   bool bucket_ok(const float* grads, std::int64_t n) override {
     const bool ok = all_finite(grads, n);
@@ -200,8 +203,7 @@ class CpuBackend final : public Backend {
       }
     }
     std::vector<Layout> out(L + 1, Layout::kPlain);
-    for (std::size_t i = 0; i <= L; ++i)
-      out[i] = layout(i);
+    for (std::size_t i = 0; i <= L; ++i) out[i] = layout(i);
     return out;
   }
 
@@ -209,23 +211,28 @@ class CpuBackend final : public Backend {
                                           bool training) override {
     try {
       switch (l.kind) {
-        case LayerKind::kConv: return cpu::make_conv(ctx_, l, b, training);
-        case LayerKind::kFc: return cpu::make_fc(ctx_, l, b, training);
-        case LayerKind::kMaxPool: return cpu::make_maxpool(l, b, training);
-        case LayerKind::kRelu: return cpu::make_relu(ctx_, l, b, training);
-        case LayerKind::kDropout: return cpu::make_dropout(l, index, b, training);
-        case LayerKind::kFlatten: return cpu::make_flatten(l, b);
+        case LayerKind::kConv:
+          return cpu::make_conv(ctx_, l, b, training);
+        case LayerKind::kFc:
+          return cpu::make_fc(ctx_, l, b, training);
+        case LayerKind::kMaxPool:
+          return cpu::make_maxpool(l, b, training);
+        case LayerKind::kRelu:
+          return cpu::make_relu(ctx_, l, b, training);
+        case LayerKind::kDropout:
+          return cpu::make_dropout(l, index, b, training);
+        case LayerKind::kFlatten:
+          return cpu::make_flatten(l, b);
       }
     } catch (const dnnl::error& e) {
-      throw_error(ExitCode::kRuntime, "oneDNN could not build layer " + std::to_string(index) + " '" +
-                                          l.text + "': " + e.what() + " (status " +
-                                          std::to_string(static_cast<int>(e.status)) + ")");
+      throw_error(ExitCode::kRuntime, "oneDNN could not build layer " + std::to_string(index) + " '" + l.text + "': " +
+                                          e.what() + " (status " + std::to_string(static_cast<int>(e.status)) + ")");
     }
     throw_error(ExitCode::kRuntime, "unknown layer kind");
   }
 
-  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes,
-                             float* dlogits, float grad_scale, LossMeter& meter) override {
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes, float* dlogits,
+                             float grad_scale, LossMeter& meter) override {
     const LossStats s = softmax_cross_entropy_reference(logits, labels, batch, classes, dlogits, grad_scale);
     LossStats& sum = static_cast<HostLossMeter&>(meter).sums();
     sum.loss_sum += s.loss_sum;

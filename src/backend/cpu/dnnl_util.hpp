@@ -27,9 +27,12 @@ inline dnnl::memory wrap(const Context& c, const dnnl::memory::dims& dims, tag t
 // The oneDNN format tag of a 4-D activation in `layout` (Note [Activation layouts]).
 inline tag tag_of(Layout layout) {
   switch (layout) {
-    case Layout::kBlocked8: return tag::nChw8c;
-    case Layout::kBlocked16: return tag::nChw16c;
-    case Layout::kPlain: break;
+    case Layout::kBlocked8:
+      return tag::nChw8c;
+    case Layout::kBlocked16:
+      return tag::nChw16c;
+    case Layout::kPlain:
+      break;
   }
   return tag::nchw;
 }

@@ -24,9 +24,12 @@ namespace {
 // double reference and finite differences like every other kernel.
 int block_of(Layout layout) {
   switch (layout) {
-    case Layout::kBlocked8: return 8;
-    case Layout::kBlocked16: return 16;
-    case Layout::kPlain: break;
+    case Layout::kBlocked8:
+      return 8;
+    case Layout::kBlocked16:
+      return 16;
+    case Layout::kPlain:
+      break;
   }
   return 1;
 }
@@ -96,8 +99,10 @@ inline void pool_forward_blocked(const PoolShape& p, int batch, const float* __r
 
 template <int B>
 inline void pool_forward_blocked_any(const PoolShape& p, int batch, const float* x, float* y, std::int32_t* arg) {
-  if (p.k_h == 2 && p.k_w == 2 && p.s == 2) pool_forward_blocked<B, 2>(p, batch, x, y, arg);
-  else pool_forward_blocked<B, 0>(p, batch, x, y, arg);
+  if (p.k_h == 2 && p.k_w == 2 && p.s == 2)
+    pool_forward_blocked<B, 2>(p, batch, x, y, arg);
+  else
+    pool_forward_blocked<B, 0>(p, batch, x, y, arg);
 }
 
 // Built for AVX-512, AVX2 and the baseline, chosen by the CPU at load time (as the convolution's
@@ -115,8 +120,12 @@ void pool_forward_blocked16(const PoolShape& p, int batch, const float* x, float
 class MaxPool final : public LayerKernel {
  public:
   MaxPool(const LayerSpec& l, const LayerBuffers& b, bool training)
-      : l_(l), b_(b), in_sample_(l.in.size()), out_sample_(l.out.size()),
-        bx_(block_of(b.x_layout)), by_(block_of(b.y_layout)) {
+      : l_(l),
+        b_(b),
+        in_sample_(l.in.size()),
+        out_sample_(l.out.size()),
+        bx_(block_of(b.x_layout)),
+        by_(block_of(b.y_layout)) {
     MNIST_CHECK(l.in.c % bx_ == 0 && l.out.c % by_ == 0 && (bx_ == by_ || by_ == 1), ExitCode::kRuntime,
                 "maxpool: unsupported layouts for " + l.text);
     if (training) argmax_.assign(static_cast<std::size_t>(b.batch * out_sample_), 0);
@@ -143,8 +152,8 @@ class MaxPool final : public LayerKernel {
     }
   }
   std::string describe() const override {
-    return "maxpool (plain loops, argmax kept; x block " + std::to_string(bx_) + ", y block " +
-           std::to_string(by_) + ")";
+    return "maxpool (plain loops, argmax kept; x block " + std::to_string(bx_) + ", y block " + std::to_string(by_) +
+           ")";
   }
 
  private:
@@ -179,11 +188,13 @@ class MaxPool final : public LayerKernel {
 
   template <int B>
   void forward_blocked() {
-    const PoolShape p{l_.in.h, l_.in.w, l_.out.h, l_.out.w, l_.kernel_h, l_.kernel_w, l_.stride, l_.in.c / B,
-                      in_sample_, out_sample_, by_ != 1};
+    const PoolShape p{l_.in.h,   l_.in.w,     l_.out.h,   l_.out.w,    l_.kernel_h, l_.kernel_w,
+                      l_.stride, l_.in.c / B, in_sample_, out_sample_, by_ != 1};
     std::int32_t* arg = argmax_.empty() ? nullptr : argmax_.data();
-    if constexpr (B == 8) pool_forward_blocked8(p, b_.batch, b_.x, b_.y, arg);
-    else pool_forward_blocked16(p, b_.batch, b_.x, b_.y, arg);
+    if constexpr (B == 8)
+      pool_forward_blocked8(p, b_.batch, b_.x, b_.y, arg);
+    else
+      pool_forward_blocked16(p, b_.batch, b_.x, b_.y, arg);
   }
 
   LayerSpec l_;

@@ -14,21 +14,20 @@ class Relu final : public BoundLayer {
     const dnnl::memory::dims d{b.batch, static_cast<dnnl::memory::dim>(l.in.size())};  // (N, C*H*W)
     const dnnl::memory::desc md(d, dt::f32, tag::nc);
     dnnl::eltwise_forward::primitive_desc fwd(
-        dnnl::eltwise_forward::desc(training ? dnnl::prop_kind::forward_training
-                                             : dnnl::prop_kind::forward_inference,
+        dnnl::eltwise_forward::desc(training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference,
                                     dnnl::algorithm::eltwise_relu, md, 0.0f),
         user_scratchpad(), c.engine);
     desc_ = "relu fwd " + impl(fwd);
-    fwd_ = bind<dnnl::eltwise_forward>(c, fwd, {{DNNL_ARG_SRC, wrap(c, d, tag::nc, b.x)},
-                                                {DNNL_ARG_DST, wrap(c, d, tag::nc, b.y)}});
+    fwd_ = bind<dnnl::eltwise_forward>(
+        c, fwd, {{DNNL_ARG_SRC, wrap(c, d, tag::nc, b.x)}, {DNNL_ARG_DST, wrap(c, d, tag::nc, b.y)}});
     if (!training || !b.dx) return;
-    dnnl::eltwise_backward::primitive_desc bd(
-        dnnl::eltwise_backward::desc(dnnl::algorithm::eltwise_relu, md, md, 0.0f), user_scratchpad(),
-        c.engine, fwd);
+    dnnl::eltwise_backward::primitive_desc bd(dnnl::eltwise_backward::desc(dnnl::algorithm::eltwise_relu, md, md, 0.0f),
+                                              user_scratchpad(), c.engine, fwd);
     desc_ += ", bwd " + impl(bd);
-    bwd_data_ = bind<dnnl::eltwise_backward>(c, bd, {{DNNL_ARG_SRC, wrap(c, d, tag::nc, b.x)},
-                                                {DNNL_ARG_DIFF_DST, wrap(c, d, tag::nc, b.dy)},
-                                                {DNNL_ARG_DIFF_SRC, wrap(c, d, tag::nc, b.dx)}});
+    bwd_data_ = bind<dnnl::eltwise_backward>(c, bd,
+                                             {{DNNL_ARG_SRC, wrap(c, d, tag::nc, b.x)},
+                                              {DNNL_ARG_DIFF_DST, wrap(c, d, tag::nc, b.dy)},
+                                              {DNNL_ARG_DIFF_SRC, wrap(c, d, tag::nc, b.dx)}});
   }
 };
 

@@ -13,37 +13,60 @@ namespace {
 
 const char* fwd_name(cudnnConvolutionFwdAlgo_t a) {
   switch (a) {
-    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM: return "implicit_gemm";
-    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: return "implicit_precomp_gemm";
-    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: return "gemm";
-    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT: return "direct";
-    case CUDNN_CONVOLUTION_FWD_ALGO_FFT: return "fft";
-    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING: return "fft_tiling";
-    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD: return "winograd";
-    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
-    default: return "other";
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM:
+      return "implicit_gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM:
+      return "implicit_precomp_gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM:
+      return "gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT:
+      return "direct";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT:
+      return "fft";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING:
+      return "fft_tiling";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD:
+      return "winograd";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED:
+      return "winograd_nonfused";
+    default:
+      return "other";
   }
 }
 const char* bwd_data_name(cudnnConvolutionBwdDataAlgo_t a) {
   switch (a) {
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0: return "algo0";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: return "algo1";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT: return "fft";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING: return "fft_tiling";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD: return "winograd";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
-    default: return "other";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0:
+      return "algo0";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1:
+      return "algo1";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT:
+      return "fft";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING:
+      return "fft_tiling";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD:
+      return "winograd";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED:
+      return "winograd_nonfused";
+    default:
+      return "other";
   }
 }
 const char* bwd_filter_name(cudnnConvolutionBwdFilterAlgo_t a) {
   switch (a) {
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0: return "algo0";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: return "algo1";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT: return "fft";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: return "algo3";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING: return "fft_tiling";
-    default: return "other";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0:
+      return "algo0";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1:
+      return "algo1";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT:
+      return "fft";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3:
+      return "algo3";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED:
+      return "winograd_nonfused";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING:
+      return "fft_tiling";
+    default:
+      return "other";
   }
 }
 
@@ -72,16 +95,16 @@ class Conv final : public LayerKernel {
       xpad_ = DeviceArray<float>(static_cast<std::int64_t>(b.batch) * l.in.c * ph_ * pw_);
       if (training && b.dx) dxpad_ = DeviceArray<float>(xpad_.size());
     }
-    x_.set(b.batch, l.in.c, ph_, pw_);           // (N, C, H, W) as the convolution sees it
+    x_.set(b.batch, l.in.c, ph_, pw_);              // (N, C, H, W) as the convolution sees it
     y_.set(b.batch, l.channels, l.out.h, l.out.w);  // (N, O, OH, OW)
-    bias_.set(1, l.channels, 1, 1);               // (1, O, 1, 1)
+    bias_.set(1, l.channels, 1, 1);                 // (1, O, 1, 1)
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_));
     CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, l.channels, l.in.c, l.kernel_h,
                                            l.kernel_w));  // (O, I, KH, KW)
     CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
     const int pad_h = padded_ ? 0 : l.pad_top, pad_w = padded_ ? 0 : l.pad_left;
-    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, pad_h, pad_w, l.stride, l.stride, 1, 1,
-                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, pad_h, pad_w, l.stride, l.stride, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                CUDNN_DATA_FLOAT));
     // fp32: FMA kernels only, no TF32 tensor cores; tf32: cuDNN's default math, which on sm_80 and
     // later lets float convolutions use TF32 tensor cores.
     CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, c.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
@@ -104,8 +127,8 @@ class Conv final : public LayerKernel {
     if (training && b.dx) {
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(kMaxAlgos);
       int got = 0;
-      CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(c.cudnn, w_, y_.d, conv_, x_.d, kMaxAlgos, &got,
-                                                            perf.data()));
+      CUDNN_CHECK(
+          cudnnFindConvolutionBackwardDataAlgorithm(c.cudnn, w_, y_.d, conv_, x_.d, kMaxAlgos, &got, perf.data()));
       const auto& p = pick(perf, got, kWorkspaceCap, "backward-data");
       bwd_data_ = p.algo;
       ws = std::max(ws, p.memory);
@@ -114,8 +137,8 @@ class Conv final : public LayerKernel {
     if (training) {
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(kMaxAlgos);
       int got = 0;
-      CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(c.cudnn, x_.d, y_.d, conv_, w_, kMaxAlgos, &got,
-                                                              perf.data()));
+      CUDNN_CHECK(
+          cudnnFindConvolutionBackwardFilterAlgorithm(c.cudnn, x_.d, y_.d, conv_, w_, kMaxAlgos, &got, perf.data()));
       const auto& p = pick(perf, got, kWorkspaceCap, "backward-filter");
       bwd_filter_ = p.algo;
       ws = std::max(ws, p.memory);
@@ -151,12 +174,12 @@ class Conv final : public LayerKernel {
                                                workspace_.get(), static_cast<std::size_t>(workspace_.size()), &zero,
                                                x_.d, dxout));
       if (padded_)
-        launch_crop(c_.stream, dxpad_.get(), b_.dx, b_.batch * l_.in.c, l_.in.h, l_.in.w, l_.pad_top, l_.pad_left,
-                    ph_, pw_);
+        launch_crop(c_.stream, dxpad_.get(), b_.dx, b_.batch * l_.in.c, l_.in.h, l_.in.w, l_.pad_top, l_.pad_left, ph_,
+                    pw_);
     }
     CUDNN_CHECK(cudnnConvolutionBackwardFilter(c_.cudnn, &one, x_.d, xin, y_.d, b_.dy, conv_, bwd_filter_,
-                                               workspace_.get(), static_cast<std::size_t>(workspace_.size()), &zero,
-                                               w_, b_.dw));
+                                               workspace_.get(), static_cast<std::size_t>(workspace_.size()), &zero, w_,
+                                               b_.dw));
     float* dbias = b_.dw + (bias_ptr_ - b_.w);
     launch_bias_grad(c_.stream, b_.dy, b_.batch, l_.channels, static_cast<std::int64_t>(l_.out.h) * l_.out.w, dbias);
   }

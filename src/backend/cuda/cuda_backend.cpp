@@ -84,7 +84,8 @@ class DeviceDataSource final : public DataSource {
     if (!split.labels.empty())
       CUDA_CHECK(cudaMemcpy(labels_in_.get(), split.labels.data(), split.labels.size(), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaDeviceSynchronize());  // the copies ran on the legacy stream: done before any use
-    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_), static_cast<std::size_t>(count_) * sizeof(std::int64_t) + 1));
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_),
+                              static_cast<std::size_t>(count_) * sizeof(std::int64_t) + 1));
     CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
   }
   ~DeviceDataSource() override {
@@ -163,18 +164,24 @@ class CudaBackend final : public Backend {
   std::unique_ptr<LayerKernel> make_layer(const LayerSpec& l, int index, const LayerBuffers& b,
                                           bool training) override {
     switch (l.kind) {
-      case LayerKind::kConv: return cuda::make_conv(c_, l, b, training);
-      case LayerKind::kFc: return cuda::make_fc(c_, l, b, training);
-      case LayerKind::kMaxPool: return cuda::make_maxpool(c_, l, b, training);
-      case LayerKind::kRelu: return cuda::make_relu(c_, l, b, training);
-      case LayerKind::kDropout: return cuda::make_dropout(c_, l, index, b, training);
-      case LayerKind::kFlatten: return cuda::make_flatten(c_, l, b);
+      case LayerKind::kConv:
+        return cuda::make_conv(c_, l, b, training);
+      case LayerKind::kFc:
+        return cuda::make_fc(c_, l, b, training);
+      case LayerKind::kMaxPool:
+        return cuda::make_maxpool(c_, l, b, training);
+      case LayerKind::kRelu:
+        return cuda::make_relu(c_, l, b, training);
+      case LayerKind::kDropout:
+        return cuda::make_dropout(c_, l, index, b, training);
+      case LayerKind::kFlatten:
+        return cuda::make_flatten(c_, l, b);
     }
     throw_error(ExitCode::kRuntime, "unknown layer kind");
   }
 
-  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes,
-                             float* dlogits, float grad_scale, LossMeter& meter) override {
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes, float* dlogits,
+                             float grad_scale, LossMeter& meter) override {
     launch_softmax_xent(c_.stream, logits, labels, batch, classes, dlogits, grad_scale,
                         static_cast<DeviceLossMeter&>(meter).sums(), guard_.get());
   }
@@ -207,8 +214,8 @@ class CudaBackend final : public Backend {
     }
     void end_step(std::int64_t step) override {
       const int slot = static_cast<int>(step % kVerdictSlots);
-      CUDA_CHECK(cudaMemcpyAsync(b_.verdicts_ + slot, b_.guard_.get(), sizeof(int), cudaMemcpyDeviceToHost,
-                                 b_.c_.stream));
+      CUDA_CHECK(
+          cudaMemcpyAsync(b_.verdicts_ + slot, b_.guard_.get(), sizeof(int), cudaMemcpyDeviceToHost, b_.c_.stream));
       CUDA_CHECK(cudaEventRecord(b_.verdict_copied_[slot], b_.c_.stream));
     }
     int verdict(std::int64_t step) override {
@@ -227,8 +234,8 @@ class CudaBackend final : public Backend {
   }
   void add(float* dst, const float* src, std::int64_t n) override { launch_add(c_.stream, dst, src, n); }
   void copy(float* dst, const float* src, std::int64_t n) override {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice,
-                               c_.stream));
+    CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, c_.stream));
   }
   // Copies between pageable host memory and the device may block the host inside the CUDA call,
   // where no NCCL error can be polled; so the stream is drained by polling first, and the copy
@@ -259,8 +266,8 @@ class CudaBackend final : public Backend {
   static constexpr int kVerdictSlots = 4;
   static constexpr std::int64_t kVerdictLag = 2;
   static_assert(kVerdictLag < kVerdictSlots);
-  DeviceArray<int> guard_;                         // the step's kNonfinite* bits, on the device
-  int* verdicts_ = nullptr;                        // (kVerdictSlots), pinned: the flag after step s in slot s % 4
+  DeviceArray<int> guard_;                          // the step's kNonfinite* bits, on the device
+  int* verdicts_ = nullptr;                         // (kVerdictSlots), pinned: the flag after step s in slot s % 4
   cudaEvent_t verdict_copied_[kVerdictSlots] = {};  // recorded after each slot's copy
 };
 

@@ -35,7 +35,7 @@ struct Context {
   cudaEvent_t sync_event = nullptr;  // recorded by wait_for()
   std::function<void()> wait_hook;
 
-  void wait_for_stream();           // returns once everything queued on `stream` has finished
+  void wait_for_stream();              // returns once everything queued on `stream` has finished
   void wait_for_event(cudaEvent_t e);  // returns once e has completed (polling, with the hook)
 };
 
@@ -57,7 +57,10 @@ class DeviceArray {
   }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
-  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
   DeviceArray& operator=(DeviceArray&& o) noexcept {
     std::swap(p_, o.p_);
     std::swap(n_, o.n_);
@@ -120,8 +123,8 @@ void launch_bias_add(cudaStream_t s, float* y, const float* b, int n, int c, std
 void launch_gather(cudaStream_t s, const std::uint8_t* images, const std::uint8_t* labels, const std::int64_t* order,
                    std::int64_t position, std::int64_t n, std::int64_t pixels, float* x, std::int32_t* labels_out);
 // guard (may be null): no update while *guard holds kNonfiniteGradient.
-void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, std::int64_t t, double lr, float* p,
-                      const float* g, float* m, float* v, std::int64_t n, const int* guard);
+void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, std::int64_t t, double lr, float* p, const float* g,
+                      float* m, float* v, std::int64_t n, const int* guard);
 void launch_add(cudaStream_t s, float* dst, const float* src, std::int64_t n);
 void launch_fill(cudaStream_t s, float* dst, float value, std::int64_t n);
 // Zero padding with (possibly asymmetric) margins: dst (N, C, H + top + bottom, W + left + right)

@@ -43,8 +43,7 @@ class Flatten final : public LayerKernel {
  public:
   Flatten(Context& c, const LayerSpec& l, const LayerBuffers& b) : c_(c), b_(b), n_(b.batch * l.in.size()) {}
   void forward(const StepContext&) override {
-    if (b_.y != b_.x)
-      CUDA_CHECK(cudaMemcpyAsync(b_.y, b_.x, bytes(), cudaMemcpyDeviceToDevice, c_.stream));
+    if (b_.y != b_.x) CUDA_CHECK(cudaMemcpyAsync(b_.y, b_.x, bytes(), cudaMemcpyDeviceToDevice, c_.stream));
   }
   void backward(const StepContext&) override {
     if (b_.dx && b_.dx != b_.dy)

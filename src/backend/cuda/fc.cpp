@@ -31,7 +31,7 @@ class Fc final : public LayerKernel {
       CUBLAS_CHECK(cublasSgemm(c_.cublas, CUBLAS_OP_N, CUBLAS_OP_N, in_, b_.batch, out_, &one, b_.w, in_, b_.dy, out_,
                                &zero, b_.dx, in_));  // (N, I)
     CUBLAS_CHECK(cublasSgemm(c_.cublas, CUBLAS_OP_N, CUBLAS_OP_T, in_, out_, b_.batch, &one, b_.x, in_, b_.dy, out_,
-                             &zero, b_.dw, in_));  // (O, I)
+                             &zero, b_.dw, in_));                                   // (O, I)
     launch_bias_grad(c_.stream, b_.dy, b_.batch, out_, 1, b_.dw + (bias_ - b_.w));  // (O)
   }
   std::string describe() const override { return desc_; }

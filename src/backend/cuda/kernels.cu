@@ -21,7 +21,7 @@ unsigned blocks_for(std::int64_t n) {
 }
 
 // Grid-stride loop over [0, n).
-#define MNIST_GRID_LOOP(k, n)                                                                  \
+#define MNIST_GRID_LOOP(k, n)                                                                      \
   for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < (n); \
        k += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
 
@@ -89,7 +89,8 @@ __global__ void poison_kernel(float* __restrict__ dlogits, int* __restrict__ gua
 }
 
 // One block per channel; double partial sums added in a fixed tree order.
-__global__ void bias_grad_kernel(const float* __restrict__ dy, int n, int c, std::int64_t plane, float* __restrict__ db) {
+__global__ void bias_grad_kernel(const float* __restrict__ dy, int n, int c, std::int64_t plane,
+                                 float* __restrict__ db) {
   __shared__ double part[kThreads];
   const int ch = blockIdx.x;
   const std::int64_t per_channel = static_cast<std::int64_t>(n) * plane;
@@ -242,8 +243,8 @@ void launch_gather(cudaStream_t s, const std::uint8_t* images, const std::uint8_
   CUDA_CHECK_LAUNCH(gather_kernel);
 }
 
-void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, std::int64_t t, double lr, float* p,
-                      const float* g, float* m, float* v, std::int64_t n, const int* guard) {
+void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, std::int64_t t, double lr, float* p, const float* g,
+                      float* m, float* v, std::int64_t n, const int* guard) {
   // The scalars exactly as optimizer_pass_host computes them (host code, same expressions).
   const float wd = static_cast<float>(cfg.weight_decay);
   if (cfg.kind == "adam") {
@@ -284,7 +285,8 @@ void launch_pad(cudaStream_t s, const float* src, float* dst, int nc, int h, int
   CUDA_CHECK_LAUNCH(pad_kernel);
 }
 
-void launch_crop(cudaStream_t s, const float* src, float* dst, int nc, int h, int w, int top, int left, int ph, int pw) {
+void launch_crop(cudaStream_t s, const float* src, float* dst, int nc, int h, int w, int top, int left, int ph,
+                 int pw) {
   const std::int64_t total = static_cast<std::int64_t>(nc) * h * w;
   crop_kernel<<<blocks_for(total), kThreads, 0, s>>>(src, dst, nc, h, w, top, left, ph, pw);
   CUDA_CHECK_LAUNCH(crop_kernel);
@@ -294,8 +296,8 @@ void launch_dropout_forward(cudaStream_t s, const float* x, float* y, float* sca
                             std::uint64_t seed, std::int64_t step, std::int64_t first_sample, int layer, float rate) {
   const float keep_scale = 1.0f / (1.0f - rate);  // as the CPU computes it
   const std::int64_t total = static_cast<std::int64_t>(batch) * per_sample;
-  dropout_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, y, scale, total, per_sample, seed, step, first_sample,
-                                                        layer, rate, keep_scale);
+  dropout_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, y, scale, total, per_sample, seed, step, first_sample, layer,
+                                                        rate, keep_scale);
   CUDA_CHECK_LAUNCH(dropout_kernel);
 }
 

@@ -27,12 +27,18 @@ GpuProbe probe() {
   const std::string vis = visible ? std::string(" (CUDA_VISIBLE_DEVICES='") + visible + "')" : std::string();
   switch (rc) {
     case cudaSuccess:
-    case cudaErrorNoDevice: p.why_none = "no CUDA device is visible" + vis; break;
+    case cudaErrorNoDevice:
+      p.why_none = "no CUDA device is visible" + vis;
+      break;
     case cudaErrorInsufficientDriver:
       p.why_none = "no NVIDIA driver is loaded, or it is older than this build's CUDA runtime needs";
       break;
-    case cudaErrorDevicesUnavailable: p.why_none = "every GPU is busy or in exclusive-process mode" + vis; break;
-    default: p.why_none = std::string("the CUDA runtime says: ") + cudaGetErrorString(rc) + vis; break;
+    case cudaErrorDevicesUnavailable:
+      p.why_none = "every GPU is busy or in exclusive-process mode" + vis;
+      break;
+    default:
+      p.why_none = std::string("the CUDA runtime says: ") + cudaGetErrorString(rc) + vis;
+      break;
   }
   return p;
 }

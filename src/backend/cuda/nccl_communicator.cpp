@@ -36,8 +36,8 @@ class HostForwarding : public Communicator {
   void broadcast(std::span<std::uint8_t> d, int root) override { host_.broadcast(d, root); }
   void allgather(std::uint64_t value, std::span<std::uint64_t> out) override { host_.allgather(value, out); }
   void barrier() override { host_.barrier(); }
-  void gather(std::span<const std::uint8_t> mine, std::vector<std::uint8_t>& out,
-              std::vector<std::int64_t>& counts, int root) override {  // host bytes: MPI's
+  void gather(std::span<const std::uint8_t> mine, std::vector<std::uint8_t>& out, std::vector<std::int64_t>& counts,
+              int root) override {  // host bytes: MPI's
     host_.gather(mine, out, counts, root);
   }
 
@@ -152,9 +152,7 @@ class NcclCommunicator final : public HostForwarding {
     bool busy = false;
   };
 
-  void connected() const {
-    MNIST_CHECK(comm_ != nullptr, ExitCode::kRuntime, "NCCL collective before connect()");
-  }
+  void connected() const { MNIST_CHECK(comm_ != nullptr, ExitCode::kRuntime, "NCCL collective before connect()"); }
   Slot& checked(const CommRequest& req) {
     MNIST_CHECK(req.active() && req.id < static_cast<std::int64_t>(slots_.size()) &&
                     slots_[static_cast<std::size_t>(req.id)].busy,

@@ -12,8 +12,8 @@ class MaxPool final : public LayerKernel {
     x_.set(b.batch, l.in.c, l.in.h, l.in.w);     // (N, C, H, W)
     y_.set(b.batch, l.out.c, l.out.h, l.out.w);  // (N, C, OH, OW)
     CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pool_));
-    CUDNN_CHECK(cudnnSetPooling2dDescriptor(pool_, CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_NOT_PROPAGATE_NAN,
-                                            l.kernel_h, l.kernel_w, 0, 0, l.stride, l.stride));
+    CUDNN_CHECK(cudnnSetPooling2dDescriptor(pool_, CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_NOT_PROPAGATE_NAN, l.kernel_h,
+                                            l.kernel_w, 0, 0, l.stride, l.stride));
     int n = 0, ch = 0, oh = 0, ow = 0;
     CUDNN_CHECK(cudnnGetPooling2dForwardOutputDim(pool_, x_.d, &n, &ch, &oh, &ow));
     MNIST_CHECK(n == b.batch && ch == l.out.c && oh == l.out.h && ow == l.out.w, ExitCode::kRuntime,
