@@ -39,8 +39,21 @@ class Communicator {
   // compute stream; the host does not wait (wait() makes the compute stream wait on the sum).
   virtual bool device_buffers() const { return false; }
 
-  // In place: data becomes the elementwise sum over all ranks, added in ascending rank order, so
-  // the bits do not depend on how a buffer is split into calls (Note [Sums in rank order]).
+  // In place: data becomes the elementwise sum over all ranks, and every rank receives the same
+  // bits, so replicas stay identical (the replica check compares them). The order of the
+  // additions depends on the implementation:
+  //  - MpiCommunicator (and the CUDA backend's communicator for ranks that share a GPU, which sums
+  //    through it in host memory): ascending rank order, ((g0 + g1) + g2) + ..., for every world
+  //    size, so for a given world size the bits do not depend on how a buffer is split into
+  //    calls, on overlap, or on Open MPI's algorithm (Note [Sums in rank order]).
+  //  - The NCCL communicator's float sums (its double sums are the MPI communicator's): no
+  //    promised order. With 2 ranks each element is one addition (none with 1), so there is
+  //    nothing to order; with 3 or more the grouping is NCCL's and depends on its algorithm (ring,
+  //    tree, ...), its protocol and how it cuts the buffer into chunks, so on the bucket size, the
+  //    world size, the topology and the NCCL version. The bits may then differ from rank order
+  //    and between bucket sizes, but are still the same on every rank.
+  // Different world sizes group the additions differently on every implementation: results agree
+  // to rounding, not bitwise.
   virtual void allreduce_sum(std::span<float> data) = 0;
   virtual void allreduce_sum(std::span<double> data) = 0;
   virtual void allreduce_max(std::span<std::int64_t> data) = 0;
