@@ -32,6 +32,9 @@ using namespace mnist_mpi;
 // MPI_Finalize. A rank that dies, or hangs so that a collective never finishes, is handled by
 // mpirun and the collective watchdog (src/comm/watchdog.cpp; docs/faults.md). Errors go to
 // stderr, prefixed with the rank and host.
+// Long on purpose (Note [Why a function is long] in docs/style.md): every way a rank can end is
+// in this one function, in the order it can happen, so that each exit code and each MPI_Abort or
+// MPI_Finalize can be checked against the others at a glance.
 int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   // `mnist_mpi evaluate ...`: one process, no MPI.

@@ -139,4 +139,8 @@ std::unique_ptr<Backend> make_cuda_backend(int, bool) {
 
 #endif
 
+std::unique_ptr<Backend> make_backend(const DeviceChoice& device, int threads, bool tf32) {
+  return device.cuda ? make_cuda_backend(device.gpu, tf32) : make_cpu_backend(threads);
+}
+
 }  // namespace mnist_mpi

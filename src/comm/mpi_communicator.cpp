@@ -266,6 +266,8 @@ class MpiCommunicator final : public Communicator {
   //   [A+B, A+2B)     gather receives, the same (p, k) order: posted when that send completed,
   //                   because they land where it leaves from
   //   [A+2B, 2A+2B)   gather sends of my summed segment k to peer j: posted when k is summed
+  // Long on purpose (Note [Why a function is long] in docs/style.md): the event loop above is one
+  // state machine over four groups of requests; its indices are shared by every branch.
   void reduce(std::span<float> d) {
     const int n = size_, me = rank_;
     if (n == 1) return;

@@ -250,6 +250,9 @@ void check_real_options(const Options& o) {
 
 }  // namespace
 
+// Long on purpose (Note [Why a function is long] in docs/style.md): most of it is the option
+// table, one add_options() entry per option with its help text, which reads best as one list
+// in the order --help prints it; the checks that follow are in check_options() above.
 ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::string& text) {
   Options d;  // defaults
   po::options_description general("General");

@@ -95,6 +95,8 @@ void check_activation(const std::string& what, const Shape& out) {
 // gradients that are ready first sit at the start of the buffer and a bucket is always one
 // contiguous range [begin, end) of it: the allreduce runs in place, with no copy into a bucket.
 // Within a layer the weight comes before the bias.
+// Long on purpose (Note [Why a function is long] in docs/style.md): one case per layer kind, each
+// with its shape arithmetic and messages, then the parameter layout of Note [Reverse layer order].
 ModelSpec parse_model_spec(const std::string& text, Shape input, int num_classes) {
   ModelSpec spec;
   spec.text = text;

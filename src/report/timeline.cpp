@@ -81,6 +81,8 @@ void Timeline::align_clocks(Communicator& comm) {
   offset_ns_ = hosts[static_cast<std::size_t>(rank_)] == hosts[0] ? 0 : diffs[kRounds / 2];
 }
 
+// Long on purpose (Note [Why a function is long] in docs/style.md): one collective exchange then
+// one pass that writes the trace file in its fixed order (metadata, then every rank's spans).
 void Timeline::gather_and_write(Communicator& comm, OutputFile* out, const std::string& host) {
   // This rank's message: dropped count, host name, then its spans on rank 0's clock.
   std::vector<std::uint8_t> mine;

@@ -51,7 +51,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
               "--epochs " + std::to_string(opt_.epochs) + " is too large to train (it overflows a 64-bit count)");
   learning_rate(opt_.schedule, 0, 0, total_steps_);  // validates the schedule's name
 
-  const int threads = make_backend(gpus);
+  const int threads = set_up_backend(gpus);
   make_training_state();
   if (rank0_) make_evaluation();
   replica_hashes_.resize(static_cast<std::size_t>(comm_.size()));
@@ -102,16 +102,12 @@ void Trainer::resolve_batch_sizes() {
 
 // The backend of the chosen device, and the communicator that sums its gradients. Returns the
 // threads per rank (CPU).
-int Trainer::make_backend(const GpuProbe& gpus) {
+int Trainer::set_up_backend(const GpuProbe& gpus) {
   int threads = opt_.threads;
   if (threads == 0)
     threads = comm_.local_size() > 1 ? 1 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (device_.cuda) {
-    backend_ = make_cuda_backend(device_.gpu, opt_.precision == "tf32");
-    shared_gpus_ = comm_.local_size() > gpus.count;  // allowed by --allow-gpu-sharing
-  } else {
-    backend_ = make_cpu_backend(threads);
-  }
+  backend_ = make_backend(device_, threads, opt_.precision == "tf32");
+  shared_gpus_ = device_.cuda && comm_.local_size() > gpus.count;  // allowed by --allow-gpu-sharing
   gpu_comm_ = backend_->make_gradient_communicator(comm_, spec_.param_count, shared_gpus_);
   grad_comm_ = gpu_comm_ ? gpu_comm_.get() : &comm_;
   return threads;

@@ -4,9 +4,12 @@
 // probe_gpus() and describe_gpu() ask the CUDA runtime (in builds with CUDA).
 #pragma once
 
+#include <memory>
 #include <string>
 
 namespace mnist_mpi {
+
+class Backend;  // include/mnist_mpi/backend/backend.hpp
 
 struct GpuProbe {
   int count = 0;         // usable GPUs visible to this process
@@ -23,6 +26,10 @@ struct DeviceChoice {
 // Error(kDevice) with one line naming the problem and the fix.
 DeviceChoice choose_device(const std::string& requested, bool cuda_built, const GpuProbe& gpus, int local_rank,
                            int local_size, bool allow_sharing, const std::string& host);
+
+// The backend of a chosen device: the CUDA backend on its GPU (tf32: TF32 tensor cores for float
+// math), else the CPU backend with `threads` threads per rank.
+std::unique_ptr<Backend> make_backend(const DeviceChoice& device, int threads, bool tf32);
 
 bool cuda_built();
 GpuProbe probe_gpus();              // never throws; count 0 in builds without CUDA

@@ -229,6 +229,8 @@ bool is_ref(const std::string& impl_name) { return impl_name.rfind("ref", 0) == 
 
 class Conv final : public LayerKernel {
  public:
+  // Long on purpose (Note [Why a function is long] in docs/style.md): oneDNN's primitives for the
+  // three passes are made once here from one set of memory descriptors; they share every local.
   Conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : c_(c) {
     using dims = dnnl::memory::dims;
     const dims src{b.batch, l.in.c, l.in.h, l.in.w};             // (N, C, H, W)
