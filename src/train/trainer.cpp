@@ -293,7 +293,11 @@ RunResult Trainer::run() {
     // alike; at once where the host synchronises anyway, else guard_->lag() steps later.
     settle_verdicts(log_now || epoch_end || eval_now ? step : step - guard_->lag());
     if (log_now) log_training_loss(step, lr, res);
-    if (opt_.check_replicas_every > 0 && (step + 1) % opt_.check_replicas_every == 0) check_replicas(step + 1);
+    if (opt_.check_replicas_every > 0 && (step + 1) % opt_.check_replicas_every == 0) {
+      const auto tr = std::chrono::steady_clock::now();
+      check_replicas(step + 1);
+      clock_.exclude(tr);  // a check, not training: on a GPU it drains the stream and downloads
+    }
     const EvalResult validation = evaluate_during_training(step, epoch_end, eval_now);
     if (checkpoint_or_stop(step, epoch_end, lr, validation)) return stopped(step, res);
   }
@@ -317,9 +321,10 @@ RunResult Trainer::run() {
 // Note [Timing a step]
 // On a GPU the host only queues work, so a step's host time says little. So on every backend the
 // steady rate is the wall time from a synchronisation after the warm-up steps (the first 10, when
-// the run has more) to one after the last step, less the time spent evaluating and writing
-// checkpoints; the per-step parts are host times (queueing times on a GPU), averaged over the same
-// steps.
+// the run has more) to one after the last step, less the time spent evaluating, writing
+// checkpoints and comparing replicas (--check-replicas-every: a download of the parameters and a
+// hash, which on a GPU also drains the stream); the per-step parts are host times (queueing times
+// on a GPU), averaged over the same steps.
 void Trainer::RunClock::start_steady(Backend& backend) {
   backend.synchronize();
   steady = std::chrono::steady_clock::now();
