@@ -1,6 +1,6 @@
 // 2-D convolution on cuDNN: forward, backward-data and backward-filter, with the algorithm of each
-// and one workspace chosen once at model build (cudnnFind*: measured on this GPU, the fastest
-// deterministic one). Bias: cudnnAddTensor forward, our fixed-order kernel backward. TensorFlow's
+// and one workspace chosen once at model build (Note [Choosing cuDNN algorithms]: cuDNN's
+// heuristics, the first deterministic one). Bias: cudnnAddTensor forward, our fixed-order kernel backward. TensorFlow's
 // `same` padding can be asymmetric (the extra row / column at the end), which cuDNN can't express:
 // then the input is zero-padded into a buffer made at build and the convolution is `valid`.
 #include <algorithm>
@@ -70,8 +70,16 @@ const char* bwd_filter_name(cudnnConvolutionBwdFilterAlgo_t a) {
   }
 }
 
-// Of cudnnFind*'s results (sorted by time), the first that succeeded, is deterministic and fits
-// the workspace cap; runs must repeat bit for bit, so a faster non-deterministic one is skipped.
+// Note [Choosing cuDNN algorithms]
+// cudnnFind* times every algorithm on this GPU and sorts by the time it measured, so when two are
+// close the choice can change from run to run and from rank to rank, and with it the bits (each
+// algorithm sums in its own order). cudnnGet*_v7 asks cuDNN's heuristics instead: for one GPU
+// model, cuDNN version, shape and math type it answers the same list every time, on every rank.
+// Of that list (sorted by expected speed) we take the first that is supported, deterministic
+// and fits the workspace cap; runs must repeat bit for bit, so a faster non-deterministic one is
+// skipped. The choice is printed per layer in the banner (describe()). Ranks on different GPU
+// models could still choose differently; the replica check (--check-replicas-every) would stop
+// such a run, naming the ranks.
 template <typename Perf>
 const Perf& pick(const std::vector<Perf>& perf, int returned, std::size_t cap, const char* what) {
   for (int i = 0; i < returned; ++i) {
@@ -118,7 +126,7 @@ class Conv final : public LayerKernel {
     {
       std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(kMaxAlgos);
       int got = 0;
-      CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(c.cudnn, x_.d, w_, conv_, y_.d, kMaxAlgos, &got, perf.data()));
+      CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(c.cudnn, x_.d, w_, conv_, y_.d, kMaxAlgos, &got, perf.data()));
       const auto& p = pick(perf, got, kWorkspaceCap, "forward");
       fwd_ = p.algo;
       ws = std::max(ws, p.memory);
@@ -128,7 +136,7 @@ class Conv final : public LayerKernel {
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(kMaxAlgos);
       int got = 0;
       CUDNN_CHECK(
-          cudnnFindConvolutionBackwardDataAlgorithm(c.cudnn, w_, y_.d, conv_, x_.d, kMaxAlgos, &got, perf.data()));
+          cudnnGetConvolutionBackwardDataAlgorithm_v7(c.cudnn, w_, y_.d, conv_, x_.d, kMaxAlgos, &got, perf.data()));
       const auto& p = pick(perf, got, kWorkspaceCap, "backward-data");
       bwd_data_ = p.algo;
       ws = std::max(ws, p.memory);
@@ -138,7 +146,7 @@ class Conv final : public LayerKernel {
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(kMaxAlgos);
       int got = 0;
       CUDNN_CHECK(
-          cudnnFindConvolutionBackwardFilterAlgorithm(c.cudnn, x_.d, y_.d, conv_, w_, kMaxAlgos, &got, perf.data()));
+          cudnnGetConvolutionBackwardFilterAlgorithm_v7(c.cudnn, x_.d, y_.d, conv_, w_, kMaxAlgos, &got, perf.data()));
       const auto& p = pick(perf, got, kWorkspaceCap, "backward-filter");
       bwd_filter_ = p.algo;
       ws = std::max(ws, p.memory);
