@@ -88,7 +88,7 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
     r.timing.forward += seconds(m2 - m1);
     r.timing.backward += seconds(m3 - m2);
   }
-  r.applied = apply(step, lr, backward_end, r.timing);
+  apply(step, lr, backward_end, r.timing);
   p_.guard->end_step(step);
   r.end = Clock::now();
   if (tl) tl->step_done(step, r.begin, r.end, p_.reducer->bucket_timings());
@@ -101,7 +101,7 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
 // (Note [Non-finite steps]). With check_all_first (--skip-nonfinite-steps) every bucket is waited
 // for and checked before the first is applied, so that a skipped step changes nothing; without
 // it a bucket the guard refuses stops the updates there, and the run stops after the step.
-bool Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, StepTiming& t) {
+void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, StepTiming& t) {
   Reducer& reducer = *p_.reducer;
   const std::vector<Bucket>& buckets = reducer.buckets();
   const auto ok = [&](std::size_t k) {
@@ -136,7 +136,6 @@ bool Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
     }
   }
   for (; waited < buckets.size(); ++waited) t.exposed_comm += reducer.wait_bucket(waited);  // none left in flight
-  return finite;
 }
 
 }  // namespace mnist_mpi

@@ -323,8 +323,9 @@ RunResult Trainer::run() {
 // steady rate is the wall time from a synchronisation after the warm-up steps (the first 10, when
 // the run has more) to one after the last step, less the time spent evaluating, writing
 // checkpoints and comparing replicas (--check-replicas-every: a download of the parameters and a
-// hash, which on a GPU also drains the stream); the per-step parts are host times (queueing times
-// on a GPU), averaged over the same steps.
+// hash, which on a GPU also drains the stream). The per-step agreement on a signal stays in: it
+// is a collective of every step. The per-step parts are host times (queueing times on a GPU),
+// averaged over the same steps.
 void Trainer::RunClock::start_steady(Backend& backend) {
   backend.synchronize();
   steady = std::chrono::steady_clock::now();
@@ -446,9 +447,15 @@ bool Trainer::checkpoint_or_stop(std::int64_t step, bool epoch_end, double lr, c
   const auto tc = std::chrono::steady_clock::now();
   const std::int64_t written_before = checkpointer_->stats().written;
   const bool stop = checkpointer_->after_step(end);
-  if (timeline_ && checkpointer_->stats().written != written_before)  // rank 0's copy of the state
-    timeline_->record(SpanKind::kCheckpoint, tc, std::chrono::steady_clock::now(), step);
-  clock_.exclude(tc);  // checkpoints are not training time
+  const bool wrote = checkpointer_->stats().written != written_before;  // rank 0 writes
+  if (timeline_ && wrote) timeline_->record(SpanKind::kCheckpoint, tc, std::chrono::steady_clock::now(), step);
+  // A checkpoint is not training time; the agreement on a signal at every other step is a
+  // collective of the step, so the steady rate keeps it (the log line's rate leaves it out, as it
+  // always did).
+  if (wrote)
+    clock_.exclude(tc);
+  else
+    clock_.window += std::chrono::steady_clock::now() - tc;
   return stop;
 }
 

@@ -48,8 +48,7 @@ struct StepShape {
 };
 
 struct StepResult {
-  StepTiming timing;    // host seconds of the parts of this step
-  bool applied = true;  // false: the host guard found a non-finite bucket; the rest were not applied
+  StepTiming timing;  // host seconds of the parts of this step
   std::chrono::steady_clock::time_point begin, end;
 };
 
@@ -62,9 +61,9 @@ class Step {
 
  private:
   void load_batch(const Slice& slice);
-  // Waits for every bucket's sum, checks it and applies it; returns false at the first bucket the
+  // Waits for every bucket's sum, checks it and applies it; stops applying at the first bucket the
   // guard refuses (every sum is still waited for: none is left in flight).
-  bool apply(std::int64_t step, double lr, std::chrono::steady_clock::time_point backward_end, StepTiming& t);
+  void apply(std::int64_t step, double lr, std::chrono::steady_clock::time_point backward_end, StepTiming& t);
 
   StepParts p_;
   StepShape shape_;
