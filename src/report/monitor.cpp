@@ -157,13 +157,8 @@ void Monitor::start(Communicator& comm) {
 }
 
 void Monitor::on_step(std::int64_t step, const StepTiming& p, Clock::time_point end) {
-  for (StepTiming* s : {&total_, &window_}) {
-    s->data += p.data;
-    s->forward += p.forward;
-    s->backward += p.backward;
-    s->exposed_comm += p.exposed_comm;
-    s->optimizer += p.optimizer;
-  }
+  total_ += p;
+  window_ += p;
   ++window_steps_;
   last_end_ = end;
   // On a --log-every step the bar is drawn by on_log, with the new loss.

@@ -284,7 +284,7 @@ RunResult Trainer::run() {
     const StepResult r = step_->run(step, lr, poison);
 
     monitor_->on_step(step, r.timing, r.end);
-    if (step - first_step >= clock_.warmup) clock_.add(r.timing);
+    if (step - first_step >= clock_.warmup) clock_.sum += r.timing;
     window_n_ += batch_ * accumulation_;
     const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);
     const bool epoch_end = (step + 1) % steps_per_epoch_ == 0;
@@ -309,7 +309,7 @@ RunResult Trainer::run() {
   res.epochs = static_cast<double>(total_steps_) / static_cast<double>(steps_per_epoch_);
   res.wall_s = seconds_since(clock_.run);
   res.images_per_s = clock_.images_per_s(total_steps_ - first_step - clock_.warmup, global_batch_);
-  res.timing = clock_.mean_step(total_steps_ - first_step - clock_.warmup);
+  res.timing = clock_.sum.mean_over(total_steps_ - first_step - clock_.warmup);
   res.timing.reduced_bytes = static_cast<double>(spec_.param_count) * sizeof(float);
   res.checkpoints = checkpointer_->stats();
   res.skipped_steps = skipped_;
@@ -335,26 +335,6 @@ void Trainer::RunClock::start_steady(Backend& backend) {
 void Trainer::RunClock::end_steady(Backend& backend) {
   backend.synchronize();
   steady_s = seconds_since(steady) - (excluded_s - excluded_at_steady);
-}
-
-void Trainer::RunClock::add(const StepTiming& t) {
-  sum.data += t.data;
-  sum.forward += t.forward;
-  sum.backward += t.backward;
-  sum.exposed_comm += t.exposed_comm;
-  sum.optimizer += t.optimizer;
-}
-
-StepTiming Trainer::RunClock::mean_step(std::int64_t steps) const {
-  StepTiming m = sum;
-  if (steps <= 0) return m;
-  const double n = static_cast<double>(steps);
-  m.data /= n;
-  m.forward /= n;
-  m.backward /= n;
-  m.exposed_comm /= n;
-  m.optimizer /= n;
-  return m;
 }
 
 double Trainer::RunClock::images_per_s(std::int64_t steps, std::int64_t global_batch) const {
@@ -455,14 +435,18 @@ bool Trainer::checkpoint_or_stop(std::int64_t step, bool epoch_end, double lr, c
   if (wrote)
     clock_.exclude(tc);
   else
-    clock_.window += std::chrono::steady_clock::now() - tc;
+    clock_.pause_window(tc);
   return stop;
 }
 
 void Trainer::RunClock::exclude(std::chrono::steady_clock::time_point since) {
+  excluded_s += std::chrono::duration<double>(pause_window(since)).count();
+}
+
+std::chrono::steady_clock::duration Trainer::RunClock::pause_window(std::chrono::steady_clock::time_point since) {
   const auto d = std::chrono::steady_clock::now() - since;
   window += d;
-  excluded_s += std::chrono::duration<double>(d).count();
+  return d;
 }
 
 // The run stopped on a signal after `step` (exit code 75); a checkpoint has been written if there is a directory.

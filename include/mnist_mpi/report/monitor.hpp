@@ -36,6 +36,27 @@ namespace mnist_mpi {
 struct StepTiming {
   double data = 0, forward = 0, backward = 0, exposed_comm = 0, optimizer = 0;
   double reduced_bytes = 0;  // per step, per rank (set in the run's summary only)
+
+  // Sums of steps and their mean: the five parts (reduced_bytes is not a per-step time).
+  StepTiming& operator+=(const StepTiming& t) {
+    data += t.data;
+    forward += t.forward;
+    backward += t.backward;
+    exposed_comm += t.exposed_comm;
+    optimizer += t.optimizer;
+    return *this;
+  }
+  StepTiming mean_over(std::int64_t steps) const {
+    StepTiming m = *this;
+    if (steps <= 0) return m;
+    const double n = static_cast<double>(steps);
+    m.data /= n;
+    m.forward /= n;
+    m.backward /= n;
+    m.exposed_comm /= n;
+    m.optimizer /= n;
+    return m;
+  }
 };
 
 struct MonitorSetup {

@@ -89,9 +89,9 @@ class Trainer final : private CheckpointSource {
     StepTiming sum;  // over the steady steps
     void start_steady(Backend& backend);
     void end_steady(Backend& backend);
-    void add(const StepTiming& t);
     void exclude(std::chrono::steady_clock::time_point since);  // from the rates: since .. now
-    StepTiming mean_step(std::int64_t steps) const;
+    // From the log line's rate only: since .. now; returns that span.
+    std::chrono::steady_clock::duration pause_window(std::chrono::steady_clock::time_point since);
     double images_per_s(std::int64_t steps, std::int64_t global_batch) const;
   };
 
