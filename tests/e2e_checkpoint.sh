@@ -82,21 +82,33 @@ exact() {  # exact NAME STEPS ARGS...: 2*STEPS straight == STEPS + --resume auto
 exact tiny_exact 100 --config "$root/configs/tiny.ini" "${base[@]}" --batch-size 16
 exact lenet_dropout_exact 30 --config "$root/configs/lenet.ini" "${base[@]}" --global-batch-size 8
 
-# ---- another number of ranks, same global batch: 2 ranks -> 1 rank ------------------------------
-run "${run2[@]}" "$bin" "${sm[@]}" --max-steps 40 --checkpoint-dir ck_straight2
-run "${run2[@]}" "$bin" "${sm[@]}" --max-steps 20 --checkpoint-dir ck_ranks
-run "$bin" "${sm[@]}" --max-steps 40 --checkpoint-dir ck_ranks --resume auto
-if [ "$rc" -eq 0 ] && grep -q "resuming from ck_ranks/step-00000020.ckpt: step 20, epoch 1, sample 400" out &&
-   "$py" - "$reader" ck_straight2/step-00000040.ckpt ck_ranks/step-00000040.ckpt <<'EOF'
+# ---- another number of ranks, same global batch: 2 ranks -> 1 rank, 2 ranks -> 3 ranks ----------
+# close_to FILE: FILE's parameters against the 2-rank run that never stopped (summation order differs
+# across rank counts, nothing else).
+close_to() {
+  "$py" - "$reader" ck_straight2/step-00000040.ckpt "$1" <<'EOF'
 import sys, importlib.util
 spec = importlib.util.spec_from_file_location("rc", sys.argv[1]); rc = importlib.util.module_from_spec(spec); spec.loader.exec_module(rc)
 a = rc.read_checkpoint(sys.argv[2])["flat_params"]; b = rc.read_checkpoint(sys.argv[3])["flat_params"]
 d = abs(a - b).max() / abs(a).max()
-print("2 ranks straight vs 2 -> 1 rank: max |difference| / max |parameter| = %.3g" % d)
-sys.exit(0 if d < 1e-4 else 1)  # summation order differs across rank counts, nothing else
+print("2 ranks straight vs %s: max |difference| / max |parameter| = %.3g" % (sys.argv[3], d))
+sys.exit(0 if d < 1e-4 else 1)
 EOF
+}
+run "${run2[@]}" "$bin" "${sm[@]}" --max-steps 40 --checkpoint-dir ck_straight2
+run "${run2[@]}" "$bin" "${sm[@]}" --max-steps 20 --checkpoint-dir ck_ranks
+rm -rf ck_ranks3 && mkdir ck_ranks3 && cp ck_ranks/step-00000020.ckpt ck_ranks3/
+run "$bin" "${sm[@]}" --max-steps 40 --checkpoint-dir ck_ranks --resume auto
+if [ "$rc" -eq 0 ] && grep -q "resuming from ck_ranks/step-00000020.ckpt: step 20, epoch 1, sample 400" out &&
+   close_to ck_ranks/step-00000040.ckpt
 then ok "2 ranks -> resume on 1 rank follows the 2-rank trajectory"
 else bad "resume on another number of ranks"; fi
+# The global batch of 20 does not divide by 3 ranks (7, 7, 6: Note [Uneven slices]).
+run mpirun -np 3 --oversubscribe "$bin" "${sm[@]}" --max-steps 40 --checkpoint-dir ck_ranks3 --resume auto
+if [ "$rc" -eq 0 ] && grep -q "resuming from ck_ranks3/step-00000020.ckpt: step 20, epoch 1, sample 400" out &&
+   grep -q "batch: 20 global, 6-7 per rank" out && close_to ck_ranks3/step-00000040.ckpt
+then ok "2 ranks -> resume on 3 ranks (uneven slices) follows the 2-rank trajectory"
+else bad "resume on 3 ranks, uneven slices"; fi
 
 # ---- refused resumes -----------------------------------------------------------------------------
 c20=ck_ranks/step-00000020.ckpt

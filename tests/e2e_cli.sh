@@ -83,8 +83,12 @@ check model_over_32_bits 2 "layer 0 'conv:1:3000000' outputs 3000000x28x28 = 235
 check missing_data_dir 3 "$work/missing.*fetch_mnist.sh" -- "${run2[@]}" --data-dir "$work/missing" --batch-size 10
 check batch_larger_than_data 2 "larger than the training split" -- "${run2[@]}" "${base[@]}" --batch-size 400
 check validation_too_large 2 "--validation-size 5000 must be >= 0 and < the training count 600" -- "${run2[@]}" --data-dir "$work/good" --batch-size 10
-check accumulation_indivisible 2 "does not divide by the 2 ranks x 3 accumulation steps" -- "${run2[@]}" "${base[@]}" --global-batch-size 100 --accumulation-steps 3
-check global_batch_indivisible 2 "does not divide by the 2 ranks" -- "${run2[@]}" "${base[@]}" --global-batch-size 101
+# Note [Uneven slices]: a global batch that does not divide by the ranks (x accumulation steps) is
+# split as evenly as it goes; only one smaller than the micro-batches is refused.
+check global_batch_uneven 0 "batch: 101 global, 50-51 per rank" -- "${run2[@]}" "${base[@]}" --global-batch-size 101 --max-steps 3 --log-every 0
+check accumulation_uneven 0 "batch: 100 global, 16-17 per rank" -- "${run2[@]}" "${base[@]}" --global-batch-size 100 --accumulation-steps 3 --max-steps 3 --log-every 0
+check global_batch_below_ranks 2 "--global-batch-size 1 is smaller than the 2 ranks: every micro-batch needs at least one image; give at least 2" -- "${run2[@]}" "${base[@]}" --global-batch-size 1
+check accumulation_below_parts 2 "--global-batch-size 5 is smaller than the 2 ranks x 3 accumulation steps" -- "${run2[@]}" "${base[@]}" --global-batch-size 5 --accumulation-steps 3
 
 corrupt() {  # corrupt NAME: a fresh copy of the good data in $work/NAME
   rm -rf "${work:?}/$1"; cp -r "$work/good" "$work/$1"; echo "$work/$1"

@@ -129,11 +129,14 @@ TEST(Distributed, AllreduceSumsEveryElementExactly) {
 }
 
 // World-size invariance: with the same seed and global batch, lenet with dropout follows the same
-// trajectory on 1, 2 and 3 ranks (up to summation order). World ranks [0, k) train together.
+// trajectory on 1, 2, 3 and 4 ranks (up to summation order), whether or not the global batch
+// divides by them. World ranks [0, k) train together.
 TEST(Distributed, TrajectoryDoesNotDependOnTheNumberOfRanks) {
   if (world_size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
-  Options o = base_options(kLenet, 60, 5);  // 60 divides by 1, 2 and 3
-  o.optimizer.kind = "sgd";                 // Note [How close is "the same trajectory"]
+  // 100 divides by 1, 2 and 4 ranks but not by 3 (34, 33, 33: Note [Uneven slices]); registered
+  // for up to 4 ranks.
+  Options o = base_options(kLenet, 100, 5);
+  o.optimizer.kind = "sgd";  // Note [How close is "the same trajectory"]
   o.schedule.base_lr = 0.01;
   std::vector<std::vector<float>> finals;
   ModelSpec spec;
@@ -165,7 +168,9 @@ TEST(Distributed, TrajectoryDoesNotDependOnTheNumberOfRanks) {
   // displacement from the initial parameters compared. Measured for seeds 42..49: rounding
   // 1e-6 .. 6e-6; a flipped window (2 of 8 seeds) up to 8.8e-4. Seed 42 with a dropout key from the
   // rank-local position: 0.19 .. 1.1; with the gradient averaged over the per-rank batch: 0.67 .. 10.
-  // The bound 1e-2 lies an order of magnitude from both sides. The whole parameter vector must also agree to the
+  // With the global batch of 100 (2026-12-03): 3 ranks (slices of 34, 33, 33) 3.6e-6, 2 and 4
+  // ranks 2.7e-3 (one flipped window), parameters 7.9e-6 relative.
+  // The bound 1e-2 lies between the two sides. The whole parameter vector must also agree to the
   // issue's relative 1e-4 (rounding and flips: <= 1.6e-6; those two bugs: >= 1.5e-3).
   bool ok = true;
   if (world_rank() == 0) {

@@ -45,23 +45,26 @@ TEST(Sampler, PermutationDeterministicPerSeedAndEpoch) {
 }
 
 TEST(Sampler, RankSlicesTileTheStepWindow) {
-  const std::int64_t n = 1000, B = 48;
+  const std::int64_t n = 1000, B = 50;
   Sampler sampler(n, B, 9);
   const std::int64_t spe = sampler.steps_per_epoch();
-  ASSERT_EQ(spe, 20);  // 1000 / 48 = 20.8: the last partial batch is dropped
-  for (int world : {1, 2, 3, 4}) {
+  ASSERT_EQ(spe, 20);  // 1000 / 50
+  // Note [Uneven slices]: 50 on 3 ranks is 17, 17, 16; on 8 ranks two take 7 and six take 6.
+  for (int world : {1, 2, 3, 4, 7, 8, 50}) {
     SCOPED_TRACE(world);
-    const std::int64_t b = B / world;
-    // Steps of epoch 0, epoch 1 (crossing the boundary) and back to epoch 0.
-    for (std::int64_t step : {0, 1, 19, 20, 21, 45, 5}) {
+    const std::int64_t small = B / world, extra = B % world;
+    for (std::int64_t step : {0, 1, 19, 20, 21, 45, 5}) {  // epoch 0, 1 (across the boundary), 0 again
       const std::int64_t epoch = step / spe, s = step % spe;
       const auto perm = Sampler::permutation(n, 9, epoch);
       std::vector<std::int64_t> all;
+      std::int64_t first = 0;
       for (int r = 0; r < world; ++r) {
         const Slice sl = sampler.slice(step, r, world);
         EXPECT_EQ(sl.epoch, epoch);
-        EXPECT_EQ(sl.first, r * b);
-        ASSERT_EQ(sl.count, b);
+        EXPECT_EQ(sl.first, first);
+        ASSERT_EQ(sl.count, r < extra ? small + 1 : small) << "rank " << r;
+        EXPECT_LE(sl.count, largest_part(B, world));
+        first += sl.count;
         const auto order = sampler.order(sl.epoch);
         all.insert(all.end(), order.begin() + sl.position, order.begin() + sl.position + sl.count);
       }
@@ -69,6 +72,9 @@ TEST(Sampler, RankSlicesTileTheStepWindow) {
       EXPECT_EQ(all, want) << "step " << step;
     }
   }
+  EXPECT_EQ(largest_part(50, 3), 17);
+  EXPECT_EQ(largest_part(50, 5), 10);
+  EXPECT_EQ(largest_part(100, 8), 13);
 }
 
 TEST(Sampler, EpochCoversDistinctImages) {

@@ -241,7 +241,7 @@ std::string Checkpointer::check_compatible(const Checkpoint& ck, const std::stri
                 "checkpoint '" + path + "' was trained with a global batch of " + std::to_string(m.global_batch) +
                     " images, this run's is " + std::to_string(run_.global_batch) +
                     ": the sampler position is counted in global batches; give --global-batch-size " +
-                    std::to_string(m.global_batch) + " (any number of ranks that divides it)");
+                    std::to_string(m.global_batch) + " (on any number of ranks up to it)");
   if (m.train_count != run_.train_count)
     throw_error(ExitCode::kCheckpoint, "checkpoint '" + path + "' was trained on " + std::to_string(m.train_count) +
                                            " training images, this run has " + std::to_string(run_.train_count) +

@@ -276,8 +276,8 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       "batch-size", po::value(&o.batch_size)->default_value(d.batch_size),
       "images per rank per step (per micro-batch with --accumulation-steps; or give --global-batch-size)")(
       "global-batch-size", po::value(&o.global_batch_size)->default_value(d.global_batch_size),
-      "images per step over all ranks; must divide by the number of ranks")(
-      "epochs", po::value(&o.epochs)->default_value(d.epochs), "passes over the training split")(
+      "images per step over all ranks, split as evenly as it goes (100 on 8 ranks: 13 or 12 each); at least the number "
+      "of ranks")("epochs", po::value(&o.epochs)->default_value(d.epochs), "passes over the training split")(
       "max-steps", po::value(&o.max_steps)->default_value(d.max_steps),
       "global steps in the whole run (0 = epochs decide)")("seed", po::value(&o.seed)->default_value(d.seed),
                                                            "seed of initialisation, sampling and dropout")(

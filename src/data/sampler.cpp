@@ -42,12 +42,12 @@ std::span<const std::int64_t> Sampler::order(std::int64_t epoch) {
 }
 
 Slice Sampler::slice(std::int64_t step, std::int64_t part, std::int64_t parts) const {
-  const std::int64_t spe = steps_per_epoch(), b = global_batch_ / parts;
+  const std::int64_t spe = steps_per_epoch();
   Slice s;
   s.epoch = step / spe;
-  s.first = part * b;
+  s.first = part_first(global_batch_, parts, part);  // Note [Uneven slices]
   s.position = (step % spe) * global_batch_ + s.first;
-  s.count = b;
+  s.count = part_count(global_batch_, parts, part);
   return s;
 }
 

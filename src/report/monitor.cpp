@@ -128,6 +128,11 @@ void Monitor::on_start(const StartFacts& f) {
     metrics(event);
   }
   if (opt_.quiet) return;
+  // "34" or, when the global batch does not divide evenly, "33-34" (Note [Uneven slices]).
+  const auto per_rank_text = [&](std::int64_t largest) {
+    const std::int64_t smallest = setup_.global_batch / (setup_.world * setup_.accumulation);
+    return (smallest == largest ? "" : std::to_string(smallest) + "-") + std::to_string(largest);
+  };
   std::ostringstream os;
   if (!f.device_note.empty()) os << f.device_note << "\n";
   os << "mnist_mpi " MNIST_MPI_VERSION ": " << setup_.world << " rank(s), backend " << f.backend << ", ";
@@ -142,7 +147,7 @@ void Monitor::on_start(const StartFacts& f) {
   os << "data: " << f.train_images << " train, " << f.validation_images << " validation, " << f.test_images
      << " test images from " << opt_.data_dir << "\n"
      << "model: " << f.model << " (" << f.params << " parameters)\n"
-     << f.layers << "batch: " << setup_.global_batch << " global, " << f.per_rank_batch << " per rank; "
+     << f.layers << "batch: " << setup_.global_batch << " global, " << per_rank_text(f.per_rank_batch) << " per rank; "
      << setup_.steps_per_epoch << " steps per epoch, " << setup_.total_steps << " steps\n"
      << "gradients: " << setup_.buckets << " bucket(s) of at most " << opt_.bucket_mb << " MB (first "
      << opt_.first_bucket_mb << " MB), " << (opt_.no_overlap ? "one blocking sum after backward" : f.gradient_progress)

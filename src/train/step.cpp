@@ -17,6 +17,8 @@ Step::Step(const StepParts& parts, const StepShape& shape)
               ExitCode::kRuntime, "Step: a part is missing");
   const ModelSpec& spec = p_.model->spec();
   if (shape_.accumulation > 1) p_.backend->allocate(spec.param_count).swap(accum_);
+  if (shape_.global_batch % (shape_.world * shape_.accumulation) != 0)  // Note [Uneven slices]
+    p_.backend->allocate(shape_.batch * spec.num_classes()).swap(zeros_);
   layer_params_.assign(spec.layers.size(), {0, 0});
   for (const ParamTensor& t : spec.params) {
     auto& [begin, size] = layer_params_[static_cast<std::size_t>(t.layer)];
@@ -61,8 +63,13 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
     const auto m1 = Clock::now();
     const StepContext ctx{true, shape_.seed, step, slice.first};
     p_.model->forward(ctx);
-    p_.backend->softmax_cross_entropy(p_.model->logits(), p_.data->labels(), static_cast<int>(shape_.batch),
+    p_.backend->softmax_cross_entropy(p_.model->logits(), p_.data->labels(), static_cast<int>(slice.count),
                                       spec.num_classes(), p_.model->dlogits(), grad_scale_, *p_.loss);
+    if (slice.count < shape_.batch) {  // a short micro-batch: its rows past the slice add nothing
+      const std::int64_t classes = spec.num_classes();
+      p_.backend->copy(p_.model->dlogits() + slice.count * classes, zeros_->data(),
+                       (shape_.batch - slice.count) * classes);
+    }
     p_.guard->after_loss(*p_.loss, p_.model->dlogits(), poison && last);
     const auto m2 = Clock::now();
     if (tl) tl->backward_starts(m2, step);

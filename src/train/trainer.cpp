@@ -69,8 +69,10 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
 }
 
 // --global-batch-size or --batch-size per rank, with --accumulation-steps: the per-rank
-// micro-batch batch_ and the global batch_. Sizes from the options are products of user input:
-// 64-bit and overflow-checked, and the per-rank batch must fit the int that the kernels take.
+// micro-batch batch_ (the largest, when the global batch does not divide evenly), the global
+// batch_ and rank_images_, the images this rank takes per step. Sizes from the options are
+// products of user input: 64-bit and overflow-checked, and the per-rank batch must fit the int
+// that the kernels take.
 void Trainer::resolve_batch_sizes() {
   const std::int64_t world = comm_.size();
   accumulation_ = opt_.accumulation_steps;
@@ -79,20 +81,24 @@ void Trainer::resolve_batch_sizes() {
   };
   const std::int64_t parts = checked_mul(world, accumulation_).value_or(-1);  // micro-batches per global batch
   if (parts < 0) too_big("--accumulation-steps " + std::to_string(accumulation_));
-  if (opt_.global_batch_size > 0) {
+  if (opt_.global_batch_size > 0) {  // Note [Uneven slices] (include/mnist_mpi/data/sampler.hpp)
     MNIST_CHECK(
-        opt_.global_batch_size % parts == 0, ExitCode::kUsage,
-        "--global-batch-size " + std::to_string(opt_.global_batch_size) + " does not divide by the " +
+        opt_.global_batch_size >= parts, ExitCode::kUsage,
+        "--global-batch-size " + std::to_string(opt_.global_batch_size) + " is smaller than the " +
             std::to_string(world) + " ranks" +
             (accumulation_ > 1 ? " x " + std::to_string(accumulation_) + " accumulation steps" : std::string()) +
-            "; choose a multiple of " + std::to_string(parts) + " or give --batch-size per rank");
+            ": every micro-batch needs at least one image; give at least " + std::to_string(parts));
     global_batch_ = opt_.global_batch_size;
-    batch_ = global_batch_ / parts;
+    batch_ = largest_part(global_batch_, parts);
   } else {
     batch_ = opt_.batch_size;
     global_batch_ = checked_mul(batch_, parts).value_or(-1);
     if (global_batch_ < 0)
       too_big("--batch-size " + std::to_string(batch_) + " x " + std::to_string(parts) + " micro-batches");
+  }
+  {  // this rank's parts are [rank x K, rank x K + K); the first B mod parts of all take one more
+    const std::int64_t first = comm_.rank() * accumulation_, extra = global_batch_ % parts;
+    rank_images_ = accumulation_ * (global_batch_ / parts) + std::clamp<std::int64_t>(extra - first, 0, accumulation_);
   }
   MNIST_CHECK(batch_ <= std::numeric_limits<int>::max(), ExitCode::kUsage,
               "a batch of " + std::to_string(batch_) +
@@ -285,7 +291,7 @@ RunResult Trainer::run() {
 
     monitor_->on_step(step, r.timing, r.end);
     if (step - first_step >= clock_.warmup) clock_.sum += r.timing;
-    window_n_ += batch_ * accumulation_;
+    window_n_ += rank_images_;
     const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);
     const bool epoch_end = (step + 1) % steps_per_epoch_ == 0;
     const bool eval_now = opt_.eval_every > 0 && (step + 1) % opt_.eval_every == 0 && step + 1 != total_steps_;

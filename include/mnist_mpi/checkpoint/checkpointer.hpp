@@ -17,6 +17,7 @@
 #include "mnist_mpi/checkpoint/checkpoint.hpp"
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/config/options.hpp"
+#include "mnist_mpi/data/sampler.hpp"
 #include "mnist_mpi/joined_thread.hpp"
 #include "mnist_mpi/model/spec.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
@@ -102,7 +103,9 @@ class Checkpointer {
 
  private:
   void find_resume_checkpoint();
-  std::int64_t per_rank_batch() const { return run_.global_batch / (comm_.size() * opt_.accumulation_steps); }
+  std::int64_t per_rank_batch() const {  // the largest micro-batch (Note [Uneven slices])
+    return largest_part(run_.global_batch, std::int64_t{comm_.size()} * opt_.accumulation_steps);
+  }
   // Throws when ck cannot continue this run; returns the options that differ (for a note).
   std::string check_compatible(const Checkpoint& ck, const std::string& path) const;
   void write(const StepEnd& s);  // rank 0

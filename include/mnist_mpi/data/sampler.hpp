@@ -1,6 +1,6 @@
 // The sampler: one global permutation of the training split per epoch, a pure function of
 // (seed, epoch). Global step s of an epoch covers permutation positions [s*B, (s+1)*B); rank r
-// takes the r-th contiguous slice of b = B / world images. The last partial batch is dropped.
+// takes the r-th contiguous slice of it (Note [Uneven slices]). The last partial batch is dropped.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,25 @@ namespace mnist_mpi {
 struct Slice {
   std::int64_t epoch = 0, position = 0, first = 0, count = 0;
 };
+
+// Note [Uneven slices]
+// A global batch of B images is cut into `parts` contiguous micro-batches (parts = world x K,
+// Note [Micro-batches and positions]): part p takes floor(B / parts) images, and the first
+// B mod parts parts one more, so any B >= parts works on any number of ranks (100 on 8 GPUs: four
+// ranks take 13, four take 12). Nothing is re-weighted: every rank scales its loss gradient by
+// 1 / B, the GLOBAL batch (Note [Averaging is a scaled sum]), so the sum over the ranks is the
+// mean gradient of the global batch whatever the slices' sizes. A rank's model is built for the
+// largest part; a shorter part leaves its last rows' loss gradient at zero (Step::run), and a zero
+// row adds exactly nothing to any sum of the backward pass.
+inline std::int64_t part_count(std::int64_t global_batch, std::int64_t parts, std::int64_t part) {
+  return global_batch / parts + (part < global_batch % parts ? 1 : 0);
+}
+inline std::int64_t part_first(std::int64_t global_batch, std::int64_t parts, std::int64_t part) {
+  return part * (global_batch / parts) + (part < global_batch % parts ? part : global_batch % parts);
+}
+inline std::int64_t largest_part(std::int64_t global_batch, std::int64_t parts) {
+  return global_batch / parts + (global_batch % parts != 0 ? 1 : 0);
+}
 
 class Sampler {
  public:

@@ -41,8 +41,8 @@ struct StepParts {
 struct StepShape {
   int rank = 0, world = 1;
   std::int64_t accumulation = 1;  // micro-batches per rank per step
-  std::int64_t batch = 0;         // images per micro-batch
-  std::int64_t global_batch = 0;  // batch * accumulation * world
+  std::int64_t batch = 0;         // images the model holds: the largest micro-batch (Note [Uneven slices])
+  std::int64_t global_batch = 0;  // the sum of every rank's micro-batches
   std::uint64_t seed = 0;         // dropout key
   bool check_all_first = false;   // --skip-nonfinite-steps: every bucket checked before any is applied
 };
@@ -69,6 +69,7 @@ class Step {
   StepShape shape_;
   float grad_scale_;               // 1 / global batch (Note [Averaging is a scaled sum])
   std::unique_ptr<Buffer> accum_;  // the earlier micro-batches' gradient sum (accumulation > 1)
+  std::unique_ptr<Buffer> zeros_;  // (batch, classes) of zeros, when some micro-batch is short
   std::vector<std::pair<std::int64_t, std::int64_t>> layer_params_;  // (offset, size) per layer
   bool accumulating_ = false;                                        // the last micro-batch of an accumulated step
   std::function<void(int)> on_layer_done_;  // made once: finishes a layer's gradient, starts buckets

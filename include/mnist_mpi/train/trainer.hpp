@@ -152,6 +152,7 @@ class Trainer final : private CheckpointSource {
   RunClock clock_;
   std::int64_t current_step_ = 0, verdict_next_ = 0;  // verdict_next_: the first step whose verdict is unread
   std::int64_t window_n_ = 0;                         // images in the log window
+  std::int64_t rank_images_ = 0;                      // images this rank takes per step
   std::int64_t skipped_ = 0;                          // non-finite steps skipped
   double logged_loss_ = 0;                            // the last logged training loss (NaN before)
 };
