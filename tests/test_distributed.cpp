@@ -365,6 +365,27 @@ TEST(Reducer, FinalParametersAreBitwiseEqualForAnyBucketing) {
 
 // Gradient accumulation: 1 rank with 2 micro-batches follows the trajectory of 2 ranks with one
 // (same global batch, same samples and dropout keys), to a relative 1e-5 after 30 steps.
+// Note [The optimiser's step count]: a step skipped by --skip-nonfinite-steps is not counted, so
+// Adam's later bias corrections and the count a checkpoint saves are those of the steps applied.
+// 6 Adam steps with step 3 poisoned on rank 0: 5 applied, 5 counted (tests/test_gpu.cpp checks the
+// same on the device, where the count lives in device memory).
+TEST(Optimizer, ASkippedStepIsNotCounted) {
+  Options o = base_options(kSmall, 12 * world_size(), 6);
+  o.skip_nonfinite_steps = true;
+  setenv("MNIST_MPI_FAULT", "0:3:nan", 1);
+  auto c = make_mpi_communicator(MPI_COMM_WORLD);
+  std::int64_t steps = -1, skipped = -1;
+  {
+    Trainer t(o, *c);
+    unsetenv("MNIST_MPI_FAULT");
+    skipped = t.run().skipped_steps;
+    steps = t.optimizer().steps_taken();
+  }
+  EXPECT_EQ(skipped, 1);
+  EXPECT_EQ(steps, 5) << "Adam counted the skipped step";
+  EXPECT_TRUE(all_ranks(skipped == 1 && steps == 5));
+}
+
 TEST(Reducer, AccumulationMatchesMoreRanks) {
   if (world_size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
   Options o = base_options(kLenet, 40, 30);

@@ -621,9 +621,10 @@ class PlainLayouts final : public Backend {
   std::unique_ptr<DataSource> make_data_source(const Split& split, int batch) override {
     return be_->make_data_source(split, batch);
   }
-  void optimizer_step(const OptimizerConfig& cfg, std::int64_t t, double lr, float* params, const float* grads,
-                      float* m, float* v, std::int64_t n) override {
-    be_->optimizer_step(cfg, t, lr, params, grads, m, v, n);
+  std::unique_ptr<StepCount> make_step_count(const OptimizerConfig& cfg) override { return be_->make_step_count(cfg); }
+  void optimizer_step(const OptimizerConfig& cfg, StepCount& count, float* params, const float* grads, float* m,
+                      float* v, std::int64_t n) override {
+    be_->optimizer_step(cfg, count, params, grads, m, v, n);
   }
   void add(float* dst, const float* src, std::int64_t n) override { be_->add(dst, src, n); }
   void copy(float* dst, const float* src, std::int64_t n) override { be_->copy(dst, src, n); }

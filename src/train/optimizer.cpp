@@ -1,5 +1,6 @@
 // The fused optimiser passes and the learning-rate schedules. Arithmetic is done in float on the
-// stored values, with the bias corrections in double, exactly as written in PyTorch's docs.
+// stored values, with the bias corrections in double (include/mnist_mpi/train/optimizer_scalars.hpp),
+// as written in PyTorch's docs.
 #include "mnist_mpi/train/optimizer.hpp"
 
 #include <algorithm>
@@ -17,7 +18,8 @@ void check_kind(const OptimizerConfig& cfg) {
 }
 }  // namespace
 
-Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count) : cfg_(cfg), count_(count) {
+Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count)
+    : cfg_(cfg), count_(count), step_count_(std::make_unique<HostStepCount>(cfg)) {
   check_kind(cfg);
   host_m_.assign(static_cast<std::size_t>(count), 0.0f);
   if (cfg.kind == "adam") host_v_.assign(static_cast<std::size_t>(count), 0.0f);
@@ -26,7 +28,7 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count) : cfg_(cfg)
 }
 
 Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend)
-    : cfg_(cfg), count_(count), backend_(&backend) {
+    : cfg_(cfg), count_(count), backend_(&backend), step_count_(backend.make_step_count(cfg)) {
   check_kind(cfg);
   buf_m_ = backend.allocate(count);  // zero-filled
   m_ = std::span<float>(buf_m_->data(), static_cast<std::size_t>(count));
@@ -48,34 +50,40 @@ void Optimizer::restore(const float* m, const float* v, std::int64_t steps_taken
     std::copy(m, m + count_, m_.begin());
     if (!v_.empty()) std::copy(v, v + count_, v_.begin());
   }
-  t_ = steps_taken;
+  step_count_->set(steps_taken);
+  begun_ = 0;
+}
+
+std::int64_t Optimizer::steps_taken() const { return step_count_->read(); }
+
+void Optimizer::begin_step(double lr) {
+  step_count_->begin_step(lr);
+  ++begun_;
 }
 
 void Optimizer::step(float* params, const float* grads, double lr) {
-  begin_step();
-  update(params, grads, lr, 0, count_);
+  begin_step(lr);
+  update(params, grads, 0, count_);
 }
 
-void Optimizer::update(float* params, const float* grads, double lr, std::int64_t begin, std::int64_t end) {
-  MNIST_CHECK(t_ > 0 && 0 <= begin && begin <= end && end <= count_, ExitCode::kRuntime,
+void Optimizer::update(float* params, const float* grads, std::int64_t begin, std::int64_t end) {
+  MNIST_CHECK(begun_ > 0 && 0 <= begin && begin <= end && end <= count_, ExitCode::kRuntime,
               "Optimizer::update: range outside the buffer or no begin_step()");
   float* m = m_.data() + begin;
   float* v = v_.empty() ? nullptr : v_.data() + begin;  // sgd has no second moment
   if (backend_)
-    backend_->optimizer_step(cfg_, t_, lr, params + begin, grads + begin, m, v, end - begin);
+    backend_->optimizer_step(cfg_, *step_count_, params + begin, grads + begin, m, v, end - begin);
   else
-    optimizer_pass_host(cfg_, t_, lr, params + begin, grads + begin, m, v, end - begin);
+    optimizer_pass_host(cfg_, static_cast<HostStepCount&>(*step_count_).scalars(), params + begin, grads + begin, m, v,
+                        end - begin);
 }
 
-void optimizer_pass_host(const OptimizerConfig& cfg, std::int64_t t, double lr, float* __restrict p,
+void optimizer_pass_host(const OptimizerConfig& cfg, const OptimizerScalars& s, float* __restrict p,
                          const float* __restrict g, float* __restrict m, float* __restrict v, std::int64_t n) {
   const float wd = static_cast<float>(cfg.weight_decay);
   if (cfg.kind == "adam") {
     const float b1 = static_cast<float>(cfg.beta1), b2 = static_cast<float>(cfg.beta2);
-    const double bc1 = 1.0 - std::pow(cfg.beta1, static_cast<double>(t));
-    const double bc2 = 1.0 - std::pow(cfg.beta2, static_cast<double>(t));
-    const float step_size = static_cast<float>(lr / bc1);
-    const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+    const float step_size = s.step_size, inv_sqrt_bc2 = s.inv_sqrt_bc2;
     const float eps = static_cast<float>(cfg.eps);
 #pragma omp parallel for simd schedule(static)
     for (std::int64_t i = 0; i < n; ++i) {
@@ -85,7 +93,7 @@ void optimizer_pass_host(const OptimizerConfig& cfg, std::int64_t t, double lr, 
       p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
     }
   } else {
-    const float mu = static_cast<float>(cfg.momentum), flr = static_cast<float>(lr);
+    const float mu = static_cast<float>(cfg.momentum), flr = s.lr;
     const bool nesterov = cfg.nesterov;
 #pragma omp parallel for simd schedule(static)
     for (std::int64_t i = 0; i < n; ++i) {

@@ -123,7 +123,7 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
       finite = finite && ok(waited);
     }
   if (finite) {
-    p_.optimizer->begin_step();
+    p_.optimizer->begin_step(lr);
     auto waited_from = backward_end;  // for the timeline: when the wait for bucket k began
     for (std::size_t k = 0; k < buckets.size(); ++k) {
       if (k >= waited) {
@@ -135,7 +135,7 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
         }
       }
       const auto o0 = Clock::now();
-      p_.optimizer->update(p_.params->data(), p_.grads->data(), lr, buckets[k].begin, buckets[k].end);
+      p_.optimizer->update(p_.params->data(), p_.grads->data(), buckets[k].begin, buckets[k].end);
       const auto o1 = Clock::now();
       t.optimizer += seconds(o1 - o0);
       if (p_.timeline) p_.timeline->bucket_updated(step, k, waited_from, o0, o1);

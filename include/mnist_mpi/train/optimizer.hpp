@@ -10,11 +10,13 @@
 #include <vector>
 
 #include "mnist_mpi/config/optimizer_config.hpp"
+#include "mnist_mpi/train/optimizer_scalars.hpp"
 
 namespace mnist_mpi {
 
 class Backend;
 class Buffer;
+class StepCount;
 
 class Optimizer {
  public:
@@ -24,13 +26,14 @@ class Optimizer {
   Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend);
   ~Optimizer();
   // params -= update(grads); count elements; lr for this step. params and grads in the memory of
-  // the backend given at construction (host memory without one). The same as begin_step()
+  // the backend given at construction (host memory without one). The same as begin_step(lr)
   // followed by update() over [0, count) in any number of pieces (elementwise: the bits do not
   // depend on the pieces), which lets the trainer update each bucket as soon as its sum has arrived.
   void step(float* params, const float* grads, double lr);
-  void begin_step() { ++t_; }
-  void update(float* params, const float* grads, double lr, std::int64_t begin, std::int64_t end);
-  std::int64_t steps_taken() const { return t_; }
+  // Counts the step (on a device: unless the guard refused it, Note [The optimiser's step count]).
+  void begin_step(double lr);
+  void update(float* params, const float* grads, std::int64_t begin, std::int64_t end);
+  std::int64_t steps_taken() const;  // a synchronisation on a device
   // State, for checkpoints: the moment buffers (sgd: momentum only, second empty), in the
   // backend's memory (copy through Backend::download on a GPU), and the step count.
   std::span<float> first_moment() { return m_; }
@@ -44,15 +47,17 @@ class Optimizer {
  private:
   OptimizerConfig cfg_;
   std::int64_t count_;
-  std::int64_t t_ = 0;
+  std::int64_t begun_ = 0;  // begin_step calls since construction or restore (a check of update's caller)
   Backend* backend_ = nullptr;
+  std::unique_ptr<StepCount> step_count_;
   std::vector<float> host_m_, host_v_;     // without a backend; allocated once, here
   std::unique_ptr<Buffer> buf_m_, buf_v_;  // with one
   std::span<float> m_, v_;
 };
 
-// The fused pass on host memory (the CPU backend's optimizer_step): step t (1-based) with lr.
-void optimizer_pass_host(const OptimizerConfig& cfg, std::int64_t t, double lr, float* params, const float* grads,
+// The fused pass on host memory (the CPU backend's optimizer_step), with the scalars of the step
+// (include/mnist_mpi/train/optimizer_scalars.hpp).
+void optimizer_pass_host(const OptimizerConfig& cfg, const OptimizerScalars& s, float* params, const float* grads,
                          float* m, float* v, std::int64_t n);
 
 // The learning rate at global step `step` (0-based) of `total_steps`, in epoch `epoch`.

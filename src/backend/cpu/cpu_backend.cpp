@@ -244,9 +244,9 @@ class CpuBackend final : public Backend {
     return std::make_unique<HostDataSource>(split, batch);
   }
 
-  void optimizer_step(const OptimizerConfig& cfg, std::int64_t t, double lr, float* params, const float* grads,
-                      float* m, float* v, std::int64_t n) override {
-    optimizer_pass_host(cfg, t, lr, params, grads, m, v, n);
+  void optimizer_step(const OptimizerConfig& cfg, StepCount& count, float* params, const float* grads, float* m,
+                      float* v, std::int64_t n) override {
+    optimizer_pass_host(cfg, static_cast<HostStepCount&>(count).scalars(), params, grads, m, v, n);
   }
   void add(float* dst, const float* src, std::int64_t n) override {
     for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];

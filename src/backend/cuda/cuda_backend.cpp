@@ -191,9 +191,39 @@ class CudaBackend final : public Backend {
     return std::make_unique<DeviceDataSource>(c_, split, batch);
   }
 
-  void optimizer_step(const OptimizerConfig& cfg, std::int64_t t, double lr, float* params, const float* grads,
-                      float* m, float* v, std::int64_t n) override {
-    launch_optimizer(c_.stream, cfg, t, lr, params, grads, m, v, n, guard_.get());
+  // Note [The optimiser's step count] (include/mnist_mpi/backend/backend.hpp), on the device.
+  class DeviceStepCount final : public StepCount {
+   public:
+    DeviceStepCount(CudaBackend& b, const OptimizerConfig& cfg) : b_(b), beta1_(cfg.beta1), beta2_(cfg.beta2) {}
+    void begin_step(double lr) override {
+      launch_count_step(b_.c_.stream, state_.get(), b_.guard_.get(), beta1_, beta2_, lr);
+    }
+    std::int64_t read() override {
+      DeviceStepState host;
+      b_.c_.wait_for_stream();
+      CUDA_CHECK(cudaMemcpyAsync(&host, state_.get(), sizeof host, cudaMemcpyDeviceToHost, b_.c_.stream));
+      b_.c_.wait_for_stream();
+      return host.t;
+    }
+    void set(std::int64_t t) override {
+      b_.c_.wait_for_stream();
+      CUDA_CHECK(cudaMemcpyAsync(&state_.get()->t, &t, sizeof t, cudaMemcpyHostToDevice, b_.c_.stream));
+      b_.c_.wait_for_stream();
+    }
+    const DeviceStepState* state() const { return state_.get(); }
+
+   private:
+    CudaBackend& b_;
+    double beta1_, beta2_;
+    DeviceArray<DeviceStepState> state_{1};  // zero: t = 0
+  };
+  std::unique_ptr<StepCount> make_step_count(const OptimizerConfig& cfg) override {
+    return std::make_unique<DeviceStepCount>(*this, cfg);
+  }
+  void optimizer_step(const OptimizerConfig& cfg, StepCount& count, float* params, const float* grads, float* m,
+                      float* v, std::int64_t n) override {
+    launch_optimizer(c_.stream, cfg, static_cast<DeviceStepCount&>(count).state(), params, grads, m, v, n,
+                     guard_.get());
   }
 
   // Note [Non-finite steps] (include/mnist_mpi/backend/backend.hpp), on the device. The flag

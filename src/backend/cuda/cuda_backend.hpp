@@ -122,9 +122,17 @@ void launch_bias_add(cudaStream_t s, float* y, const float* b, int n, int c, std
 // null: idx = position + i).
 void launch_gather(cudaStream_t s, const std::uint8_t* images, const std::uint8_t* labels, const std::int64_t* order,
                    std::int64_t position, std::int64_t n, std::int64_t pixels, float* x, std::int32_t* labels_out);
-// guard (may be null): no update while *guard holds kNonfiniteGradient.
-void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, std::int64_t t, double lr, float* p, const float* g,
-                      float* m, float* v, std::int64_t n, const int* guard);
+// The optimiser's step count on the device (Note [The optimiser's step count] in
+// include/mnist_mpi/backend/backend.hpp): t and the scalars of the step it last counted.
+struct DeviceStepState {
+  std::int64_t t = 0;
+  OptimizerScalars scalars;
+};
+// One thread: unless *guard holds kNonfiniteGradient, ++state->t and state->scalars for lr.
+void launch_count_step(cudaStream_t s, DeviceStepState* state, const int* guard, double beta1, double beta2, double lr);
+// The fused pass at state's step. guard (may be null): no update while *guard holds kNonfiniteGradient.
+void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, const DeviceStepState* state, float* p,
+                      const float* g, float* m, float* v, std::int64_t n, const int* guard);
 void launch_add(cudaStream_t s, float* dst, const float* src, std::int64_t n);
 void launch_fill(cudaStream_t s, float* dst, float value, std::int64_t n);
 // Zero padding with (possibly asymmetric) margins: dst (N, C, H + top + bottom, W + left + right)

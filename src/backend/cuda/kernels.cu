@@ -131,11 +131,21 @@ __global__ void gather_kernel(const std::uint8_t* __restrict__ images, const std
 // round-to-nearest intrinsics below forbid that and keep the CPU's evaluation order, so the GPU
 // pass gives the same bits as the CPU one (tests/test_gpu.cpp checks equality, not closeness).
 // guard: the flag of Note [Non-finite steps]; no update while it holds kNonfiniteGradient.
+// The step's scalars come from the device's step count (DeviceStepState, made by
+// count_step_kernel from the same expressions as the host's: include/mnist_mpi/train/optimizer_scalars.hpp).
+__global__ void count_step_kernel(DeviceStepState* __restrict__ state, const int* __restrict__ guard, double beta1,
+                                  double beta2, double lr) {
+  if (guard && (*guard & StepGuard::kNonfiniteGradient)) return;  // a skipped step does not count
+  state->t += 1;
+  state->scalars = optimizer_scalars(beta1, beta2, lr, state->t);
+}
+
 __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                             float* __restrict__ v, std::int64_t n, float wd, float b1, float one_minus_b1, float b2,
-                            float one_minus_b2, float step_size, float inv_sqrt_bc2, float eps,
+                            float one_minus_b2, const DeviceStepState* __restrict__ state, float eps,
                             const int* __restrict__ guard) {
   if (guard && (*guard & StepGuard::kNonfiniteGradient)) return;
+  const float step_size = state->scalars.step_size, inv_sqrt_bc2 = state->scalars.inv_sqrt_bc2;
   MNIST_GRID_LOOP(i, n) {
     const float gi = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
     const float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(one_minus_b1, gi));
@@ -148,8 +158,10 @@ __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, 
 }
 
 __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, std::int64_t n,
-                           float wd, float mu, bool nesterov, float lr, const int* __restrict__ guard) {
+                           float wd, float mu, bool nesterov, const DeviceStepState* __restrict__ state,
+                           const int* __restrict__ guard) {
   if (guard && (*guard & StepGuard::kNonfiniteGradient)) return;
+  const float lr = state->scalars.lr;
   MNIST_GRID_LOOP(i, n) {
     float gi = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
     if (mu != 0.0f) {
@@ -243,23 +255,23 @@ void launch_gather(cudaStream_t s, const std::uint8_t* images, const std::uint8_
   CUDA_CHECK_LAUNCH(gather_kernel);
 }
 
-void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, std::int64_t t, double lr, float* p, const float* g,
-                      float* m, float* v, std::int64_t n, const int* guard) {
-  // The scalars exactly as optimizer_pass_host computes them (host code, same expressions).
-  const float wd = static_cast<float>(cfg.weight_decay);
+void launch_count_step(cudaStream_t s, DeviceStepState* state, const int* guard, double beta1, double beta2,
+                       double lr) {
+  count_step_kernel<<<1, 1, 0, s>>>(state, guard, beta1, beta2, lr);
+  CUDA_CHECK_LAUNCH(count_step_kernel);
+}
+
+void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, const DeviceStepState* state, float* p,
+                      const float* g, float* m, float* v, std::int64_t n, const int* guard) {
+  const float wd = static_cast<float>(cfg.weight_decay);  // as optimizer_pass_host computes them
   if (cfg.kind == "adam") {
     const float b1 = static_cast<float>(cfg.beta1), b2 = static_cast<float>(cfg.beta2);
-    const double bc1 = 1.0 - std::pow(cfg.beta1, static_cast<double>(t));
-    const double bc2 = 1.0 - std::pow(cfg.beta2, static_cast<double>(t));
-    const float step_size = static_cast<float>(lr / bc1);
-    const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
     const float eps = static_cast<float>(cfg.eps);
-    adam_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, wd, b1, 1.0f - b1, b2, 1.0f - b2, step_size,
-                                                   inv_sqrt_bc2, eps, guard);
+    adam_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, wd, b1, 1.0f - b1, b2, 1.0f - b2, state, eps, guard);
     CUDA_CHECK_LAUNCH(adam_kernel);
   } else {
-    sgd_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, n, wd, static_cast<float>(cfg.momentum), cfg.nesterov,
-                                                  static_cast<float>(lr), guard);
+    sgd_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, n, wd, static_cast<float>(cfg.momentum), cfg.nesterov, state,
+                                                  guard);
     CUDA_CHECK_LAUNCH(sgd_kernel);
   }
 }
