@@ -90,6 +90,75 @@ TEST(CollectiveWatch, ZeroTimeoutNeverFires) {
   EXPECT_EQ(fired.count(), 0u);
 }
 
+// Note [Device waits have a deadline]: the poll loop of a host wait on a GPU, separated from the
+// device calls (`ready` stands for cudaEventQuery, `check` for NCCL's error check, `abort` for
+// ncclCommAbort).
+TEST(DeviceWait, ReturnsWhenReadyCheckingBetweenPolls) {
+  int polls = 0, checks = 0, aborts = 0;
+  const DeviceWaitPolicy policy{5.0, [&] { ++checks; }, [&] { ++aborts; }};
+  wait_until([&] { return ++polls == 100; }, policy, "a wait");
+  EXPECT_EQ(polls, 100);
+  EXPECT_EQ(checks, 99);  // between polls, not after the last
+  EXPECT_EQ(aborts, 0);
+}
+
+// A wait that never ends: after the timeout the communicator is aborted once, then one error
+// (exit code 1, as main() reports it before MPI_Abort) names the wait, step, bucket and option.
+TEST(DeviceWait, ADeadlineAbortsThenThrowsOneLine) {
+  int aborts = 0;
+  const DeviceWaitPolicy policy{0.2, [] {}, [&] { ++aborts; }};
+  watch_set_step(6);
+  watch_set_bucket(1);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    wait_until([] { return false; }, policy, "a wait for the GPU's queue");
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(e.code(), ExitCode::kRuntime);
+    const std::string m = e.what();
+    EXPECT_NE(m.find("device timeout: a wait for the GPU's queue in step 7, gradient bucket 1 has not finished after"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("(--collective-timeout 0.2)"), std::string::npos) << m;
+    EXPECT_NE(m.find("the NCCL communicator was aborted"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    EXPECT_GE(took, 0.2);
+    EXPECT_LT(took, 5.0);
+  }
+  watch_set_bucket(-1);
+  watch_set_step(-1);
+  EXPECT_EQ(aborts, 1);
+}
+
+// An error that the check finds (NCCL's asynchronous error) ends the wait at once, without the
+// deadline's abort (the check aborts the communicator itself).
+TEST(DeviceWait, AnErrorFromTheCheckEndsTheWait) {
+  int aborts = 0, polls = 0;
+  const DeviceWaitPolicy policy{60.0,
+                                [&] {
+                                  if (polls == 3) throw_error(ExitCode::kRuntime, "NCCL failed");
+                                },
+                                [&] { ++aborts; }};
+  EXPECT_THROW(wait_until(
+                   [&] {
+                     ++polls;
+                     return false;
+                   },
+                   policy, "a wait"),
+               Error);
+  EXPECT_EQ(polls, 3);
+  EXPECT_EQ(aborts, 0);
+}
+
+// Timeout 0 (--collective-timeout 0) has no deadline: a slow wait returns.
+TEST(DeviceWait, ZeroTimeoutWaitsAsLongAsItTakes) {
+  const DeviceWaitPolicy policy{0.0, {}, [] { ADD_FAILURE() << "aborted without a deadline"; }};
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  wait_until([&] { return std::chrono::steady_clock::now() >= until; }, policy, "a wait");
+  EXPECT_GE(std::chrono::steady_clock::now(), until);
+}
+
 // The reducer through a watched MPI communicator: exact sums for tiny and large buckets,
 // overlapped, step after step, while the watch thread polls; the watch never fires.
 TEST(CollectiveWatch, WatchedReducerSumsExactly) {

@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
+#include "mnist_mpi/check.hpp"
 #include "mnist_mpi/resilience/fault.hpp"
 
 namespace mnist_mpi {
@@ -25,6 +27,34 @@ std::int64_t now_ns() {
 
 void watch_set_step(std::int64_t step) { g_step.store(step, std::memory_order_relaxed); }
 void watch_set_bucket(std::int64_t bucket) { g_bucket.store(bucket, std::memory_order_relaxed); }
+
+std::string watch_location() {
+  const std::int64_t step = g_step.load(std::memory_order_relaxed);
+  const std::int64_t bucket = g_bucket.load(std::memory_order_relaxed);
+  return (step >= 0 ? " in step " + std::to_string(step + 1) : std::string(" before the first step")) +
+         (bucket >= 0 ? ", gradient bucket " + std::to_string(bucket) : std::string());
+}
+
+// Note [Device waits have a deadline] (include/mnist_mpi/comm/watchdog.hpp)
+void wait_until(const std::function<bool()>& ready, const DeviceWaitPolicy& policy, const char* what) {
+  const std::int64_t start = now_ns();
+  const auto limit_ns = static_cast<std::int64_t>(policy.timeout_s * 1e9);
+  for (int spins = 0;; ++spins) {
+    if (ready()) return;
+    if (policy.check) policy.check();
+    if (policy.timeout_s > 0 && now_ns() - start > limit_ns) {
+      if (policy.abort) policy.abort();
+      char waited[32], limit[32];
+      std::snprintf(waited, sizeof waited, "%.1f", static_cast<double>(now_ns() - start) * 1e-9);
+      std::snprintf(limit, sizeof limit, "%g", policy.timeout_s);
+      throw_error(ExitCode::kRuntime, std::string("device timeout: ") + what + watch_location() +
+                                          " has not finished after " + waited + " s (--collective-timeout " + limit +
+                                          "): another rank is hung, stopped or lost, or a GPU is stuck; the NCCL "
+                                          "communicator was aborted, ending the job");
+    }
+    if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
 
 // Note [Aborting from the watchdog thread]
 // The watchdog must end the job while the main thread is blocked inside MPI, so it calls
@@ -66,13 +96,9 @@ void CollectiveWatch::loop() {
     const std::int64_t started = started_ns_.load(std::memory_order_acquire);
     if (started == 0 || now_ns() - started <= limit_ns) continue;
     const char* what = what_.load(std::memory_order_relaxed);
-    const std::int64_t step = g_step.load(std::memory_order_relaxed);
-    const std::int64_t bucket = g_bucket.load(std::memory_order_relaxed);
     char waited[32];
     std::snprintf(waited, sizeof waited, "%.0f", static_cast<double>(now_ns() - started) * 1e-9);
-    std::string msg = std::string("collective timeout: ") + (what ? what : "a collective") +
-                      (step >= 0 ? " in step " + std::to_string(step + 1) : std::string(" before the first step")) +
-                      (bucket >= 0 ? ", gradient bucket " + std::to_string(bucket) : std::string()) +
+    std::string msg = std::string("collective timeout: ") + (what ? what : "a collective") + watch_location() +
                       ", has not finished after " + waited + " s (--collective-timeout " +
                       std::to_string(static_cast<long long>(timeout_s_)) +
                       "): another rank is hung, stopped or lost; ending the job";

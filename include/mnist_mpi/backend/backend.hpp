@@ -245,6 +245,10 @@ class Backend {
   }
   // Returns once every queued kernel has finished (a no-op on the CPU).
   virtual void synchronize() {}
+  // The deadline of every host wait on the device, in seconds (--collective-timeout; 0: none):
+  // Note [Device waits have a deadline] in include/mnist_mpi/comm/watchdog.hpp. The CPU has no
+  // device waits; its blocking collectives have the watchdog.
+  virtual void set_wait_timeout(double seconds) { (void)seconds; }
   // The communicator that sums this backend's gradients and broadcasts its parameters (buffers of
   // at most param_count elements), made from `world`, which must outlive it and which takes every
   // host collective; it must be destroyed before this backend. null: sum the gradients with

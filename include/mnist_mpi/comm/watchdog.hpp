@@ -2,7 +2,9 @@
 // time limit (--collective-timeout), so a hung, stopped or lost rank cannot make the others wait
 // forever. The code that waits on a collective marks it in a preallocated slot of atomics
 // (begin/end: no allocation, no lock); the thread looks at the slots about once a second.
-// watch_communicator() wraps any Communicator so that every blocking call is marked.
+// watch_communicator() wraps any Communicator so that every blocking call is marked. Host waits
+// on a GPU poll instead of blocking, with the same limit: wait_until (Note [Device waits have a
+// deadline]).
 #pragma once
 
 #include <atomic>
@@ -60,6 +62,28 @@ class CollectiveWatch {
 // around its waits. Process-wide relaxed atomics, so the step loop needs no pointer to a watch.
 void watch_set_step(std::int64_t step);
 void watch_set_bucket(std::int64_t bucket);
+
+// " in step N, gradient bucket k" (or " before the first step"), from the two values above.
+std::string watch_location();
+
+// Note [Device waits have a deadline]
+// NCCL sums run on the GPU: a peer that stalls (stopped, spinning, its GPU hung) leaves this
+// rank's NCCL kernel waiting on the device, and ncclCommGetAsyncError reports only what NCCL
+// itself detects, which a stalled peer on the same node is not. The collective watchdog sees
+// only blocking host calls, and the host never blocks on the device: it polls an event
+// (cuda::Context::wait_for_event). So the poll carries the deadline: between polls `check` asks
+// NCCL for an asynchronous error (and throws one), and once --collective-timeout has passed
+// `abort` aborts the NCCL communicator (which stops its kernels) and wait_until throws one line
+// naming the wait, the step and bucket: main() reports it and MPI_Abort ends every rank, as the
+// watchdog does on the CPU. A timeout of 0 waits forever (as --collective-timeout 0 means).
+struct DeviceWaitPolicy {
+  double timeout_s = 0.0;       // --collective-timeout; <= 0: no deadline
+  std::function<void()> check;  // between polls (may throw)
+  std::function<void()> abort;  // at the deadline, before the throw
+};
+// Polls `ready` until it returns true: spins briefly, then sleeps 50 us between polls. `what`
+// names the wait for the message ("the GPU's queue").
+void wait_until(const std::function<bool()>& ready, const DeviceWaitPolicy& policy, const char* what);
 
 // Marks one collective for as long as it lives.
 class WatchScope {

@@ -22,15 +22,15 @@ void Context::wait_for_stream() {
 }
 
 void Context::wait_for_event(cudaEvent_t e) {
-  // Poll rather than cudaEventSynchronize: between polls the wait hook checks NCCL for
-  // asynchronous errors, which would otherwise leave this rank blocked forever.
-  for (int spins = 0;; ++spins) {
-    const cudaError_t rc = cudaEventQuery(e);
-    if (rc == cudaSuccess) return;
-    if (rc != cudaErrorNotReady) CUDA_CHECK(rc);
-    if (wait_hook) wait_hook();
-    if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+  // Poll rather than cudaEventSynchronize: between polls NCCL is checked for asynchronous errors,
+  // and the wait has a deadline (Note [Device waits have a deadline]).
+  wait_until(
+      [e] {
+        const cudaError_t rc = cudaEventQuery(e);
+        if (rc != cudaErrorNotReady) CUDA_CHECK(rc);
+        return rc == cudaSuccess;
+      },
+      wait, "a wait for the GPU's queue (kernels and NCCL sums)");
 }
 
 namespace {
@@ -281,6 +281,7 @@ class CudaBackend final : public Backend {
     c_.wait_for_stream();
   }
   void synchronize() override { c_.wait_for_stream(); }
+  void set_wait_timeout(double seconds) override { c_.wait.timeout_s = seconds; }
 
   // Made here, so that the communicator gets this backend's context (its compute stream and wait
   // hook) directly.

@@ -16,6 +16,7 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/comm/watchdog.hpp"  // DeviceWaitPolicy
 
 namespace mnist_mpi::cuda {
 
@@ -24,16 +25,18 @@ namespace mnist_mpi::cuda {
 // layer after layer needs no events and the host never waits inside a step. The NCCL
 // communicator adds a second stream for the gradient buckets and orders it against this one with
 // events (Note [Buckets on the communication stream] in src/backend/cuda/nccl_communicator.cpp).
-// The host waits only where it reads a value: wait_for() polls an event and calls the wait hook
-// (NCCL's asynchronous error check) between polls, so a failed collective can't hang a rank.
+// The host waits only where it reads a value: wait_for_event() polls an event, with NCCL's
+// asynchronous error check between polls and --collective-timeout as its deadline (Note [Device
+// waits have a deadline] in include/mnist_mpi/comm/watchdog.hpp), so a failed or stalled
+// collective can't hang a rank.
 struct Context {
   int device = 0;
   bool tf32 = false;
   cudaStream_t stream = nullptr;
   cudnnHandle_t cudnn = nullptr;
   cublasHandle_t cublas = nullptr;
-  cudaEvent_t sync_event = nullptr;  // recorded by wait_for()
-  std::function<void()> wait_hook;
+  cudaEvent_t sync_event = nullptr;  // recorded by wait_for_stream()
+  DeviceWaitPolicy wait;             // timeout from the backend; check and abort from the NCCL communicator
 
   void wait_for_stream();              // returns once everything queued on `stream` has finished
   void wait_for_event(cudaEvent_t e);  // returns once e has completed (polling, with the hook)

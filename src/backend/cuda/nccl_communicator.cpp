@@ -60,7 +60,8 @@ class HostForwarding : public Communicator {
 // device with a blocking call: every wait (Context::wait_for_stream) polls an event and, between
 // polls, calls poll() here, which asks ncclCommGetAsyncError; on an error it calls ncclCommAbort
 // (which also stops the stuck kernels) and throws, so main() prints one line and MPI_Abort ends
-// every rank. test() and wait() poll too.
+// every rank. test() and wait() poll too. A peer that merely stalls raises no NCCL error: the
+// wait's deadline (--collective-timeout) aborts then (Note [Device waits have a deadline]).
 class NcclCommunicator final : public HostForwarding {
  public:
   using HostForwarding::allreduce_sum;  // the host overloads, next to this class's float ones
@@ -72,7 +73,7 @@ class NcclCommunicator final : public HostForwarding {
     CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi));
   }
   ~NcclCommunicator() override {
-    c_.wait_hook = {};
+    c_.wait.check = c_.wait.abort = {};
     if (comm_) {
       cudaStreamSynchronize(comm_stream_);
       ncclCommDestroy(comm_);
@@ -93,7 +94,11 @@ class NcclCommunicator final : public HostForwarding {
     if (host_.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     host_.broadcast(std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(&id), sizeof id), 0);
     NCCL_CHECK(ncclCommInitRank(&comm_, host_.size(), id, host_.rank()));
-    c_.wait_hook = [this] { poll(); };
+    c_.wait.check = [this] { poll(); };
+    c_.wait.abort = [this] {  // Note [Device waits have a deadline]: stops this rank's NCCL kernels
+      if (comm_) ncclCommAbort(comm_);
+      comm_ = nullptr;
+    };
   }
 
   void allreduce_sum(std::span<float> d) override {
