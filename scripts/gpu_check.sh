@@ -31,16 +31,16 @@
 # stage       timeout_s  what it runs
 read -r -d '' budget_table <<'EOF' || true
 smoke              60  unpack; GPU, driver, CUDA runtime and driver, cuDNN, cuBLAS, NCCL versions; the libraries ldd resolves; 20 steps of tiny, 1 rank, --device cuda, listing what it loaded at run time (new)
-gpu_tests         100  gpu_tests in one process; every test skipped, or none run, is a FAIL (was 300 s)
+gpu_tests          90  gpu_tests in one process (with the CUDA graph against the ungraphed step, bitwise); every test skipped, or none run, is a FAIL (was 300 s)
 gpu_np2            50  gpu_tests under mpirun -np 2: NCCL sums and world-size invariance with 2+ GPUs, with one GPU invariance, both ranks on it (was 300 s, 2+ GPUs only)
-lenet_fp32         50  lenet, 1 epoch, --precision fp32, 1 rank (2 with 2+ GPUs) (was 240 s)
-lenet_tf32         40  the same with --precision tf32 (was 240 s)
-torch             100  PyTorch eager, same network and data: fp32 (at most 60 s), then tf32 (the rest); LD_LIBRARY_PATH unset (was 2 x 240 s)
+lenet_fp32         70  lenet, 1 epoch, --precision fp32, 1 rank (2 with 2+ GPUs), without and with --cuda-graph: both rates, params_hash equal (was 240 s)
+lenet_tf32         55  the same with --precision tf32 (was 240 s)
+torch              85  PyTorch eager, same network and data: fp32 (at most 50 s), then tf32 (the rest); LD_LIBRARY_PATH unset (was 2 x 240 s)
 EOF
 total_s=420
 min_stage_s=10     # a stage with less left than this is not started
 grace_s=5          # after a stage's timeout: TERM, then KILL this much later
-torch_fp32_s=60    # the torch stage's first run; the second gets the rest
+torch_fp32_s=50    # the torch stage's first run; the second gets the rest
 
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -355,18 +355,27 @@ stage_gpu_np2() {
   gtest_verdict "$work/gpu_np2.txt" "${PIPESTATUS[0]}"
 }
 
-stage_lenet() {  # PRECISION
-  local prec=$1 ranks=1 run=("$b/bin/mnist_mpi") rc
+stage_lenet() {  # PRECISION: the ungraphed step, then --cuda-graph (Note [A step as one CUDA graph])
+  local prec=$1 ranks=1 run=("$b/bin/mnist_mpi") rc graph tag hashes=() rates=()
   [ -x "$b/bin/mnist_mpi" ] || { note "no $b/bin/mnist_mpi (smoke did not unpack the bundle)"; return 1; }
   if (($(gpu_count) >= 2)); then ranks=2 run=(mpirun -np 2 "$b/bin/mnist_mpi"); fi
-  echo "-- mnist_mpi lenet, 1 epoch, $ranks rank(s) on $(gpu_count) GPU(s), --precision $prec"
-  "${run[@]}" --config "$b/lenet.ini" --data-dir "$b/data" --device cuda --precision "$prec" --epochs 1 \
-    --log-every 110 --collective-timeout 60 --metrics-file "$work/lenet_$prec.jsonl" 2>&1 | tee "$work/lenet_$prec.txt"
-  rc=${PIPESTATUS[0]}
-  echo "-- the metrics file's last event"
-  tail -n 1 "$work/lenet_$prec.jsonl" 2>/dev/null
-  if [ "$rc" != 0 ]; then note "exit code $rc"; return 1; fi
-  note "$(grep -hE 'images/s steady' "$work/lenet_$prec.txt" | cut -d, -f1); $(grep -hE '^test accuracy' "$work/lenet_$prec.txt")"
+  for graph in "" --cuda-graph; do
+    tag=$prec${graph:+_graph}
+    echo "-- mnist_mpi lenet, 1 epoch, $ranks rank(s) on $(gpu_count) GPU(s), --precision $prec ${graph:-(no graph)}"
+    "${run[@]}" --config "$b/lenet.ini" --data-dir "$b/data" --device cuda --precision "$prec" --epochs 1 $graph \
+      --log-every 110 --collective-timeout 30 --metrics-file "$work/lenet_$tag.jsonl" 2>&1 | tee "$work/lenet_$tag.txt"
+    rc=${PIPESTATUS[0]}
+    echo "-- the metrics file's last event"
+    tail -n 1 "$work/lenet_$tag.jsonl" 2>/dev/null
+    if [ "$rc" != 0 ]; then note "${graph:-no graph}: exit code $rc${rates[*]:+; before it: ${rates[*]}}"; return 1; fi
+    hashes+=("$(grep -ohE '"params_hash":"[0-9a-f]+"' "$work/lenet_$tag.jsonl" | tail -n 1 | cut -d'"' -f4)")
+    rates+=("${graph:-eager}: $(grep -hE 'images/s steady' "$work/lenet_$tag.txt" | cut -d, -f1), $(grep -hE '^test accuracy' "$work/lenet_$tag.txt" | cut -d' ' -f1-3)")
+  done
+  if [ -z "${hashes[0]}" ] || [ "${hashes[0]}" != "${hashes[1]}" ]; then
+    note "params_hash without the graph ${hashes[0]:-none}, with it ${hashes[1]:-none}: the graph changes the bits; ${rates[*]}"
+    return 1
+  fi
+  note "${rates[0]} | ${rates[1]} | params_hash ${hashes[0]} both"
 }
 stage_lenet_fp32() { stage_lenet fp32; }
 stage_lenet_tf32() { stage_lenet tf32; }

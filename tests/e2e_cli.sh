@@ -87,6 +87,11 @@ check validation_too_large 2 "--validation-size 5000 must be >= 0 and < the trai
 # split as evenly as it goes; only one smaller than the micro-batches is refused.
 check global_batch_uneven 0 "batch: 101 global, 50-51 per rank" -- "${run2[@]}" "${base[@]}" --global-batch-size 101 --max-steps 3 --log-every 0
 check accumulation_uneven 0 "batch: 100 global, 16-17 per rank" -- "${run2[@]}" "${base[@]}" --global-batch-size 100 --accumulation-steps 3 --max-steps 3 --log-every 0
+check cuda_graph_on_cpu 2 "--cuda-graph needs --device cuda" -- "${run2[@]}" "${base[@]}" --batch-size 10 --cuda-graph --device cpu
+check cuda_graph_with_timeline 2 "--timeline records each layer's host times, which a replayed CUDA graph does not have" -- "${run2[@]}" "${base[@]}" --batch-size 10 --cuda-graph --device cuda --timeline "$work/t.json"
+if ! command -v nvidia-smi >/dev/null 2>&1; then  # a machine without GPUs: --device auto takes the CPU
+  check cuda_graph_auto_without_gpu 2 "--cuda-graph needs a GPU, and --device auto found none" -- "${run2[@]}" "${base[@]}" --batch-size 10 --cuda-graph --device auto
+fi
 check global_batch_below_ranks 2 "--global-batch-size 1 is smaller than the 2 ranks: every micro-batch needs at least one image; give at least 2" -- "${run2[@]}" "${base[@]}" --global-batch-size 1
 check accumulation_below_parts 2 "--global-batch-size 5 is smaller than the 2 ranks x 3 accumulation steps" -- "${run2[@]}" "${base[@]}" --global-batch-size 5 --accumulation-steps 3
 

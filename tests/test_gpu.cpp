@@ -376,6 +376,41 @@ TEST_F(Gpu, SkippedNonFiniteStepMatchesTheCpu) {
   MPI_Comm_free(&self);
 }
 
+// Note [A step as one CUDA graph]: the replayed graph gives the ungraphed step's bits, with dropout
+// (its step from device memory), 2 accumulated micro-batches of uneven size (33 = 17 + 16), Adam
+// and SGD (the rate and step count from device memory), across an epoch boundary (the order
+// uploaded between replays: 1100 training images, 33 steps of 33 per epoch), and with a step that the
+// testing hook poisons (run ungraphed, skipped) in the middle of the replays.
+TEST_F(Gpu, GraphedStepsGiveTheUngraphedBits) {
+  MPI_Comm self = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank(), 0, &self);
+  for (const char* kind : {"sgd", "adam"}) {
+    for (bool poisoned : {false, true}) {
+      SCOPED_TRACE(std::string(kind) + (poisoned ? ", step 12 poisoned" : ""));
+      std::vector<float> out[2];
+      std::int64_t steps[2] = {0, 0};
+      for (int graph = 0; graph < 2; ++graph) {
+        Options o = options("cuda", 33, 40);
+        o.optimizer.kind = kind;
+        o.accumulation_steps = 2;
+        o.allow_gpu_sharing = false;
+        o.cuda_graph = graph == 1;
+        o.skip_nonfinite_steps = true;
+        if (poisoned) setenv("MNIST_MPI_FAULT", "0:12:nan", 1);
+        auto c = make_mpi_communicator(self);
+        Trainer t(o, *c);
+        unsetenv("MNIST_MPI_FAULT");
+        EXPECT_EQ(t.run().skipped_steps, poisoned ? 1 : 0);
+        out[graph] = t.params_to_host();
+        steps[graph] = t.optimizer().steps_taken();
+      }
+      EXPECT_EQ(steps[1], steps[0]);
+      expect_bitwise("40 steps, graphed against ungraphed", out[1], out[0]);
+    }
+  }
+  MPI_Comm_free(&self);
+}
+
 // The NCCL sums: rank-dependent integer-valued floats give exactly predictable sums, for buckets
 // started back to back (the reducer's pattern), a blocking sum and a broadcast.
 TEST_F(Gpu, NcclSumsAreExact) {

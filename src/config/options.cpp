@@ -326,8 +326,10 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
                     "(node-local rank mod visible GPUs)")(
       "precision", po::value(&o.precision)->default_value(d.precision),
       "fp32 | tf32: float math of cuDNN and cuBLAS on the GPU (tf32: tensor cores, ~1e-3 relative error)")(
-      "allow-gpu-sharing", po::bool_switch(&o.allow_gpu_sharing),
-      "let more ranks than GPUs run on a node (they share GPUs round-robin)")(
+      "cuda-graph", po::bool_switch(&o.cuda_graph),
+      "capture the training step once as a CUDA graph and replay it (GPU only; off until a GPU run shows the same "
+      "bits as without)")("allow-gpu-sharing", po::bool_switch(&o.allow_gpu_sharing),
+                          "let more ranks than GPUs run on a node (they share GPUs round-robin)")(
       "threads", po::value(&o.threads)->default_value(d.threads),
       "threads per rank (0 = 1 when ranks share a node, else all cores)")(
       "collective-timeout", po::value(&o.collective_timeout)->default_value(d.collective_timeout),
@@ -459,6 +461,16 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
     throw_error(ExitCode::kUsage, "--device must be cpu, cuda or auto, got " + quote_input(o.device));
   if (o.precision != "fp32" && o.precision != "tf32")
     throw_error(ExitCode::kUsage, "--precision must be fp32 or tf32, got " + quote_input(o.precision));
+  if (o.cuda_graph && o.device == "cpu")
+    throw_error(ExitCode::kUsage, "--cuda-graph needs --device cuda (or auto on a machine with GPUs)");
+  if (o.cuda_graph && !o.timeline_file.empty())
+    throw_error(ExitCode::kUsage,
+                "--timeline records each layer's host times, which a replayed CUDA graph does not have; drop "
+                "--timeline or --cuda-graph");
+  if (o.cuda_graph && o.allow_gpu_sharing)
+    throw_error(ExitCode::kUsage,
+                "--cuda-graph with --allow-gpu-sharing: ranks that share a GPU sum through host memory, which a "
+                "CUDA graph cannot capture; drop one of them");
 
   std::ostringstream res;
   for (const auto& [name, value] : vm) {

@@ -152,6 +152,9 @@ void Monitor::on_start(const StartFacts& f) {
      << "gradients: " << setup_.buckets << " bucket(s) of at most " << opt_.bucket_mb << " MB (first "
      << opt_.first_bucket_mb << " MB), " << (opt_.no_overlap ? "one blocking sum after backward" : f.gradient_progress)
      << "\n";
+  if (opt_.cuda_graph)
+    os << "step: captured as one CUDA graph at its second run and replayed (--cuda-graph); the host does not time "
+          "its parts\n";
   OutputFile& out = OutputFile::standard_output();
   if (out.write(os.str())) out.flush();
 }

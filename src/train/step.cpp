@@ -15,6 +15,8 @@ Step::Step(const StepParts& parts, const StepShape& shape)
   MNIST_CHECK(p_.backend && p_.model && p_.params && p_.grads && p_.reducer && p_.optimizer && p_.guard && p_.sampler &&
                   p_.data && p_.loss,
               ExitCode::kRuntime, "Step: a part is missing");
+  if (shape_.graph) graph_ = p_.backend->make_step_graph();
+  MNIST_CHECK(!shape_.graph || graph_, ExitCode::kUsage, "--cuda-graph needs the CUDA backend (--device cuda)");
   const ModelSpec& spec = p_.model->spec();
   if (shape_.accumulation > 1) p_.backend->allocate(spec.param_count).swap(accum_);
   if (shape_.global_batch % (shape_.world * shape_.accumulation) != 0)  // Note [Uneven slices]
@@ -38,17 +40,40 @@ Step::Step(const StepParts& parts, const StepShape& shape)
   };
 }
 
-void Step::load_batch(const Slice& slice) {
-  if (slice.epoch != order_epoch_) {  // once per epoch (a GPU copies the permutation then)
-    p_.data->set_order(p_.sampler->order(slice.epoch));
-    order_epoch_ = slice.epoch;
+void Step::use_order(std::int64_t epoch) {
+  if (epoch != order_epoch_) {  // once per epoch (a GPU copies the permutation then)
+    p_.data->set_order(p_.sampler->order(epoch));
+    order_epoch_ = epoch;
   }
-  p_.data->gather(slice.position, slice.count, p_.model->input());
 }
 
+// Note [A step as one CUDA graph] (include/mnist_mpi/backend/backend.hpp): the step's values go to
+// the backend first, and the epoch's order is in place before the step is queued, so that a
+// graph captured at one step replays any other. The first run is not captured (it lets cuDNN,
+// cuBLAS and NCCL finish their lazy set-up), nor is a step the testing hook poisons.
 StepResult Step::run(std::int64_t step, double lr, bool poison) {
   StepResult r;
   r.begin = Clock::now();
+  const Slice first = p_.sampler->slice(step, shape_.rank * shape_.accumulation, shape_.world * shape_.accumulation);
+  p_.backend->set_step_args(step, lr, first.position - first.first);
+  use_order(first.epoch);  // every micro-batch of a step is in the same epoch
+  if (graph_ && !poison && runs_ > 0) {
+    if (!graph_->captured()) {
+      StepTiming ignored;  // nothing runs while it is recorded
+      graph_->capture([&] { body(step, lr, false, ignored); });
+    }
+    graph_->replay();  // host times of the parts are not known: one launch
+  } else {
+    body(step, lr, poison, r.timing);
+  }
+  ++runs_;
+  p_.guard->end_step(step);
+  r.end = Clock::now();
+  if (p_.timeline) p_.timeline->step_done(step, r.begin, r.end, p_.reducer->bucket_timings());
+  return r;
+}
+
+void Step::body(std::int64_t step, double lr, bool poison, StepTiming& timing) {
   p_.guard->begin_step();
   const ModelSpec& spec = p_.model->spec();
   Timeline* const tl = p_.timeline;
@@ -59,7 +84,7 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
     const Slice slice =
         p_.sampler->slice(step, shape_.rank * shape_.accumulation + micro, shape_.world * shape_.accumulation);
     const auto m0 = Clock::now();
-    load_batch(slice);
+    p_.data->gather(slice.position, slice.count, p_.model->input());
     const auto m1 = Clock::now();
     const StepContext ctx{true, shape_.seed, step, slice.first};
     p_.model->forward(ctx);
@@ -91,15 +116,11 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
       if (!last) tl->record(SpanKind::kBackward, m2, m3, step);
     }
     backward_end = m3;
-    r.timing.data += seconds(m1 - m0);
-    r.timing.forward += seconds(m2 - m1);
-    r.timing.backward += seconds(m3 - m2);
+    timing.data += seconds(m1 - m0);
+    timing.forward += seconds(m2 - m1);
+    timing.backward += seconds(m3 - m2);
   }
-  apply(step, lr, backward_end, r.timing);
-  p_.guard->end_step(step);
-  r.end = Clock::now();
-  if (tl) tl->step_done(step, r.begin, r.end, p_.reducer->bucket_timings());
-  return r;
+  apply(step, lr, backward_end, timing);
 }
 
 // The optimiser waits only for what it needs: bucket k's parameters are updated as soon as its

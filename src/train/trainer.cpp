@@ -34,6 +34,8 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   const GpuProbe gpus = opt_.device == "cpu" ? GpuProbe{} : probe_gpus();
   device_ = choose_device(opt_.device, cuda_built(), gpus, comm_.local_rank(), comm_.local_size(),
                           opt_.allow_gpu_sharing, comm_.host());
+  MNIST_CHECK(!opt_.cuda_graph || device_.cuda, ExitCode::kUsage,
+              "--cuda-graph needs a GPU, and --device auto found none on " + comm_.host() + ": drop --cuda-graph");
   const std::int64_t world = comm_.size();
   launch_ = read_launch_env();
   launch_.check_world_size(static_cast<int>(world));
@@ -63,8 +65,8 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   step_ = std::make_unique<Step>(
       StepParts{backend_.get(), train_model_.get(), params_.get(), grads_.get(), reducer_.get(), optimizer_.get(),
                 guard_.get(), sampler_.get(), train_data_.get(), train_loss_.get(), timeline_},
-      StepShape{comm_.rank(), comm_.size(), accumulation_, batch_, global_batch_, opt_.seed,
-                opt_.skip_nonfinite_steps});
+      StepShape{comm_.rank(), comm_.size(), accumulation_, batch_, global_batch_, opt_.seed, opt_.skip_nonfinite_steps,
+                opt_.cuda_graph});
   monitor_->on_start(start_facts(threads, gpus));  // which GPU (every rank), the banner, the "start" event
 }
 
@@ -115,6 +117,9 @@ int Trainer::set_up_backend(const GpuProbe& gpus) {
   backend_ = make_backend(device_, threads, opt_.precision == "tf32");
   backend_->set_wait_timeout(opt_.collective_timeout);             // Note [Device waits have a deadline]
   shared_gpus_ = device_.cuda && comm_.local_size() > gpus.count;  // allowed by --allow-gpu-sharing
+  MNIST_CHECK(!opt_.cuda_graph || !shared_gpus_, ExitCode::kUsage,
+              "--cuda-graph with ranks sharing a GPU: they sum through host memory, which a CUDA graph cannot capture; "
+              "drop --cuda-graph or run one rank per GPU");
   gpu_comm_ = backend_->make_gradient_communicator(comm_, spec_.param_count, shared_gpus_);
   grad_comm_ = gpu_comm_ ? gpu_comm_.get() : &comm_;
   return threads;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -172,6 +173,27 @@ class HostStepCount final : public StepCount {
   OptimizerScalars scalars_;
 };
 
+// Note [A step as one CUDA graph]
+// On a GPU a training step is ~100 small kernel launches, cuDNN and cuBLAS calls and NCCL sums;
+// with --cuda-graph the step is captured once into a CUDA graph and replayed, one launch per step.
+// A replay repeats the captured arguments, so everything that changes from step to step is read
+// from device memory instead: the step (dropout's key), the batch's offset in the epoch's order
+// (the gathers) and the learning rate (the optimiser's step count computes its scalars on the
+// device, Note [The optimiser's step count]). set_step_args queues them before each step, graph
+// or not, so the ungraphed step runs the very same kernels on the very same values. What stays
+// fixed is fixed by the run: the buffers, each micro-batch's size and first sample, the buckets.
+// The epoch's order is uploaded between steps. Not captured: a step the testing hook poisons, and
+// the verdict's copy (StepGuard::end_step, whose slot changes). Off by default until a GPU run
+// shows the replay gives the ungraphed step's bits (scripts/gpu_check.sh compares params_hash).
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+  virtual bool captured() const = 0;
+  // Records what body() queues (nothing runs) and makes it replayable; throws if the capture fails.
+  virtual void capture(const std::function<void()>& body) = 0;
+  virtual void replay() = 0;  // queues one run of the captured step
+};
+
 // Note [Host copies]
 // Checkpoints, replica hashes and the initial parameters need the training state in host memory.
 // On the CPU that is the buffers themselves, with nothing copied; on a device, host buffers that
@@ -245,6 +267,14 @@ class Backend {
   }
   // Returns once every queued kernel has finished (a no-op on the CPU).
   virtual void synchronize() {}
+  // The values of training step `step` that a replayed graph reads from device memory (Note [A step
+  // as one CUDA graph]): its learning rate and the offset of its global batch in the epoch's order.
+  // Called before every training step; the CPU reads them from its arguments and ignores this.
+  virtual void set_step_args(std::int64_t step, double lr, std::int64_t batch_offset) {
+    (void)step, (void)lr, (void)batch_offset;
+  }
+  // A graph for the training step (--cuda-graph); null where the backend has none (the CPU).
+  virtual std::unique_ptr<StepGraph> make_step_graph() { return nullptr; }
   // The deadline of every host wait on the device, in seconds (--collective-timeout; 0: none):
   // Note [Device waits have a deadline] in include/mnist_mpi/comm/watchdog.hpp. The CPU has no
   // device waits; its blocking collectives have the watchdog.

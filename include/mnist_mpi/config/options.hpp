@@ -48,6 +48,7 @@ struct Options {
   // system
   std::string device = "cpu";      // auto | cpu | cuda (resolved per rank: include/mnist_mpi/backend/device.hpp)
   std::string precision = "fp32";  // fp32 | tf32 (CUDA: TF32 tensor cores in cuDNN and cuBLAS)
+  bool cuda_graph = false;         // the training step as one CUDA graph (Note [A step as one CUDA graph])
   bool allow_gpu_sharing = false;  // more ranks on a node than GPUs
   int threads = 0;                 // 0: auto
   // fault tolerance (issue 8)

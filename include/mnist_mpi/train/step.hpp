@@ -45,6 +45,7 @@ struct StepShape {
   std::int64_t global_batch = 0;  // the sum of every rank's micro-batches
   std::uint64_t seed = 0;         // dropout key
   bool check_all_first = false;   // --skip-nonfinite-steps: every bucket checked before any is applied
+  bool graph = false;             // --cuda-graph: Note [A step as one CUDA graph]
 };
 
 struct StepResult {
@@ -60,7 +61,9 @@ class Step {
   StepResult run(std::int64_t step, double lr, bool poison);
 
  private:
-  void load_batch(const Slice& slice);
+  // The step's work, queued (or, inside a graph capture, recorded); adds host times to `timing`.
+  void body(std::int64_t step, double lr, bool poison, StepTiming& timing);
+  void use_order(std::int64_t epoch);  // the data source's order is that of `epoch`
   // Waits for every bucket's sum, checks it and applies it; stops applying at the first bucket the
   // guard refuses (every sum is still waited for: none is left in flight).
   void apply(std::int64_t step, double lr, std::chrono::steady_clock::time_point backward_end, StepTiming& t);
@@ -74,6 +77,8 @@ class Step {
   bool accumulating_ = false;                                        // the last micro-batch of an accumulated step
   std::function<void(int)> on_layer_done_;  // made once: finishes a layer's gradient, starts buckets
   std::int64_t order_epoch_ = -1;           // the epoch whose order p_.data holds
+  std::unique_ptr<StepGraph> graph_;        // --cuda-graph: the step, captured at its second run
+  std::int64_t runs_ = 0;                   // steps run by this Step
 };
 
 }  // namespace mnist_mpi

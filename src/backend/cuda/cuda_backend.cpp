@@ -103,14 +103,20 @@ class DeviceDataSource final : public DataSource {
     CUDA_CHECK(cudaMemcpyAsync(order_.get(), staging_, order.size_bytes(), cudaMemcpyHostToDevice, c_.stream));
     CUDA_CHECK(cudaEventRecord(copied_, c_.stream));
   }
+  // Training batches: order[offset + first + i], the offset from device memory (Note [A step as one
+  // CUDA graph]), so that a replayed graph reads the step's own batch.
   void gather(std::int64_t position, std::int64_t n, float* x) override {
     check(n);
-    launch_gather(c_.stream, images_.get(), labels_in_.get(), order_.get(), position, n, pixels_, x, labels_.get());
+    const std::int64_t first = position - c_.host_args.batch_offset;
+    MNIST_CHECK(c_.step_args && first >= 0, ExitCode::kRuntime,
+                "gather: the step's device arguments do not match position " + std::to_string(position));
+    launch_gather(c_.stream, images_.get(), labels_in_.get(), order_.get(), &c_.step_args->batch_offset, first, n,
+                  pixels_, x, labels_.get());
   }
   void slice(std::int64_t first, std::int64_t n, float* x) override {
     check(n);
     MNIST_CHECK(first + n <= count_, ExitCode::kRuntime, "slice past the end of the split");
-    launch_gather(c_.stream, images_.get(), labels_in_.get(), nullptr, first, n, pixels_, x, labels_.get());
+    launch_gather(c_.stream, images_.get(), labels_in_.get(), nullptr, nullptr, first, n, pixels_, x, labels_.get());
   }
   const std::int32_t* labels() const override { return labels_.get(); }
 
@@ -142,16 +148,26 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSetStream(c_.cublas, c_.stream));
     // fp32: cuBLAS's default math, which keeps float GEMMs in float (no TF32); tf32: tensor cores.
     CUBLAS_CHECK(cublasSetMathMode(c_.cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    // A workspace of cuBLAS's own, so that a captured GEMM never allocates (Note [A step as one CUDA graph]).
+    cublas_workspace_ = DeviceArray<std::uint8_t>(kCublasWorkspace);
+    CUBLAS_CHECK(cublasSetWorkspace(c_.cublas, cublas_workspace_.get(), kCublasWorkspace));
     guard_ = DeviceArray<int>(1);
     CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&verdicts_), kVerdictSlots * sizeof(int)));
     for (cudaEvent_t& e : verdict_copied_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    step_args_ = DeviceArray<DeviceStepArgs>(1);
+    c_.step_args = step_args_.get();
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&args_staging_), kVerdictSlots * sizeof(DeviceStepArgs)));
+    for (cudaEvent_t& e : args_copied_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   ~CudaBackend() override {
     // No checks while tearing down (a destructor must not throw); errors here change nothing.
     if (c_.stream) cudaStreamSynchronize(c_.stream);
     for (cudaEvent_t e : verdict_copied_)
       if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : args_copied_)
+      if (e) cudaEventDestroy(e);
     if (verdicts_) cudaFreeHost(verdicts_);
+    if (args_staging_) cudaFreeHost(args_staging_);
     if (c_.cublas) cublasDestroy(c_.cublas);
     if (c_.cudnn) cudnnDestroy(c_.cudnn);
     if (c_.sync_event) cudaEventDestroy(c_.sync_event);
@@ -196,7 +212,9 @@ class CudaBackend final : public Backend {
    public:
     DeviceStepCount(CudaBackend& b, const OptimizerConfig& cfg) : b_(b), beta1_(cfg.beta1), beta2_(cfg.beta2) {}
     void begin_step(double lr) override {
-      launch_count_step(b_.c_.stream, state_.get(), b_.guard_.get(), beta1_, beta2_, lr);
+      MNIST_CHECK(b_.c_.step_args && b_.c_.host_args.lr == lr, ExitCode::kRuntime,
+                  "the optimiser's step: the step's device arguments hold another learning rate");
+      launch_count_step(b_.c_.stream, state_.get(), b_.guard_.get(), beta1_, beta2_, &b_.c_.step_args->lr);
     }
     std::int64_t read() override {
       DeviceStepState host;
@@ -283,6 +301,53 @@ class CudaBackend final : public Backend {
   void synchronize() override { c_.wait_for_stream(); }
   void set_wait_timeout(double seconds) override { c_.wait.timeout_s = seconds; }
 
+  // Note [A step as one CUDA graph]: through pinned staging slots, so the copy never blocks the
+  // host; slot s % 4 is refilled only once its copy of four steps ago has run (long since).
+  void set_step_args(std::int64_t step, double lr, std::int64_t batch_offset) override {
+    const int slot = static_cast<int>(step % kVerdictSlots);
+    if (args_used_[slot]) c_.wait_for_event(args_copied_[slot]);
+    args_staging_[slot] = DeviceStepArgs{step, batch_offset, lr};
+    CUDA_CHECK(cudaMemcpyAsync(step_args_.get(), args_staging_ + slot, sizeof(DeviceStepArgs), cudaMemcpyHostToDevice,
+                               c_.stream));
+    CUDA_CHECK(cudaEventRecord(args_copied_[slot], c_.stream));
+    args_used_[slot] = true;
+    c_.host_args = args_staging_[slot];
+  }
+
+  class Graph final : public StepGraph {
+   public:
+    explicit Graph(Context& c) : c_(c) {}
+    ~Graph() override {
+      if (exec_) cudaGraphExecDestroy(exec_);
+    }
+    bool captured() const override { return exec_ != nullptr; }
+    void capture(const std::function<void()>& body) override {
+      MNIST_CHECK(!exec_, ExitCode::kRuntime, "the step's CUDA graph was captured twice");
+      // Thread-local: the MPI communication thread makes no CUDA calls, and nothing else may
+      // sneak into this stream's capture.
+      CUDA_CHECK(cudaStreamBeginCapture(c_.stream, cudaStreamCaptureModeThreadLocal));
+      cudaGraph_t graph = nullptr;
+      try {
+        body();
+      } catch (...) {
+        cudaStreamEndCapture(c_.stream, &graph);  // ends the capture whatever failed; no check
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      CUDA_CHECK(cudaStreamEndCapture(c_.stream, &graph));
+      const cudaError_t rc = cudaGraphInstantiate(&exec_, graph, 0);
+      cudaGraphDestroy(graph);
+      CUDA_CHECK(rc);
+      CUDA_CHECK(cudaGraphUpload(exec_, c_.stream));
+    }
+    void replay() override { CUDA_CHECK(cudaGraphLaunch(exec_, c_.stream)); }
+
+   private:
+    Context& c_;
+    cudaGraphExec_t exec_ = nullptr;
+  };
+  std::unique_ptr<StepGraph> make_step_graph() override { return std::make_unique<Graph>(c_); }
+
   // Made here, so that the communicator gets this backend's context (its compute stream and wait
   // hook) directly.
   std::unique_ptr<Communicator> make_gradient_communicator(Communicator& world, std::int64_t param_count,
@@ -297,6 +362,12 @@ class CudaBackend final : public Backend {
   static constexpr int kVerdictSlots = 4;
   static constexpr std::int64_t kVerdictLag = 2;
   static_assert(kVerdictLag < kVerdictSlots);
+  static constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;  // cuBLAS's advice for Hopper
+  DeviceArray<std::uint8_t> cublas_workspace_;
+  DeviceArray<DeviceStepArgs> step_args_;        // this training step's values (c_.step_args)
+  DeviceStepArgs* args_staging_ = nullptr;       // (kVerdictSlots), pinned
+  cudaEvent_t args_copied_[kVerdictSlots] = {};  // recorded after each slot's copy
+  bool args_used_[kVerdictSlots] = {};
   DeviceArray<int> guard_;                          // the step's kNonfinite* bits, on the device
   int* verdicts_ = nullptr;                         // (kVerdictSlots), pinned: the flag after step s in slot s % 4
   cudaEvent_t verdict_copied_[kVerdictSlots] = {};  // recorded after each slot's copy

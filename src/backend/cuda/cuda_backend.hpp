@@ -29,14 +29,26 @@ namespace mnist_mpi::cuda {
 // asynchronous error check between polls and --collective-timeout as its deadline (Note [Device
 // waits have a deadline] in include/mnist_mpi/comm/watchdog.hpp), so a failed or stalled
 // collective can't hang a rank.
+// Note [A step as one CUDA graph] (include/mnist_mpi/backend/backend.hpp): what changes from one
+// training step to the next, in device memory, so that one captured graph replays every step. The
+// kernels of a training step read these, graph or not: the same kernels, the same bits.
+struct DeviceStepArgs {
+  std::int64_t step = 0;  // the dropout key's step
+  std::int64_t batch_offset =
+      0;            // (step mod steps per epoch) x global batch: the gathers read order[offset + first + i]
+  double lr = 0.0;  // the optimiser's step count computes the step's scalars from it
+};
+
 struct Context {
   int device = 0;
   bool tf32 = false;
   cudaStream_t stream = nullptr;
   cudnnHandle_t cudnn = nullptr;
   cublasHandle_t cublas = nullptr;
-  cudaEvent_t sync_event = nullptr;  // recorded by wait_for_stream()
-  DeviceWaitPolicy wait;             // timeout from the backend; check and abort from the NCCL communicator
+  cudaEvent_t sync_event = nullptr;           // recorded by wait_for_stream()
+  DeviceWaitPolicy wait;                      // timeout from the backend; check and abort from the NCCL communicator
+  const DeviceStepArgs* step_args = nullptr;  // device memory: this training step's values
+  DeviceStepArgs host_args;                   // the host's copy of the values last queued
 
   void wait_for_stream();              // returns once everything queued on `stream` has finished
   void wait_for_event(cudaEvent_t e);  // returns once e has completed (polling, with the hook)
@@ -121,18 +133,21 @@ void launch_poison(cudaStream_t s, float* dlogits, int* guard);
 void launch_bias_grad(cudaStream_t s, const float* dy, int n, int c, std::int64_t plane, float* db);
 // y (N, C, plane) += b[c].
 void launch_bias_add(cudaStream_t s, float* y, const float* b, int n, int c, std::int64_t plane);
-// x[i] = images[idx[i]] / 255 and labels_out[i] = labels[idx[i]], idx = order + position (order
-// null: idx = position + i).
+// x[i] = images[idx[i]] / 255 and labels_out[i] = labels[idx[i]], idx = order[*offset + position + i]
+// (offset in device memory, DeviceStepArgs::batch_offset; order null: idx = position + i).
 void launch_gather(cudaStream_t s, const std::uint8_t* images, const std::uint8_t* labels, const std::int64_t* order,
-                   std::int64_t position, std::int64_t n, std::int64_t pixels, float* x, std::int32_t* labels_out);
+                   const std::int64_t* offset, std::int64_t position, std::int64_t n, std::int64_t pixels, float* x,
+                   std::int32_t* labels_out);
 // The optimiser's step count on the device (Note [The optimiser's step count] in
 // include/mnist_mpi/backend/backend.hpp): t and the scalars of the step it last counted.
 struct DeviceStepState {
   std::int64_t t = 0;
   OptimizerScalars scalars;
 };
-// One thread: unless *guard holds kNonfiniteGradient, ++state->t and state->scalars for lr.
-void launch_count_step(cudaStream_t s, DeviceStepState* state, const int* guard, double beta1, double beta2, double lr);
+// One thread: unless *guard holds kNonfiniteGradient, ++state->t and state->scalars for *lr
+// (device memory: DeviceStepArgs::lr).
+void launch_count_step(cudaStream_t s, DeviceStepState* state, const int* guard, double beta1, double beta2,
+                       const double* lr);
 // The fused pass at state's step. guard (may be null): no update while *guard holds kNonfiniteGradient.
 void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, const DeviceStepState* state, float* p,
                       const float* g, float* m, float* v, std::int64_t n, const int* guard);
@@ -143,8 +158,10 @@ void launch_fill(cudaStream_t s, float* dst, float value, std::int64_t n);
 void launch_pad(cudaStream_t s, const float* src, float* dst, int nc, int h, int w, int top, int left, int ph, int pw);
 void launch_crop(cudaStream_t s, const float* src, float* dst, int nc, int h, int w, int top, int left, int ph, int pw);
 // Dropout: scale (N, per_sample) from rng::dropout_scale and y = x * scale; backward dx = dy * scale.
+// The key's step is *step (device memory: DeviceStepArgs::step).
 void launch_dropout_forward(cudaStream_t s, const float* x, float* y, float* scale, int batch, std::int64_t per_sample,
-                            std::uint64_t seed, std::int64_t step, std::int64_t first_sample, int layer, float rate);
+                            std::uint64_t seed, const std::int64_t* step, std::int64_t first_sample, int layer,
+                            float rate);
 void launch_mul(cudaStream_t s, const float* a, const float* b, float* out, std::int64_t n);
 
 }  // namespace mnist_mpi::cuda

@@ -114,12 +114,14 @@ __global__ void bias_add_kernel(float* __restrict__ y, const float* __restrict__
 }
 
 __global__ void gather_kernel(const std::uint8_t* __restrict__ images, const std::uint8_t* __restrict__ labels,
-                              const std::int64_t* __restrict__ order, std::int64_t position, std::int64_t n,
-                              std::int64_t pixels, float* __restrict__ x, std::int32_t* __restrict__ labels_out) {
+                              const std::int64_t* __restrict__ order, const std::int64_t* __restrict__ offset,
+                              std::int64_t position, std::int64_t n, std::int64_t pixels, float* __restrict__ x,
+                              std::int32_t* __restrict__ labels_out) {
   constexpr float kScale = 1.0f / 255.0f;  // the CPU's conversion, bit for bit
+  const std::int64_t at = position + (offset ? *offset : 0);
   MNIST_GRID_LOOP(k, n * pixels) {
     const std::int64_t i = k / pixels, p = k - i * pixels;
-    const std::int64_t idx = order ? order[position + i] : position + i;
+    const std::int64_t idx = order ? order[at + i] : at + i;
     x[k] = static_cast<float>(images[idx * pixels + p]) * kScale;
     if (p == 0) labels_out[i] = labels[idx];
   }
@@ -134,10 +136,10 @@ __global__ void gather_kernel(const std::uint8_t* __restrict__ images, const std
 // The step's scalars come from the device's step count (DeviceStepState, made by
 // count_step_kernel from the same expressions as the host's: include/mnist_mpi/train/optimizer_scalars.hpp).
 __global__ void count_step_kernel(DeviceStepState* __restrict__ state, const int* __restrict__ guard, double beta1,
-                                  double beta2, double lr) {
+                                  double beta2, const double* __restrict__ lr) {
   if (guard && (*guard & StepGuard::kNonfiniteGradient)) return;  // a skipped step does not count
   state->t += 1;
-  state->scalars = optimizer_scalars(beta1, beta2, lr, state->t);
+  state->scalars = optimizer_scalars(beta1, beta2, *lr, state->t);
 }
 
 __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
@@ -207,8 +209,10 @@ __global__ void crop_kernel(const float* __restrict__ src, float* __restrict__ d
 }
 
 __global__ void dropout_kernel(const float* __restrict__ x, float* __restrict__ y, float* __restrict__ scale,
-                               std::int64_t total, std::int64_t per_sample, std::uint64_t seed, std::int64_t step,
-                               std::int64_t first_sample, int layer, float rate, float keep_scale) {
+                               std::int64_t total, std::int64_t per_sample, std::uint64_t seed,
+                               const std::int64_t* __restrict__ step_at, std::int64_t first_sample, int layer,
+                               float rate, float keep_scale) {
+  const std::int64_t step = *step_at;
   MNIST_GRID_LOOP(k, total) {
     const std::int64_t n = k / per_sample, i = k - n * per_sample;
     const std::uint64_t key = rng::dropout_key(seed, step, first_sample + n, layer);
@@ -250,13 +254,15 @@ void launch_bias_add(cudaStream_t s, float* y, const float* b, int n, int c, std
 }
 
 void launch_gather(cudaStream_t s, const std::uint8_t* images, const std::uint8_t* labels, const std::int64_t* order,
-                   std::int64_t position, std::int64_t n, std::int64_t pixels, float* x, std::int32_t* labels_out) {
-  gather_kernel<<<blocks_for(n * pixels), kThreads, 0, s>>>(images, labels, order, position, n, pixels, x, labels_out);
+                   const std::int64_t* offset, std::int64_t position, std::int64_t n, std::int64_t pixels, float* x,
+                   std::int32_t* labels_out) {
+  gather_kernel<<<blocks_for(n * pixels), kThreads, 0, s>>>(images, labels, order, offset, position, n, pixels, x,
+                                                            labels_out);
   CUDA_CHECK_LAUNCH(gather_kernel);
 }
 
 void launch_count_step(cudaStream_t s, DeviceStepState* state, const int* guard, double beta1, double beta2,
-                       double lr) {
+                       const double* lr) {
   count_step_kernel<<<1, 1, 0, s>>>(state, guard, beta1, beta2, lr);
   CUDA_CHECK_LAUNCH(count_step_kernel);
 }
@@ -305,7 +311,8 @@ void launch_crop(cudaStream_t s, const float* src, float* dst, int nc, int h, in
 }
 
 void launch_dropout_forward(cudaStream_t s, const float* x, float* y, float* scale, int batch, std::int64_t per_sample,
-                            std::uint64_t seed, std::int64_t step, std::int64_t first_sample, int layer, float rate) {
+                            std::uint64_t seed, const std::int64_t* step, std::int64_t first_sample, int layer,
+                            float rate) {
   const float keep_scale = 1.0f / (1.0f - rate);  // as the CPU computes it
   const std::int64_t total = static_cast<std::int64_t>(batch) * per_sample;
   dropout_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, y, scale, total, per_sample, seed, step, first_sample, layer,
