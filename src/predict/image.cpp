@@ -60,6 +60,7 @@ struct PngSource {
   const std::uint8_t* data = nullptr;
   std::size_t size = 0, pos = 0;
   char message[256] = {0};
+  char warning[256] = {0};  // the last warning: libpng often explains an error in one first
 };
 
 void png_read_memory(png_structp png, png_bytep out, std::size_t n) {
@@ -75,7 +76,10 @@ void png_on_error(png_structp png, png_const_charp msg) {
   png_longjmp(png, 1);
 }
 
-void png_on_warning(png_structp, png_const_charp) {}  // damaged ancillary chunks: skipped by libpng
+void png_on_warning(png_structp png, png_const_charp msg) {  // damaged ancillary chunks: skipped by libpng
+  auto* s = static_cast<PngSource*>(png_get_error_ptr(png));
+  std::snprintf(s->warning, sizeof s->warning, "%s", msg);
+}
 
 // Note [libpng's longjmp]
 // libpng reports errors by longjmp back to the setjmp below. Every C++ object this function uses
@@ -98,7 +102,9 @@ GreyImage decode_png(std::span<const std::uint8_t> bytes) {
   }
   if (setjmp(png_jmpbuf(png))) {
     png_destroy_read_struct(&png, &info, nullptr);
-    bad_image(std::string("not a readable PNG: ") + src.message, "give a whole, undamaged PNG or PGM file");
+    bad_image(std::string("a damaged PNG (libpng: ") + src.message +
+                  (src.warning[0] ? std::string("; ") + src.warning : std::string()) + ")",
+              "give a whole, undamaged PNG or PGM file");
   }
   png_set_read_fn(png, &src, png_read_memory);
   png_set_user_limits(png, static_cast<png_uint_32>(kMaxImageSide), static_cast<png_uint_32>(kMaxImageSide));
