@@ -108,7 +108,8 @@ TEST(OnnxExport, InitializersAreTheCheckpointsBytes) {
 // TensorFlow's SAME (src/model/spec.cpp) puts the odd padding row and column at the end; ONNX's
 // pads are [top, left, bottom, right].
 TEST(OnnxExport, ConvPadsAreTheSpecsIncludingAsymmetricSame) {
-  const onnx::ModelProto m = exported(make_checkpoint("conv:5x5:8:same:s2,conv:3x3:16:valid:s2,maxpool:2:1,flatten,fc:10"));
+  const onnx::ModelProto m =
+      exported(make_checkpoint("conv:5x5:8:same:s2,conv:3x3:16:valid:s2,maxpool:2:1,flatten,fc:10"));
   EXPECT_THAT(ops(m), ElementsAre("Conv", "Conv", "MaxPool", "Flatten", "Gemm", "Softmax"));
   EXPECT_THAT(ints(m.graph().node(0), "pads"), ElementsAre(1, 1, 2, 2));  // 28 -> 14 with 5x5, stride 2
   EXPECT_THAT(ints(m.graph().node(0), "strides"), ElementsAre(2, 2));
@@ -125,8 +126,8 @@ TEST(OnnxExport, ConvPadsAreTheSpecsIncludingAsymmetricSame) {
 TEST(OnnxExport, AnFcAndAConvMeetThroughReshapeAndFlatten) {
   const Checkpoint ck = make_checkpoint("conv:4x4:4:same,relu,fc:32,relu,conv:1x1:16,dropout:0.3,fc:10");
   const onnx::ModelProto m = exported(ck);
-  EXPECT_THAT(ops(m), ElementsAre("Conv", "Relu", "Flatten", "Gemm", "Relu", "Reshape", "Conv", "Flatten", "Gemm",
-                                  "Softmax"));
+  EXPECT_THAT(ops(m),
+              ElementsAre("Conv", "Relu", "Flatten", "Gemm", "Relu", "Reshape", "Conv", "Flatten", "Gemm", "Softmax"));
   EXPECT_THAT(ints(m.graph().node(0), "pads"), ElementsAre(1, 1, 2, 2));  // 4x4 SAME, stride 1
   const OnnxExport e = export_onnx(ck);
   EXPECT_THAT(e.dropped, ElementsAre("5 dropout:0.3"));

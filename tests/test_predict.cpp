@@ -128,7 +128,8 @@ TEST(ImagePng, TransparentPixelsArePaper) {
   const GreyImage dark = decode_image(make_png(3, 1, 8, 6, {{0, 0, 0, 255, 0, 0, 0, 0, 9, 9, 9, 0}}));
   EXPECT_EQ(dark.pixels, (std::vector<float>{0.0f, 1.0f, 1.0f}));
   // White ink, half covering one pixel: the canvas turns black.
-  const GreyImage light = decode_image(make_png(3, 1, 8, 6, {{255, 255, 255, 255, 255, 255, 255, 0, 255, 255, 255, 51}}));
+  const GreyImage light =
+      decode_image(make_png(3, 1, 8, 6, {{255, 255, 255, 255, 255, 255, 255, 0, 255, 255, 255, 51}}));
   EXPECT_EQ(light.pixels[0], 1.0f);
   EXPECT_EQ(light.pixels[1], 0.0f);
   EXPECT_NEAR(light.pixels[2], 0.2f, 1e-6);
@@ -244,9 +245,12 @@ TEST(MnistStyle, DarkInkOnLightPaperIsGuessedAndInverted) {
   ASSERT_EQ(a.pixels.size(), b.pixels.size());
   for (std::size_t i = 0; i < a.pixels.size(); ++i) EXPECT_NEAR(a.pixels[i], b.pixels[i], 1e-6);
   EXPECT_FLOAT_EQ(*std::max_element(b.pixels.begin(), b.pixels.end()), 1.0f);  // the pencil is full ink
-  const MnistStyle forced = to_mnist_style(light, InkMode::kDarkOnLight);  // --invert: the black is ink
+  const MnistStyle forced = to_mnist_style(dark, InkMode::kDarkOnLight);  // --invert
   EXPECT_TRUE(forced.inverted);
   EXPECT_FALSE(forced.guessed);
+  EXPECT_EQ(forced.pixels, b.pixels);
+  // --no-invert on pencil: nothing is lighter than the paper, so no digit (and the message says so).
+  EXPECT_THROW(to_mnist_style(dark, InkMode::kLightOnDark), Error);
 }
 
 TEST(MnistStyle, ABlankImageHasNoDigit) {

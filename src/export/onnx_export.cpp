@@ -22,6 +22,7 @@
 #include "mnist_mpi/checkpoint/evaluate_checkpoint.hpp"
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/hash.hpp"
+#include "mnist_mpi/io/file_kind.hpp"
 
 namespace po = boost::program_options;
 
@@ -181,7 +182,8 @@ void check_onnx_exportable(const ModelSpec& spec) {
     if (bytes > kOnnxMaxBytes)
       throw_error(ExitCode::kUsage, "ONNX cannot hold layer " + std::to_string(i) + " " +
                                         quote_input(spec.layers[i].text) + ": with it the weights reach " +
-                                        std::to_string(bytes) + " bytes, and one ONNX file (a protobuf message) "
+                                        std::to_string(bytes) +
+                                        " bytes, and one ONNX file (a protobuf message) "
                                         "holds at most 2 GiB; export a smaller model (ONNX's external-data form "
                                         "is not written)");
   }
@@ -198,7 +200,8 @@ void check_onnx_exportable(const ModelSpec& spec) {
 OnnxExport export_onnx(const Checkpoint& ck) {
   const ModelSpec spec = parse_model_spec(ck.spec, ck.input, ck.num_classes);
   MNIST_CHECK(checkpoint_tensors(spec) == ck.tensors && static_cast<std::int64_t>(ck.params.size()) == spec.param_count,
-              ExitCode::kCheckpoint, "the checkpoint's tensors do not match its own model spec " + quote_input(ck.spec));
+              ExitCode::kCheckpoint,
+              "the checkpoint's tensors do not match its own model spec " + quote_input(ck.spec));
   check_onnx_exportable(spec);
 
   onnx::ModelProto model;
@@ -215,8 +218,8 @@ OnnxExport export_onnx(const Checkpoint& ck) {
   add_metadata(model, "mnist_mpi.params_hash",
                hex64(hash_floats(ck.params.data(), static_cast<std::int64_t>(ck.params.size()))));
   add_metadata(model, "mnist_mpi.input_scaling",
-               "image = pixel / 255 as float32, (N, " + std::to_string(ck.input.c) + ", " +
-                   std::to_string(ck.input.h) + ", " + std::to_string(ck.input.w) +
+               "image = pixel / 255 as float32, (N, " + std::to_string(ck.input.c) + ", " + std::to_string(ck.input.h) +
+                   ", " + std::to_string(ck.input.w) +
                    ") row-major; 0 is the background (black), 1 the ink (white), as in MNIST's IDX files");
   add_metadata(model, "mnist_mpi.classes", std::to_string(ck.num_classes));
   add_metadata(model, "mnist_mpi.outputs", "logits (N, classes); probabilities = Softmax(logits, axis 1)");
@@ -232,7 +235,7 @@ OnnxExport export_onnx(const Checkpoint& ck) {
     switch (l.kind) {
       case LayerKind::kConv: {
         b.to_4d(l.in, std::to_string(i));
-        const CheckpointTensor& w = find_tensor(ck, std::to_string(i) + ".conv.weight");  // (O, I, KH, KW)
+        const CheckpointTensor& w = find_tensor(ck, std::to_string(i) + ".conv.weight");   // (O, I, KH, KW)
         const CheckpointTensor& bias = find_tensor(ck, std::to_string(i) + ".conv.bias");  // (O)
         b.initializer(w);
         b.initializer(bias);
@@ -259,7 +262,7 @@ OnnxExport export_onnx(const Checkpoint& ck) {
         break;
       case LayerKind::kFc: {
         b.to_2d(std::to_string(i));
-        const CheckpointTensor& w = find_tensor(ck, std::to_string(i) + ".fc.weight");  // (O, I)
+        const CheckpointTensor& w = find_tensor(ck, std::to_string(i) + ".fc.weight");   // (O, I)
         const CheckpointTensor& bias = find_tensor(ck, std::to_string(i) + ".fc.bias");  // (O)
         b.initializer(w);
         b.initializer(bias);
@@ -311,15 +314,17 @@ int export_onnx_main(int argc, char** argv) {
     }
     if (checkpoint.empty() || onnx_path.empty())
       throw_error(ExitCode::kUsage, "give --checkpoint FILE and --onnx FILE (see mnist_mpi export --help)");
+    check_output_path(onnx_path, "ONNX file", ExitCode::kOutput);  // before the work, not after it
     std::string chosen;
     const Checkpoint ck = pick_checkpoint(checkpoint, chosen);
     const OnnxExport e = export_onnx(ck);
     write_whole_file(onnx_path, e.bytes);
-    std::printf("wrote %s: ONNX opset %lld, %d nodes, input %s (N,%d,%d,%d), outputs %s and %s (N,%d); "
-                "model %s at step %lld from %s\n",
-                onnx_path.c_str(), static_cast<long long>(kOnnxOpset), e.nodes, kInputName, ck.input.c, ck.input.h,
-                ck.input.w, kLogitsName, kProbabilitiesName, ck.num_classes, ck.spec.c_str(),
-                static_cast<long long>(ck.meta.step), chosen.c_str());
+    std::printf(
+        "wrote %s: ONNX opset %lld, %d nodes, input %s (N,%d,%d,%d), outputs %s and %s (N,%d); "
+        "model %s at step %lld from %s\n",
+        onnx_path.c_str(), static_cast<long long>(kOnnxOpset), e.nodes, kInputName, ck.input.c, ck.input.h, ck.input.w,
+        kLogitsName, kProbabilitiesName, ck.num_classes, ck.spec.c_str(), static_cast<long long>(ck.meta.step),
+        chosen.c_str());
     for (const std::string& d : e.dropped) std::printf("  left out for inference: layer %s\n", d.c_str());
     return 0;
   } catch (const Error& e) {

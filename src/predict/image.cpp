@@ -117,9 +117,9 @@ GreyImage decode_png(std::span<const std::uint8_t> bytes) {
     png_destroy_read_struct(&png, &info, nullptr);
     check_size(w, h, "PNG");  // throws
   }
-  png_set_palette_to_rgb(png);            // palette -> RGB (alpha from tRNS below)
-  png_set_expand_gray_1_2_4_to_8(png);    // 1, 2, 4-bit grey -> 8
-  png_set_tRNS_to_alpha(png);             // a transparent colour -> an alpha channel
+  png_set_palette_to_rgb(png);          // palette -> RGB (alpha from tRNS below)
+  png_set_expand_gray_1_2_4_to_8(png);  // 1, 2, 4-bit grey -> 8
+  png_set_tRNS_to_alpha(png);           // a transparent colour -> an alpha channel
   png_set_interlace_handling(png);
   png_read_update_info(png, info);
   const int channels = png_get_channels(png, info);  // 1 G, 2 GA, 3 RGB, 4 RGBA
@@ -144,9 +144,8 @@ GreyImage decode_png(std::span<const std::uint8_t> bytes) {
   for (std::size_t y = 0; y < static_cast<std::size_t>(h); ++y)
     for (std::int64_t x = 0; x < w; ++x) {
       const std::size_t i = y * static_cast<std::size_t>(w) + static_cast<std::size_t>(x);
-      img.pixels[i] = channels >= 3
-                          ? 0.299f * sample(y, x, 0) + 0.587f * sample(y, x, 1) + 0.114f * sample(y, x, 2)
-                          : sample(y, x, 0);
+      img.pixels[i] = channels >= 3 ? 0.299f * sample(y, x, 0) + 0.587f * sample(y, x, 1) + 0.114f * sample(y, x, 2)
+                                    : sample(y, x, 0);
       if (has_alpha) alpha[i] = sample(y, x, channels - 1);
     }
   if (has_alpha) composite_alpha(img.pixels, alpha);

@@ -118,8 +118,8 @@ std::vector<std::vector<float>> classify(const Checkpoint& ck, Backend& backend,
   Model model(spec, batch, backend, params->data(), nullptr);
   const int classes = spec.num_classes();
   const auto pixels = static_cast<std::size_t>(spec.input.size());
-  std::vector<float> x(static_cast<std::size_t>(batch) * pixels);                 // (batch, 1, H, W)
-  std::vector<float> logits(static_cast<std::size_t>(batch) * classes);           // (batch, classes)
+  std::vector<float> x(static_cast<std::size_t>(batch) * pixels);        // (batch, 1, H, W)
+  std::vector<float> logits(static_cast<std::size_t>(batch) * classes);  // (batch, classes)
   StepContext ctx;
   ctx.training = false;
   for (std::size_t first = 0; first < inputs.size(); first += static_cast<std::size_t>(batch)) {
@@ -127,7 +127,8 @@ std::vector<std::vector<float>> classify(const Checkpoint& ck, Backend& backend,
     std::fill(x.begin(), x.end(), 0.0f);
     for (std::size_t i = 0; i < n; ++i) {
       MNIST_CHECK(inputs[first + i].size() == pixels, ExitCode::kRuntime, "classify: an input of the wrong size");
-      std::copy(inputs[first + i].begin(), inputs[first + i].end(), x.begin() + static_cast<std::ptrdiff_t>(i * pixels));
+      std::copy(inputs[first + i].begin(), inputs[first + i].end(),
+                x.begin() + static_cast<std::ptrdiff_t>(i * pixels));
     }
     backend.upload(x, model.input());
     model.forward(ctx);
@@ -189,7 +190,7 @@ int predict_main(int argc, char** argv) {
     if (vm.count("invert") && vm.count("no-invert"))
       throw_error(ExitCode::kUsage, "--invert and --no-invert contradict each other; give at most one");
     if (threads < 0) throw_error(ExitCode::kUsage, "--threads must be >= 0");
-    const InkMode ink = vm.count("invert") ? InkMode::kDarkOnLight
+    const InkMode ink = vm.count("invert")      ? InkMode::kDarkOnLight
                         : vm.count("no-invert") ? InkMode::kLightOnDark
                                                 : InkMode::kAuto;
     std::string chosen;
@@ -197,8 +198,8 @@ int predict_main(int argc, char** argv) {
     MNIST_CHECK(ck.input.c == 1 && ck.input.h == ck.input.w, ExitCode::kCheckpoint,
                 "the checkpoint's model takes " + std::to_string(ck.input.c) + "x" + std::to_string(ck.input.h) + "x" +
                     std::to_string(ck.input.w) + " inputs; predict prepares square grey images only");
-    const DeviceChoice dev = choose_device(device, cuda_built(), device == "cpu" ? GpuProbe{} : probe_gpus(), 0, 1,
-                                           false, host_name());
+    const DeviceChoice dev =
+        choose_device(device, cuda_built(), device == "cpu" ? GpuProbe{} : probe_gpus(), 0, 1, false, host_name());
     if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     auto backend = make_backend(dev, threads, /*tf32=*/false);
 

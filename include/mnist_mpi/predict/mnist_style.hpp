@@ -12,17 +12,17 @@
 namespace mnist_mpi {
 
 enum class InkMode {
-  kAuto,        // guess from the border: a light border is paper, so the image is inverted
-  kDarkOnLight, // --invert: dark ink on light paper, inverted
-  kLightOnDark, // --no-invert: light ink on a dark field, as MNIST
+  kAuto,         // guess from the border: a light border is paper, so the image is inverted
+  kDarkOnLight,  // --invert: dark ink on light paper, inverted
+  kLightOnDark,  // --no-invert: light ink on a dark field, as MNIST
 };
 
 struct MnistStyle {
   std::vector<float> pixels;  // (size, size) row-major, 0 background .. 1 ink, as the trainer's input
   int size = 0;
   bool inverted = false;
-  bool guessed = false;  // the ink colour was guessed from the border (InkMode::kAuto)
-  float border = 0.0f;   // the median of the border pixels, before inversion
+  bool guessed = false;                            // the ink colour was guessed from the border (InkMode::kAuto)
+  float border = 0.0f;                             // the median of the border pixels, before inversion
   int box_x = 0, box_y = 0, box_w = 0, box_h = 0;  // the digit's bounding box in the image
   int fit_w = 0, fit_h = 0;                        // its size after fitting into the box
   int shift_x = 0, shift_y = 0;                    // where the fitted digit's top-left landed
