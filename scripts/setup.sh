@@ -9,9 +9,13 @@ cd "$root"
 # python3-numpy: scripts/read_checkpoint.py, used by tests/e2e_checkpoint.sh.
 # python3, python3-protobuf: tests/check_observability.py (JSON, and Google's parser of our event files).
 # nlohmann-json3-dev: the one JSON writer (metrics file, timeline, report data).
+# libonnx-dev, libprotobuf-dev: `mnist_mpi export` (ONNX); libpng-dev: `mnist_mpi predict` (PNG).
+# python3-onnx: tests/check_onnx.py (the checker and shape inference on the exported file); libopenblas0-pthread:
+# numpy's matrix products in that check's own evaluator (Debian's reference BLAS took minutes for lenet).
 packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libboost-program-options-dev
           libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libgtest-dev libgmock-dev googletest python3-numpy
-          python3 python3-protobuf nlohmann-json3-dev
+          python3 python3-protobuf nlohmann-json3-dev libonnx-dev libprotobuf-dev libpng-dev python3-onnx
+          libopenblas0-pthread
           slurm-wlm munge  # Slurm: the slurm-labelled tests start a private one-node cluster
           clang libclang-rt-14-dev)  # clang + its runtime: libFuzzer targets (tests/fuzz)
 command -v npm >/dev/null 2>&1 || packages+=(npm)

@@ -13,6 +13,8 @@
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/comm/watchdog.hpp"
 #include "mnist_mpi/config/options.hpp"
+#include "mnist_mpi/export/onnx_export.hpp"
+#include "mnist_mpi/predict/predict.hpp"
 #include "mnist_mpi/resilience/consistency.hpp"
 #include "mnist_mpi/resilience/preemption.hpp"
 #include "mnist_mpi/train/trainer.hpp"
@@ -37,8 +39,10 @@ using namespace mnist_mpi;
 // MPI_Finalize can be checked against the others at a glance.
 int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
-  // `mnist_mpi evaluate ...`: one process, no MPI.
+  // `mnist_mpi evaluate|export|predict ...`: one process, no MPI.
   if (argc >= 2 && std::string(argv[1]) == "evaluate") return evaluate_checkpoint_main(argc - 1, argv + 1);
+  if (argc >= 2 && std::string(argv[1]) == "export") return export_onnx_main(argc - 1, argv + 1);
+  if (argc >= 2 && std::string(argv[1]) == "predict") return predict_main(argc - 1, argv + 1);
   install_preemption_handlers();  // first: a signal during start-up must not kill a rank either
   // A closed pipe on stdout is an output that cannot be written (exit 7), not a reason to die.
   std::signal(SIGPIPE, SIG_IGN);

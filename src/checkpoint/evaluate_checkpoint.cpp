@@ -7,7 +7,9 @@
 #include <boost/program_options.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -30,7 +32,29 @@ std::string config_value(const std::string& config, const std::string& key, cons
   return it == lines.end() ? fallback : it->second;
 }
 
-// FILE, or the newest valid checkpoint of a directory (damaged ones are reported and skipped).
+// The logits as a NumPy .npy file (format 1.0): float32 little-endian, shape (count, classes), so
+// that a test compares them with another evaluator's (tests/check_onnx.py) without our code.
+void write_npy(const std::string& path, const std::vector<float>& v, std::int64_t rows, int cols) {
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(rows) + ", " +
+                       std::to_string(cols) + "), }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::string bytes = "\x93NUMPY\x01";
+  bytes += '\0';
+  bytes += static_cast<char>(header.size() & 0xff);
+  bytes += static_cast<char>(header.size() >> 8);
+  bytes += header;
+  bytes.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  const bool ok = f && std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  const int e = errno;
+  if (f && std::fclose(f) != 0 && ok)
+    throw_error(ExitCode::kOutput, "cannot write --logits-file " + quote_input(path) + ": " + std::strerror(errno));
+  if (!ok) throw_error(ExitCode::kOutput, "cannot write --logits-file " + quote_input(path) + ": " + std::strerror(e));
+}
+
+}  // namespace
+
 Checkpoint pick_checkpoint(const std::string& path, std::string& chosen) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -54,9 +78,8 @@ Checkpoint pick_checkpoint(const std::string& path, std::string& chosen) {
                                          "'; give a checkpoint file or the --checkpoint-dir of a run");
 }
 
-}  // namespace
-
-CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& split, int batch, int threads) {
+CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& split, int batch, int threads,
+                                         bool keep_logits) {
   const ModelSpec spec = parse_model_spec(ck.spec, ck.input, ck.num_classes);
   MNIST_CHECK(checkpoint_tensors(spec) == ck.tensors, ExitCode::kCheckpoint,
               "the checkpoint's tensors do not match its own model spec '" + ck.spec + "'");
@@ -74,6 +97,7 @@ CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& spli
   r.classes = classes;
   r.count = split.count;
   r.confusion.assign(static_cast<std::size_t>(classes) * static_cast<std::size_t>(classes), 0);
+  if (keep_logits) r.logits.reserve(static_cast<std::size_t>(split.count * classes));
   std::vector<std::int32_t> labels(static_cast<std::size_t>(eb));
   const std::int64_t pixels = static_cast<std::int64_t>(split.rows) * split.cols;
   StepContext ctx;
@@ -93,6 +117,7 @@ CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& spli
     loss += s.loss_sum;
     correct += s.correct;
     const float* logits = model.logits();  // (eb, classes), host memory on the CPU backend
+    if (keep_logits) r.logits.insert(r.logits.end(), logits, logits + n * classes);
     for (std::int64_t i = 0; i < n; ++i) {
       const float* row = logits + i * classes;
       const auto pred = static_cast<std::int64_t>(std::max_element(row, row + classes) - row);
@@ -107,7 +132,7 @@ CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& spli
 }
 
 int evaluate_checkpoint_main(int argc, char** argv) {
-  std::string checkpoint, data_dir = "data/mnist", split_name = "test";
+  std::string checkpoint, data_dir = "data/mnist", split_name = "test", logits_file;
   std::int64_t batch = 250;
   int threads = 0;
   po::options_description desc(
@@ -121,6 +146,8 @@ int evaluate_checkpoint_main(int argc, char** argv) {
       "test | validation (the validation split of the checkpoint's run)")(
       "eval-batch-size", po::value(&batch)->default_value(batch), "images per evaluation batch")(
       "threads", po::value(&threads)->default_value(threads), "threads (0 = all cores)")(
+      "logits-file", po::value(&logits_file),
+      "also write every image's logits to this NumPy .npy file: float32, (images, classes), in split order")(
       "show-config", "print the checkpoint's state and the options of the run that wrote it, then exit");
   try {
     po::variables_map vm;
@@ -157,7 +184,9 @@ int evaluate_checkpoint_main(int argc, char** argv) {
     const std::int64_t limit = std::stoll(config_value(ck.config, "train-limit", "0"));
     const Mnist data = load_mnist(data_dir, split_name == "test" ? 0 : val, split_name == "test" ? 0 : limit);
     const Split& split = split_name == "test" ? data.test : data.validation;
-    const CheckpointEvaluation r = evaluate_checkpoint(ck, split, static_cast<int>(batch), threads);
+    const CheckpointEvaluation r =
+        evaluate_checkpoint(ck, split, static_cast<int>(batch), threads, !logits_file.empty());
+    if (!logits_file.empty()) write_npy(logits_file, r.logits, r.count, r.classes);
     std::printf("%s: %lld images, accuracy %.4f, loss %.4f\n", split_name.c_str(), static_cast<long long>(r.count),
                 r.accuracy, r.loss);
     std::printf("confusion matrix (rows: true label, columns: predicted label):\n      ");

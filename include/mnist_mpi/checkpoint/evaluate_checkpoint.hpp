@@ -18,10 +18,16 @@ struct CheckpointEvaluation {
   std::int64_t count = 0;
   int classes = 0;
   std::vector<std::int64_t> confusion;  // (classes, classes): [true label][predicted label]
+  std::vector<float> logits;            // (count, classes) when asked for (keep_logits), else empty
 };
 
+// FILE, or the newest valid checkpoint of a directory (damaged ones are reported on stderr and
+// skipped); `chosen` is the file read. Throws Error(kCheckpoint). Shared by evaluate, export, predict.
+Checkpoint pick_checkpoint(const std::string& path, std::string& chosen);
+
 // Evaluates a decoded checkpoint on a split (threads: 0 = all cores).
-CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& split, int batch, int threads);
+CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& split, int batch, int threads,
+                                         bool keep_logits = false);
 
 // The subcommand; argv[0] is "evaluate". Returns the exit code (messages printed here).
 int evaluate_checkpoint_main(int argc, char** argv);
