@@ -2,7 +2,7 @@
 # The whole test suite: set up (packages, build), fetch MNIST (for the real-data test), then CTest:
 # unit tests, multi-rank tests under mpirun with 1, 2 and 3 ranks, and end-to-end tests. Then
 # (issue 8) the suite again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan; all but
-# the slurm and gpu labels),
+# the slurm, gpu and model_use labels),
 # the rank's threads under ThreadSanitizer (build-tsan), and each libFuzzer target for a bounded
 # time (build-fuzz, clang). MNIST_MPI_SANITIZERS=0 runs only the normal suite. Arguments go to
 # the normal suite's ctest.
@@ -33,7 +33,7 @@ stage "AddressSanitizer + UndefinedBehaviorSanitizer: build-asan, the whole suit
   # the job scripts, not the program, and the gpu tests only skip here: both stay in the normal run.
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DMNIST_MPI_CUDA=OFF -DMNIST_MPI_SANITIZE=address,undefined >/dev/null
   cmake --build build-asan -j"$jobs"
-  ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs" -LE "slurm|gpu"
+  ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs" -LE "slurm|gpu|model_use"
 )
 
 stage "ThreadSanitizer: build-tsan, thread_tests on 2 and 3 ranks"

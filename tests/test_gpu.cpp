@@ -145,6 +145,7 @@ void compare_layer(int gpu, const std::string& text, Shape input, int batch, boo
   auto gpu_be = make_cuda_backend(gpu, tf32);
   Side cpu(*cpu_be, l, 0, batch, xv, dyv, wv), dev(*gpu_be, l, 0, batch, xv, dyv, wv);
   StepContext ctx{true, 7, 3, 16};
+  gpu_be->set_step_args(ctx.step, 0.0, 0);  // dropout reads the step from device memory (Note [A step as one CUDA graph])
   cpu.k->forward(ctx);
   dev.k->forward(ctx);
   cpu.k->backward(ctx);
@@ -256,6 +257,7 @@ TEST_F(Gpu, OptimizerEqualsCpuBitForBit) {
       be.upload(uniform(static_cast<std::size_t>(n), 1), p->data());
       for (int t = 0; t < 3; ++t) {
         be.upload(uniform(static_cast<std::size_t>(n), 100 + static_cast<std::uint64_t>(t), -1e-2f, 1e-2f), g->data());
+        be.set_step_args(t, 1e-3 * (t + 1), 0);  // the rate, from device memory on the GPU
         opt.step(p->data(), g->data(), 1e-3 * (t + 1));
       }
       out[side].resize(static_cast<std::size_t>(n));

@@ -213,7 +213,8 @@ class CudaBackend final : public Backend {
     DeviceStepCount(CudaBackend& b, const OptimizerConfig& cfg) : b_(b), beta1_(cfg.beta1), beta2_(cfg.beta2) {}
     void begin_step(double lr) override {
       MNIST_CHECK(b_.c_.step_args && b_.c_.host_args.lr == lr, ExitCode::kRuntime,
-                  "the optimiser's step: the step's device arguments hold another learning rate");
+                  "the optimiser's step: the step's device arguments hold another learning rate (call "
+                  "Backend::set_step_args before the step)");
       launch_count_step(b_.c_.stream, state_.get(), b_.guard_.get(), beta1_, beta2_, &b_.c_.step_args->lr);
     }
     std::int64_t read() override {
