@@ -105,14 +105,13 @@ mm_job() {
   [ -x "$prog" ] || mm_die 2 "no program at $prog: build it (scripts/setup.sh) or set MNIST_MPI=/path/to/mnist_mpi"
   local tasks=${SLURM_NTASKS:-1} cpt=${SLURM_CPUS_PER_TASK:-1} nodes=${SLURM_JOB_NUM_NODES:-1}
 
-  # The global batch must split evenly over the tasks; say so before any rank starts.
+  # Every task needs at least one image of the global batch (the program splits it as evenly as
+  # it goes: Note [Uneven slices]); say so before any rank starts.
   local gb
   if gb=$(mm_arg global-batch-size "${args[@]}") && [ -n "$gb" ] && [ "$gb" != 0 ]; then
     case $gb in *[!0-9]*) ;; *)
-      if [ "$gb" -lt "$tasks" ] || [ $((gb % tasks)) -ne 0 ]; then
-        local fit=$((gb < tasks ? gb : tasks))
-        while [ $((gb % fit)) -ne 0 ]; do fit=$((fit - 1)); done
-        mm_die 2 "--global-batch-size $gb does not split over this job's $tasks task(s): submit with --ntasks set to a divisor of $gb (e.g. sbatch --ntasks=$fit), or give --batch-size per rank"
+      if [ "$gb" -lt "$tasks" ]; then
+        mm_die 2 "--global-batch-size $gb is smaller than this job's $tasks task(s): every rank needs at least one image; submit with --ntasks=$gb or fewer, or give a larger --global-batch-size"
       fi ;;
     esac
   fi

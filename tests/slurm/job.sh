@@ -45,23 +45,24 @@ n=$(find "$run/checkpoints/slurm-ci" -name 'step-*.ckpt' 2>/dev/null | wc -l)
 if [ "$n" -gt 0 ]; then ok "checkpoint written to checkpoints/slurm-ci ($n file(s))"; else bad "no checkpoint in $run/checkpoints/slurm-ci"; fi
 expect "the last checkpoint is the final step's" "$log" "^checkpoint after step 60: .*checkpoints/slurm-ci/step-00000060.ckpt"
 
-# 2. A global batch the job's tasks cannot split: the script says so before starting any rank.
+# 2. A global batch smaller than the job's tasks (one that merely does not divide is split unevenly:
+#    Note [Uneven slices]): the script says so before starting any rank.
 timeout 60 sbatch --wait --parsable -D "$run" -J bad-batch -n 2 "$root/launch/slurm/cpu.sbatch" "${other[@]}" \
-  --global-batch-size 101 >"$work/id" 2>&1
+  --global-batch-size 1 >"$work/id" 2>&1
 rc=$?
 log=$run/bad-batch-$(cut -d';' -f1 "$work/id").out
-if [ "$rc" -eq 2 ]; then ok "indivisible global batch: exit 2"; else bad "indivisible global batch: exit $rc, expected 2"; fi
-expect "indivisible global batch: names the fix" "$log" "^cpu.sbatch: error: --global-batch-size 101 does not split over this job's 2 task\(s\): submit with --ntasks set to a divisor of 101 \(e.g. sbatch --ntasks=1\)"
-if grep -q "running:" "$log"; then bad "indivisible global batch: ranks were started anyway"; else ok "indivisible global batch: no rank started"; fi
+if [ "$rc" -eq 2 ]; then ok "global batch below the tasks: exit 2"; else bad "global batch below the tasks: exit $rc, expected 2"; fi
+expect "global batch below the tasks: names the fix" "$log" "^cpu.sbatch: error: --global-batch-size 1 is smaller than this job's 2 task\(s\): every rank needs at least one image; submit with --ntasks=1 or fewer"
+if grep -q "running:" "$log"; then bad "global batch below the tasks: ranks were started anyway"; else ok "global batch below the tasks: no rank started"; fi
 
 # 3. A batch split the program rejects (here through accumulation steps): its one message, exit 2,
 #    and the job is not requeued.
 timeout 60 sbatch --wait --parsable -D "$run" -J bad-accum -n 2 "$root/launch/slurm/cpu.sbatch" "${other[@]}" \
-  --global-batch-size 100 --accumulation-steps 3 >"$work/id" 2>&1
+  --global-batch-size 5 --accumulation-steps 3 >"$work/id" 2>&1
 rc=$?
 log=$run/bad-accum-$(cut -d';' -f1 "$work/id").out
 if [ "$rc" -eq 2 ]; then ok "program usage error: exit 2"; else bad "program usage error: exit $rc, expected 2"; fi
-expect "program usage error: one clear line" "$log" "mnist_mpi: error on rank 0 .*does not divide by the 2 ranks x 3 accumulation steps"
+expect "program usage error: one clear line" "$log" "mnist_mpi: error on rank 0 .*--global-batch-size 5 is smaller than the 2 ranks x 3 accumulation steps"
 n=$(grep -c 'mnist_mpi: error' "$log")
 if [ "$n" -eq 1 ]; then ok "program usage error: exactly one error line"; else bad "program usage error: $n error lines"; fi
 expect "program usage error: not requeued" "$log" "^cpu.sbatch: error: mnist_mpi ended with exit code 2 .*not requeued"
