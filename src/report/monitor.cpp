@@ -123,7 +123,10 @@ void Monitor::on_start(const StartFacts& f) {
     Json event{{"event", "start"},
                {"world_size", setup_.world},
                {"global_batch", setup_.global_batch},
-               {"launcher", launch_.launcher}};
+               {"launcher", launch_.launcher},
+               {"shard_optimizer", f.shard_optimizer},
+               {"optimizer_state_bytes_per_rank", f.optimizer_state_bytes},
+               {"optimizer_state_bytes_total", f.optimizer_state_total_bytes}};
     launch_.add_json_fields(event);
     metrics(event);
   }
@@ -152,6 +155,15 @@ void Monitor::on_start(const StartFacts& f) {
      << "gradients: " << setup_.buckets << " bucket(s) of at most " << opt_.bucket_mb << " MB (first "
      << opt_.first_bucket_mb << " MB), " << (opt_.no_overlap ? "one blocking sum after backward" : f.gradient_progress)
      << "\n";
+  const auto mb = [](std::int64_t bytes) { return static_cast<double>(bytes) / 1e6; };
+  char state[160];
+  if (f.shard_optimizer)
+    std::snprintf(state, sizeof state, "optimizer state: %.1f MB per rank at most (1/%d of %.1f MB, sharded)\n",
+                  mb(f.optimizer_state_bytes), setup_.world, mb(f.optimizer_state_total_bytes));
+  else
+    std::snprintf(state, sizeof state, "optimizer state: %.1f MB per rank (not sharded)\n",
+                  mb(f.optimizer_state_bytes));
+  os << state;
   OutputFile& out = OutputFile::standard_output();
   if (out.write(os.str())) out.flush();
 }

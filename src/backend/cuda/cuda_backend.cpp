@@ -143,6 +143,7 @@ class CudaBackend final : public Backend {
     // fp32: cuBLAS's default math, which keeps float GEMMs in float (no TF32); tf32: tensor cores.
     CUBLAS_CHECK(cublasSetMathMode(c_.cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     guard_ = DeviceArray<int>(1);
+    agreement_ = DeviceArray<float>(1);
     CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&verdicts_), kVerdictSlots * sizeof(int)));
     for (cudaEvent_t& e : verdict_copied_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
@@ -242,6 +243,14 @@ class CudaBackend final : public Backend {
       launch_finite_check(b_.c_.stream, grads, n, b_.guard_.get());
       return true;  // the optimiser pass reads the flag itself
     }
+    // The flag as a float (NaN when kNonfiniteGradient), summed over the ranks on the device in
+    // stream order, and checked back into the flag: no host synchronisation.
+    bool agree(Communicator& comm) override {
+      launch_flag_to_float(b_.c_.stream, b_.guard_.get(), b_.agreement_.get());
+      comm.allreduce_sum(std::span<float>(b_.agreement_.get(), 1));
+      launch_finite_check(b_.c_.stream, b_.agreement_.get(), 1, b_.guard_.get());
+      return true;
+    }
     void end_step(std::int64_t step) override {
       const int slot = static_cast<int>(step % kVerdictSlots);
       CUDA_CHECK(
@@ -297,6 +306,7 @@ class CudaBackend final : public Backend {
   static constexpr std::int64_t kVerdictLag = 2;
   static_assert(kVerdictLag < kVerdictSlots);
   DeviceArray<int> guard_;                          // the step's kNonfinite* bits, on the device
+  DeviceArray<float> agreement_;                    // Guard::agree's cell
   int* verdicts_ = nullptr;                         // (kVerdictSlots), pinned: the flag after step s in slot s % 4
   cudaEvent_t verdict_copied_[kVerdictSlots] = {};  // recorded after each slot's copy
 };
