@@ -156,8 +156,10 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
   for (; waited < buckets.size(); ++waited) t.exposed_comm += reducer.wait_bucket(waited);  // none left in flight
   if (!sharded) return;
   for (; gathered < buckets.size(); ++gathered) reducer.start_gather(gathered);  // not updated: the same bits
-  if (!shape_.check_all_first) p_.guard->agree(reducer.communicator());
+  // The gathers first: on the CPU the caller then sleeps in wait() while the communication thread
+  // has the core, where a blocking collective beside it would spin against it.
   t.exposed_comm += reducer.wait_gathers();
+  if (!shape_.check_all_first) p_.guard->agree(reducer.communicator());
 }
 
 }  // namespace mnist_mpi
