@@ -123,11 +123,11 @@ void Monitor::on_start(const StartFacts& f) {
     Json event{{"event", "start"},
                {"world_size", setup_.world},
                {"global_batch", setup_.global_batch},
-               {"launcher", launch_.launcher},
-               {"shard_optimizer", f.shard_optimizer},
-               {"optimizer_state_bytes_per_rank", f.optimizer_state_bytes},
-               {"optimizer_state_bytes_total", f.optimizer_state_total_bytes}};
+               {"launcher", launch_.launcher}};
     launch_.add_json_fields(event);
+    event["shard_optimizer"] = f.shard_optimizer;
+    event["optimizer_state_bytes_per_rank"] = f.optimizer_state_bytes;
+    event["optimizer_state_bytes_total"] = f.optimizer_state_total_bytes;
     metrics(event);
   }
   if (opt_.quiet) return;
