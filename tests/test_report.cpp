@@ -590,9 +590,10 @@ TEST(Monitor, NothingLostWhenEveryOutputIsWritten) {
   std::ifstream in(opt.metrics_file);
   std::string line;
   std::getline(in, line);
-  EXPECT_EQ(line,
-            "{\"event\":\"start\",\"world_size\":1,\"global_batch\":8,\"launcher\":\"direct\",\"shard_optimizer\":false,"
-            "\"optimizer_state_bytes_per_rank\":0,\"optimizer_state_bytes_total\":0}");
+  EXPECT_EQ(
+      line,
+      "{\"event\":\"start\",\"world_size\":1,\"global_batch\":8,\"launcher\":\"direct\",\"shard_optimizer\":false,"
+      "\"optimizer_state_bytes_per_rank\":0,\"optimizer_state_bytes_total\":0}");
   EXPECT_TRUE(fs::is_regular_file(opt.report_file));
   fs::remove_all(dir);
 }
@@ -706,7 +707,8 @@ TEST(Monitor, WritesEveryMetricsEventWithItsMembersInOrder) {
             "--resume auto to continue (exit code 75)\n");
   const std::string slurm = ",\"slurm_job_id\":\"42\",\"slurm_job_name\":\"j\",\"slurm_restart_count\":0}";
   const std::vector<std::string> want{
-      "{\"event\":\"start\",\"world_size\":1,\"global_batch\":8,\"launcher\":\"srun\"" + slurm.substr(0, slurm.size() - 1) +
+      "{\"event\":\"start\",\"world_size\":1,\"global_batch\":8,\"launcher\":\"srun\"" +
+          slurm.substr(0, slurm.size() - 1) +
           ",\"shard_optimizer\":true,\"optimizer_state_bytes_per_rank\":31400,\"optimizer_state_bytes_total\":62800}",
       "{\"event\":\"step\",\"step\":2,\"epoch\":1,\"loss\":null,\"lr\":null,\"images_per_s\":null}",
       "{\"event\":\"eval\",\"split\":\"validation\",\"step\":2,\"epoch\":1,\"accuracy\":0.875,\"loss\":0.5}",

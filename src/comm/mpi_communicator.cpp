@@ -65,9 +65,9 @@ int provided_thread_level() {
 // the bits do not depend on bucketing, on overlap, or on Open MPI's choice of algorithm (with 3 or
 // more ranks its allreduce algorithms add the ranks' values in different orders by message size).
 // A range of n elements is cut into world-size chunks, chunk r = shard_of(n, r, W) owned by rank
-// r (Note [Shards] in include/mnist_mpi/comm/communicator.hpp). Reduce-scatter: every rank sends its contribution to chunk p to rank p, in segments of at most
-// kSegment floats; the owner adds a segment as soon as all peers' copies of it have arrived (the
-// sum runs on data still in cache, and overlaps the transfer of the next segments) and sends the
+// r (Note [Shards] in include/mnist_mpi/comm/communicator.hpp). Reduce-scatter: every rank sends its contribution to
+// chunk p to rank p, in segments of at most kSegment floats; the owner adds a segment as soon as all peers' copies of
+// it have arrived (the sum runs on data still in cache, and overlaps the transfer of the next segments) and sends the
 // summed segment to every peer at once (allgather). Same bytes on the wire as a ring allreduce,
 // 2 (W-1)/W of the buffer per rank, and no copy of a rank's own contribution. The sharded
 // optimiser runs the two halves apart (start_reduce_scatter_sum, start_allgather_shards): the
@@ -378,7 +378,8 @@ class MpiCommunicator final : public Communicator {
       if (gather) post_gather_sends(k);
     };
 
-    const std::size_t expected = (scatter ? static_cast<std::size_t>(A + B) : 0) + (gather ? static_cast<std::size_t>(A + B) : 0);
+    const std::size_t expected =
+        (scatter ? static_cast<std::size_t>(A + B) : 0) + (gather ? static_cast<std::size_t>(A + B) : 0);
     std::size_t done = 0;
     int idle = 0;
     std::chrono::microseconds nap{0};

@@ -83,7 +83,7 @@ void Reducer::start_ready(int layer) {
 double Reducer::start_remaining() {
   const auto t0 = std::chrono::steady_clock::now();
   if (overlap_) {
-    start_ready(-1);  // anything not yet started
+    start_ready(-1);       // anything not yet started
   } else if (sharded()) {  // every bucket's shard, blocking: the shards are per bucket
     start_ready(-1);
     for (std::size_t k = buckets_.size(); k-- > 0;) comm_.wait(requests_[k], &timings_[k].end);

@@ -182,26 +182,27 @@ StartFacts Trainer::start_facts(int threads, const GpuProbe& gpus) const {
     }
     largest_state = std::max(largest_state, n);
   }
-  return StartFacts{.device_note = device_.note,
-                    .backend = backend_->name(),
-                    .threads = threads,
-                    .cuda = device_.cuda,
-                    .shared_gpus = shared_gpus_,
-                    .gpu = device_.gpu,
-                    .gpus = gpus.count,
-                    .gpu_description = device_.cuda ? describe_gpu(device_.gpu) : std::string(),
-                    .launch = launch_,
-                    .train_images = data_.train.count,
-                    .validation_images = data_.validation.count,
-                    .test_images = data_.test.count,
-                    .model = spec_.text,
-                    .params = spec_.param_count,
-                    .layers = train_model_->describe(),
-                    .per_rank_batch = batch_,
-                    .gradient_progress = grad_comm_->progress_mode(),
-                    .optimizer_state_bytes = largest_state * moments * static_cast<std::int64_t>(sizeof(float)),
-                    .optimizer_state_total_bytes = spec_.param_count * moments * static_cast<std::int64_t>(sizeof(float)),
-                    .shard_optimizer = opt_.shard_optimizer};
+  return StartFacts{
+      .device_note = device_.note,
+      .backend = backend_->name(),
+      .threads = threads,
+      .cuda = device_.cuda,
+      .shared_gpus = shared_gpus_,
+      .gpu = device_.gpu,
+      .gpus = gpus.count,
+      .gpu_description = device_.cuda ? describe_gpu(device_.gpu) : std::string(),
+      .launch = launch_,
+      .train_images = data_.train.count,
+      .validation_images = data_.validation.count,
+      .test_images = data_.test.count,
+      .model = spec_.text,
+      .params = spec_.param_count,
+      .layers = train_model_->describe(),
+      .per_rank_batch = batch_,
+      .gradient_progress = grad_comm_->progress_mode(),
+      .optimizer_state_bytes = largest_state * moments * static_cast<std::int64_t>(sizeof(float)),
+      .optimizer_state_total_bytes = spec_.param_count * moments * static_cast<std::int64_t>(sizeof(float)),
+      .shard_optimizer = opt_.shard_optimizer};
 }
 
 std::string Trainer::job_description() const {

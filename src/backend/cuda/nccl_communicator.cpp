@@ -103,7 +103,8 @@ class NcclCommunicator final : public HostForwarding {
   }
 
   CommRequest start_allreduce_sum(std::span<float> d) override {
-    return start([&] { NCCL_CHECK(ncclAllReduce(d.data(), d.data(), d.size(), ncclFloat, ncclSum, comm_, comm_stream_)); });
+    return start(
+        [&] { NCCL_CHECK(ncclAllReduce(d.data(), d.data(), d.size(), ncclFloat, ncclSum, comm_, comm_stream_)); });
   }
 
   // Note [Shards] (include/mnist_mpi/comm/communicator.hpp): the equal pieces [0, W q) in one
