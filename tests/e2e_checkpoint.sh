@@ -96,19 +96,58 @@ sys.exit(0 if d < 1e-4 else 1)
 EOF
 }
 run "${run2[@]}" "$bin" "${sm[@]}" --max-steps 40 --checkpoint-dir ck_straight2
+straight2=$(hash_of out)
 run "${run2[@]}" "$bin" "${sm[@]}" --max-steps 20 --checkpoint-dir ck_ranks
 rm -rf ck_ranks3 && mkdir ck_ranks3 && cp ck_ranks/step-00000020.ckpt ck_ranks3/
 run "$bin" "${sm[@]}" --max-steps 40 --checkpoint-dir ck_ranks --resume auto
+to1=$(hash_of out)
 if [ "$rc" -eq 0 ] && grep -q "resuming from ck_ranks/step-00000020.ckpt: step 20, epoch 1, sample 400" out &&
    close_to ck_ranks/step-00000040.ckpt
 then ok "2 ranks -> resume on 1 rank follows the 2-rank trajectory"
 else bad "resume on another number of ranks"; fi
 # The global batch of 20 does not divide by 3 ranks (7, 7, 6: Note [Uneven slices]).
 run mpirun -np 3 --oversubscribe "$bin" "${sm[@]}" --max-steps 40 --checkpoint-dir ck_ranks3 --resume auto
+to3=$(hash_of out)
 if [ "$rc" -eq 0 ] && grep -q "resuming from ck_ranks3/step-00000020.ckpt: step 20, epoch 1, sample 400" out &&
    grep -q "batch: 20 global, 6-7 per rank" out && close_to ck_ranks3/step-00000040.ckpt
 then ok "2 ranks -> resume on 3 ranks (uneven slices) follows the 2-rank trajectory"
 else bad "resume on 3 ranks, uneven slices"; fi
+
+# ---- the sharded optimiser (--shard-optimizer) keeps today's format --------------------------------
+# Rank 0 gathers the shards, so a sharded run's checkpoint is the unsharded run's, tensor for tensor
+# (only CONF, the options, differs), and either resumes the other, on any number of ranks, to the
+# same bits as the runs above.
+same_state() {  # same_state A B: PARM, MOM1 and MOM2 bitwise equal
+  "$py" - "$reader" "$1" "$2" <<'EOF'
+import sys, importlib.util
+import numpy as np
+spec = importlib.util.spec_from_file_location("rc", sys.argv[1]); rc = importlib.util.module_from_spec(spec); spec.loader.exec_module(rc)
+a, b = rc.read_checkpoint(sys.argv[2]), rc.read_checkpoint(sys.argv[3])
+same = np.array_equal(a["flat_params"], b["flat_params"]) and len(a["second_moment"]) > 0 and all(
+    np.array_equal(a[k][n], b[k][n]) for k in ("first_moment", "second_moment") for n in a[k])
+print("%s vs %s: parameters and moments %s" % (sys.argv[2], sys.argv[3], "bitwise equal" if same else "DIFFER"))
+sys.exit(0 if same else 1)
+EOF
+}
+rm -rf ck_shard2 && run "${run2[@]}" "$bin" "${sm[@]}" --max-steps 20 --checkpoint-dir ck_shard2 --shard-optimizer
+if [ "$rc" -eq 0 ] && grep -q "optimizer state: .* per rank at most (1/2 of .*, sharded)" out &&
+   same_state ck_shard2/step-00000020.ckpt ck_ranks/step-00000020.ckpt
+then ok "sharded on 2 ranks: the checkpoint holds the unsharded run's parameters and moments"
+else bad "sharded checkpoint on 2 ranks"; fi
+run "${run2[@]}" "$bin" "${sm[@]}" --max-steps 40 --resume ck_shard2/step-00000020.ckpt --shard-optimizer
+if [ "$rc" -eq 0 ] && [ -n "$straight2" ] && [ "$(hash_of out)" = "$straight2" ]
+then ok "sharded on 2 ranks, 20 + resume + 20 == the unsharded 40 steps straight ($straight2)"
+else bad "sharded resume on 2 ranks: $(hash_of out), want $straight2"; fi
+run "$bin" "${sm[@]}" --max-steps 40 --resume ck_shard2/step-00000020.ckpt
+if [ "$rc" -eq 0 ] && [ -n "$to1" ] && [ "$(hash_of out)" = "$to1" ]
+then ok "sharded 2 ranks -> unsharded 1 rank: bitwise the unsharded 2 -> 1 resume ($to1)"
+else bad "sharded 2 ranks -> 1 rank: $(hash_of out), want $to1"; fi
+rm -rf ck_shard3 && mkdir ck_shard3 && cp ck_ranks/step-00000020.ckpt ck_shard3/
+run mpirun -np 3 --oversubscribe "$bin" "${sm[@]}" --max-steps 40 --checkpoint-dir ck_shard3 --resume auto --shard-optimizer
+if [ "$rc" -eq 0 ] && [ -n "$to3" ] && [ "$(hash_of out)" = "$to3" ] &&
+   same_state ck_shard3/step-00000040.ckpt ck_ranks3/step-00000040.ckpt
+then ok "unsharded 2 ranks -> sharded 3 ranks: bitwise the unsharded 2 -> 3 resume ($to3), checkpoint too"
+else bad "unsharded 2 ranks -> sharded 3 ranks: $(hash_of out), want $to3"; fi
 
 # ---- refused resumes -----------------------------------------------------------------------------
 c20=ck_ranks/step-00000020.ckpt

@@ -286,6 +286,7 @@ class DeviceLikeSource final : public CheckpointSource {
   DeviceLikeSource(std::size_t n, Optimizer& opt)
       : host(n, std::numeric_limits<float>::quiet_NaN()), device(n, 0.5f), opt_(opt) {}
   void settle() override { ++settled; }
+  void gather_state() override {}
   TrainingState state() override {
     host = device;  // the download
     return {host.data(), opt_.first_moment().data(), nullptr, &opt_};

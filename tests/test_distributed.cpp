@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -51,6 +52,8 @@ struct Trained {
   std::vector<float> params;
   ModelSpec spec;
   std::int64_t micro_batch = 0;
+  std::int64_t state_size = 0;  // elements of one optimiser moment on this rank
+  std::int64_t buckets = 0;
 };
 
 // Trains on the ranks of comm (collective over comm); returns this rank's final parameters.
@@ -58,7 +61,8 @@ Trained train(MPI_Comm comm, const Options& o) {
   auto c = make_mpi_communicator(comm);
   Trainer t(o, *c);
   t.run();
-  return {std::vector<float>(t.params(), t.params() + t.spec().param_count), t.spec(), t.per_rank_batch()};
+  return {std::vector<float>(t.params(), t.params() + t.spec().param_count), t.spec(), t.per_rank_batch(),
+          t.optimizer().state_size(), static_cast<std::int64_t>(t.reducer().buckets().size())};
 }
 
 // Every rank's verdict, allreduced: a failure on any rank fails the test on every rank.
@@ -384,6 +388,106 @@ TEST(Optimizer, ASkippedStepIsNotCounted) {
   EXPECT_EQ(skipped, 1);
   EXPECT_EQ(steps, 5) << "Adam counted the skipped step";
   EXPECT_TRUE(all_ranks(skipped == 1 && steps == 5));
+}
+
+// --shard-optimizer (Note [Sharded optimiser state] in include/mnist_mpi/train/optimizer.hpp):
+// each rank's reduce-scatter leaves in its shard the bits the allreduce leaves there (Note [Sums
+// in rank order]) and the update is elementwise, so the gathered parameters are bitwise the
+// unsharded run's. A model of 12839 parameters (odd, and 2 mod 3, 3 mod 4: the last rank's shards
+// are longer), with the default buckets, buckets of 26 elements (a tensor split across many,
+// every one uneven), gradient accumulation, SGD with Nesterov and --no-overlap, and the guard's
+// check-all-first path. Each rank holds about 1/N of the moments, and together all of them.
+constexpr const char* kOdd =
+    "conv:3x3:4:same,relu,maxpool:2,conv:3x3:8:same,relu,maxpool:2,flatten,fc:31,relu,dropout:0.5,fc:10";
+
+TEST(Sharding, ParametersAreBitwiseTheUnshardedOnes) {
+  bool ok = true;
+  for (int variant = 0; variant < 5; ++variant) {
+    Options o = base_options(kOdd, 6 * world_size(), 12);
+    if (variant == 1) o.bucket_mb = o.first_bucket_mb = 0.0001;  // 26 elements
+    if (variant == 2) o.accumulation_steps = 2;
+    if (variant == 3) {
+      o.optimizer.kind = "sgd";
+      o.optimizer.momentum = 0.9;
+      o.optimizer.nesterov = true;
+      o.no_overlap = true;
+    }
+    if (variant == 4) o.skip_nonfinite_steps = true;
+    const Trained plain = train(MPI_COMM_WORLD, o);
+    o.shard_optimizer = true;
+    const Trained sharded = train(MPI_COMM_WORLD, o);
+    ASSERT_EQ(plain.spec.param_count, 12839);
+    const std::uint64_t a = hash_floats(plain.params.data(), std::int64_t(plain.params.size()));
+    const std::uint64_t b = hash_floats(sharded.params.data(), std::int64_t(sharded.params.size()));
+    EXPECT_EQ(hex64(b), hex64(a)) << "variant " << variant;
+    std::int64_t state[2] = {sharded.state_size, sharded.state_size};  // sum, max over the ranks
+    MPI_Allreduce(MPI_IN_PLACE, &state[0], 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &state[1], 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(plain.state_size, 12839);
+    EXPECT_EQ(state[0], 12839) << "variant " << variant << ": the shards must cover every parameter once";
+    // Every bucket's shard is at most N - 1 elements longer than 1/N of it.
+    EXPECT_LE(state[1], 12839 / world_size() + sharded.buckets * (world_size() - 1)) << "variant " << variant;
+    ok = ok && a == b && state[0] == 12839 && state[1] <= 12839 / world_size() + sharded.buckets * (world_size() - 1);
+  }
+  EXPECT_TRUE(all_ranks(ok));
+}
+
+// Note [Non-finite steps] with --shard-optimizer: a rank checks only its shard, so the verdict is
+// agreed on. A NaN that only the last rank sees refuses the step on every rank.
+TEST(Sharding, TheGuardsVerdictIsAgreedOn) {
+  auto c = make_mpi_communicator(MPI_COMM_WORLD);
+  auto backend = make_cpu_backend(1);
+  auto guard = backend->make_step_guard(false);
+  guard->begin_step();
+  std::vector<float> shard(8, 1.0f);
+  const bool last = c->rank() == c->size() - 1;
+  if (last) shard[3] = std::numeric_limits<float>::quiet_NaN();
+  const bool mine = guard->bucket_ok(shard.data(), 8);
+  const bool agreed = guard->agree(*c);
+  guard->end_step(7);
+  const int verdict = guard->verdict(7);
+  EXPECT_EQ(mine, !last);
+  EXPECT_FALSE(agreed);
+  EXPECT_EQ(verdict & StepGuard::kNonfiniteGradient, StepGuard::kNonfiniteGradient);
+  EXPECT_TRUE(all_ranks(mine == !last && !agreed && (verdict & StepGuard::kNonfiniteGradient)));
+}
+
+// The fault hook poisons rank 0's loss at step 3. With one fc layer and one bucket the NaN reaches
+// the class-0 row of the weight (rank 0's shard) and bias (the last rank's): on 3 ranks the middle
+// one sees none of it. --skip-nonfinite-steps skips the step on every rank, counts it nowhere and
+// ends bitwise where the unsharded run does; without it every rank stops with the numerical error.
+TEST(Sharding, ANonFiniteShardSkipsOrStopsTheStepOnEveryRank) {
+  const auto run = [](Options o, std::int64_t& skipped, std::int64_t& steps, int& code) {
+    setenv("MNIST_MPI_FAULT", "0:3:nan", 1);
+    auto c = make_mpi_communicator(MPI_COMM_WORLD);
+    Trainer t(o, *c);
+    unsetenv("MNIST_MPI_FAULT");
+    try {
+      skipped = t.run().skipped_steps;
+    } catch (const Error& e) {
+      code = static_cast<int>(e.code());
+    }
+    steps = t.optimizer().steps_taken();
+    return std::vector<float>(t.params(), t.params() + t.spec().param_count);
+  };
+  Options o = base_options("flatten,fc:10", 12 * world_size(), 6);
+  o.skip_nonfinite_steps = true;
+  std::int64_t skipped[2] = {-1, -1}, steps[2] = {-1, -1};
+  int code[2] = {0, 0};
+  const std::vector<float> plain = run(o, skipped[0], steps[0], code[0]);
+  o.shard_optimizer = true;
+  const std::vector<float> sharded = run(o, skipped[1], steps[1], code[1]);
+  EXPECT_EQ(skipped[1], 1);
+  EXPECT_EQ(steps[1], 5) << "Adam counted the skipped step";
+  EXPECT_EQ(code[1], 0);
+  EXPECT_TRUE(sharded == plain) << "the sharded run with a skipped step ended elsewhere";
+  o.skip_nonfinite_steps = false;
+  std::int64_t unused = -1, stopped_steps = -1;
+  int stop_code = 0;
+  run(o, unused, stopped_steps, stop_code);
+  EXPECT_EQ(stop_code, static_cast<int>(ExitCode::kNumerical));
+  EXPECT_TRUE(all_ranks(skipped[1] == 1 && steps[1] == 5 && code[1] == 0 && sharded == plain &&
+                        stop_code == static_cast<int>(ExitCode::kNumerical)));
 }
 
 TEST(Reducer, AccumulationMatchesMoreRanks) {

@@ -590,7 +590,10 @@ TEST(Monitor, NothingLostWhenEveryOutputIsWritten) {
   std::ifstream in(opt.metrics_file);
   std::string line;
   std::getline(in, line);
-  EXPECT_EQ(line, "{\"event\":\"start\",\"world_size\":1,\"global_batch\":8,\"launcher\":\"direct\"}");
+  EXPECT_EQ(
+      line,
+      "{\"event\":\"start\",\"world_size\":1,\"global_batch\":8,\"launcher\":\"direct\",\"shard_optimizer\":false,"
+      "\"optimizer_state_bytes_per_rank\":0,\"optimizer_state_bytes_total\":0}");
   EXPECT_TRUE(fs::is_regular_file(opt.report_file));
   fs::remove_all(dir);
 }
@@ -681,6 +684,9 @@ TEST(Monitor, WritesEveryMetricsEventWithItsMembersInOrder) {
   start.launch.launcher = "srun";
   start.launch.slurm_job_id = "42";
   start.launch.slurm_job_name = "j";
+  start.shard_optimizer = true;
+  start.optimizer_state_bytes = 31400;
+  start.optimizer_state_total_bytes = 62800;
   const auto t = Monitor::Clock::now();
   constexpr double kInf = std::numeric_limits<double>::infinity();
   ::testing::internal::CaptureStdout();
@@ -701,7 +707,9 @@ TEST(Monitor, WritesEveryMetricsEventWithItsMembersInOrder) {
             "--resume auto to continue (exit code 75)\n");
   const std::string slurm = ",\"slurm_job_id\":\"42\",\"slurm_job_name\":\"j\",\"slurm_restart_count\":0}";
   const std::vector<std::string> want{
-      "{\"event\":\"start\",\"world_size\":1,\"global_batch\":8,\"launcher\":\"srun\"" + slurm,
+      "{\"event\":\"start\",\"world_size\":1,\"global_batch\":8,\"launcher\":\"srun\"" +
+          slurm.substr(0, slurm.size() - 1) +
+          ",\"shard_optimizer\":true,\"optimizer_state_bytes_per_rank\":31400,\"optimizer_state_bytes_total\":62800}",
       "{\"event\":\"step\",\"step\":2,\"epoch\":1,\"loss\":null,\"lr\":null,\"images_per_s\":null}",
       "{\"event\":\"eval\",\"split\":\"validation\",\"step\":2,\"epoch\":1,\"accuracy\":0.875,\"loss\":0.5}",
       "{\"event\":\"eval\",\"split\":\"test\",\"step\":4,\"accuracy\":0.9,\"loss\":0.25}",
@@ -738,6 +746,7 @@ TEST(Monitor, PrintsTheBannerSkippedStepsAndTheFinalReport) {
   start.layers = "  layer 0 fc:10 (10,1,1): fc\n";
   start.per_rank_batch = 8;
   start.gradient_progress = "summed on a communication thread while backward runs";
+  start.optimizer_state_bytes = start.optimizer_state_total_bytes = 62800;  // Adam's m and v
   ::testing::internal::CaptureStdout();
   m.on_start(start);
   m.on_skipped_step(2, "the loss was not finite on rank 0");
@@ -753,6 +762,7 @@ TEST(Monitor, PrintsTheBannerSkippedStepsAndTheFinalReport) {
             "batch: 8 global, 8 per rank; 2 steps per epoch, 4 steps\n"
             "gradients: 1 bucket(s) of at most 4 MB (first 1 MB), summed on a communication thread while backward "
             "runs\n"
+            "optimizer state: 0.1 MB per rank (not sharded)\n"
             "epoch 2 step 3/4 skipped: non-finite gradient (the loss was not finite on rank 0)\n"
             "test accuracy 0.9000 loss 0.2500 after 4 steps (2.00 epochs)\n"
             "1000 images/s steady, wall 1.5 s (+ evaluation 0.3 s), start-up 0.25 s, peak RSS per rank "

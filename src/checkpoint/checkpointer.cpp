@@ -291,7 +291,10 @@ std::int64_t Checkpointer::restore(float* params, Optimizer& optimizer) {
 bool Checkpointer::after_step(const StepEnd& s) {
   const bool due =
       !dir_.empty() && (s.last || s.epoch_end || (opt_.checkpoint_every > 0 && s.step % opt_.checkpoint_every == 0));
-  if (due) s.source->settle();  // every rank: `due` does not depend on the rank
+  if (due) {  // every rank: `due` does not depend on the rank
+    s.source->settle();
+    s.source->gather_state();
+  }
   if (rank0_ && due) write(s);
   std::int64_t flags[2] = {preemption_signal(), 0};
   if (rank0_) {
@@ -311,7 +314,10 @@ bool Checkpointer::after_step(const StepEnd& s) {
   if (flags[1] != 0) agree_on_errors();       // throws on every rank
   if (flags[0] == 0 || s.last) return false;  // a signal during the last step: the run is done anyway
   stop_signal_ = static_cast<int>(flags[0]);
-  if (!dir_.empty()) s.source->settle();
+  if (!dir_.empty()) {
+    s.source->settle();
+    s.source->gather_state();  // also when rank 0 wrote this step already: only rank 0 knows
+  }
   if (rank0_ && !dir_.empty() && last_written_step_ != s.step) write(s);
   agree_on_errors();
   return true;

@@ -64,12 +64,14 @@ int provided_thread_level() {
 // Every element is summed by one owner rank in ascending rank order, ((g0 + g1) + g2) + ..., so
 // the bits do not depend on bucketing, on overlap, or on Open MPI's choice of algorithm (with 3 or
 // more ranks its allreduce algorithms add the ranks' values in different orders by message size).
-// A range of n elements is cut into world-size chunks, chunk r = [n*r/W, n*(r+1)/W) owned by rank
-// r. Reduce-scatter: every rank sends its contribution to chunk p to rank p, in segments of at most
-// kSegment floats; the owner adds a segment as soon as all peers' copies of it have arrived (the
-// sum runs on data still in cache, and overlaps the transfer of the next segments) and sends the
+// A range of n elements is cut into world-size chunks, chunk r = shard_of(n, r, W) owned by rank
+// r (Note [Shards] in include/mnist_mpi/comm/communicator.hpp). Reduce-scatter: every rank sends its contribution to
+// chunk p to rank p, in segments of at most kSegment floats; the owner adds a segment as soon as all peers' copies of
+// it have arrived (the sum runs on data still in cache, and overlaps the transfer of the next segments) and sends the
 // summed segment to every peer at once (allgather). Same bytes on the wire as a ring allreduce,
-// 2 (W-1)/W of the buffer per rank, and no copy of a rank's own contribution.
+// 2 (W-1)/W of the buffer per rank, and no copy of a rank's own contribution. The sharded
+// optimiser runs the two halves apart (start_reduce_scatter_sum, start_allgather_shards): the
+// same event loop with one half's requests left out, so its sums are these bits.
 constexpr std::int64_t kSegment = 1 << 18;   // floats: 1 MiB (measured: 256 KiB-1 MiB alike, 64 KiB slower)
 constexpr std::int64_t kMaxSegments = 8192;  // per chunk; tags [0, kMaxSegments) and
 constexpr int kGatherTag = 16384;            // [kGatherTag, kGatherTag + kMaxSegments) < 32767
@@ -129,20 +131,9 @@ class MpiCommunicator final : public Communicator {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_INT64_T, MPI_MIN, comm_));
   }
 
-  CommRequest start_allreduce_sum(std::span<float> d) override {
-    std::unique_lock<std::mutex> lk(mu_);
-    std::size_t slot = 0;
-    while (slot < ops_.size() && ops_[slot].state != Op::kFree) ++slot;
-    if (slot == ops_.size()) ops_.emplace_back();  // grows to the number of buckets, in the first step
-    Op& op = ops_[slot];
-    op.data = d;
-    op.seq = next_seq_++;
-    op.state = size_ == 1 ? Op::kDone : Op::kQueued;
-    op.done_at = Clock::now();
-    lk.unlock();
-    if (threaded_) work_cv_.notify_one();
-    return CommRequest{static_cast<std::int64_t>(slot)};
-  }
+  CommRequest start_allreduce_sum(std::span<float> d) override { return start(d, Kind::kSum); }
+  CommRequest start_reduce_scatter_sum(std::span<float> d) override { return start(d, Kind::kScatter); }
+  CommRequest start_allgather_shards(std::span<float> d) override { return start(d, Kind::kGather); }
 
   bool test(CommRequest& req) override {
     std::lock_guard<std::mutex> lk(mu_);
@@ -158,7 +149,7 @@ class MpiCommunicator final : public Communicator {
       while (op.state != Op::kDone) {
         Op& next = *find_queued(run_seq_);
         lk.unlock();
-        reduce(next.data);
+        reduce(next.data, next.kind);
         lk.lock();
         next.state = Op::kDone;
         next.done_at = Clock::now();
@@ -204,12 +195,32 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // A whole sum, or one of its halves (Note [Shards]).
+  enum class Kind { kSum, kScatter, kGather };
   struct Op {
     enum State { kFree, kQueued, kDone } state = kFree;
     std::int64_t seq = 0;
     std::span<float> data;
+    Kind kind = Kind::kSum;
     Clock::time_point done_at;
   };
+
+  // Queues a sum or a half of one for the communication thread (one rank: done at once).
+  CommRequest start(std::span<float> d, Kind kind) {
+    std::unique_lock<std::mutex> lk(mu_);
+    std::size_t slot = 0;
+    while (slot < ops_.size() && ops_[slot].state != Op::kFree) ++slot;
+    if (slot == ops_.size()) ops_.emplace_back();  // grows to the number of buckets, in the first step
+    Op& op = ops_[slot];
+    op.data = d;
+    op.kind = kind;
+    op.seq = next_seq_++;
+    op.state = size_ == 1 ? Op::kDone : Op::kQueued;
+    op.done_at = Clock::now();
+    lk.unlock();
+    if (threaded_) work_cv_.notify_one();
+    return CommRequest{static_cast<std::int64_t>(slot)};
+  }
 
   Op& checked_op(const CommRequest& req) {
     MNIST_CHECK(req.active() && req.id < static_cast<std::int64_t>(ops_.size()) &&
@@ -242,7 +253,7 @@ class MpiCommunicator final : public Communicator {
       lk.unlock();
       if (worker_error_.empty()) {
         try {
-          reduce(op->data);
+          reduce(op->data, op->kind);
         } catch (const Error& e) {
           std::lock_guard<std::mutex> g(mu_);
           worker_error_ = e.what();
@@ -266,16 +277,19 @@ class MpiCommunicator final : public Communicator {
   //   [A+B, A+2B)     gather receives, the same (p, k) order: posted when that send completed,
   //                   because they land where it leaves from
   //   [A+2B, 2A+2B)   gather sends of my summed segment k to peer j: posted when k is summed
+  // A reduce-scatter (kScatter) posts only the first two groups and sums without sending; an
+  // allgather of shards (kGather) posts only the last two, at once.
   // Long on purpose (Note [Why a function is long] in docs/style.md): the event loop above is one
   // state machine over four groups of requests; its indices are shared by every branch.
-  void reduce(std::span<float> d) {
+  void reduce(std::span<float> d, Kind kind) {
     const int n = size_, me = rank_;
     if (n == 1) return;
+    const bool scatter = kind != Kind::kGather, gather = kind != Kind::kScatter;
     float* data = d.data();
     const auto count = static_cast<std::int64_t>(d.size());
-    auto lo = [&](int r) { return count * r / n; };
+    auto lo = [&](int r) { return r == n ? count : shard_of(count, r, n).begin; };  // Note [Shards]
     const std::int64_t my_lo = lo(me), my_len = lo(me + 1) - my_lo;
-    const std::int64_t max_len = (count + n - 1) / n;
+    const std::int64_t max_len = lo(n) - lo(n - 1);  // the last shard is the longest
     std::int64_t seg = kSegment;
     if ((max_len + seg - 1) / seg > kMaxSegments) seg = (max_len + kMaxSegments - 1) / kMaxSegments;
     auto segments = [&](std::int64_t len) { return static_cast<int>((len + seg - 1) / seg); };
@@ -306,14 +320,32 @@ class MpiCommunicator final : public Communicator {
       return scratch_.data() + j * static_cast<std::size_t>(my_len) + static_cast<std::size_t>(k * seg);
     };
 
-    for (std::size_t j = 0; j < peers; ++j)
-      for (int k = 0; k < my_segs; ++k)
-        MPI_CHECK(MPI_Irecv(peer_part(j, k), seg_len(my_len, k), MPI_FLOAT, peer_of(j), k, red_,
-                            &reqs_[j * static_cast<std::size_t>(my_segs) + static_cast<std::size_t>(k)]));
-    for (int i = 0; i < B; ++i) {
+    // The gather receive of (p, k), the i-th reduce-scatter send's range, lands where it left from.
+    auto post_gather_receive = [&](int i) {
       const auto [p, k] = send_peer_[static_cast<std::size_t>(i)];
-      MPI_CHECK(MPI_Isend(data + lo(p) + k * seg, seg_len(lo(p + 1) - lo(p), k), MPI_FLOAT, p, k, red_,
-                          &reqs_[static_cast<std::size_t>(A + i)]));
+      MPI_CHECK(MPI_Irecv(data + lo(p) + k * seg, seg_len(lo(p + 1) - lo(p), k), MPI_FLOAT, p, kGatherTag + k, red_,
+                          &reqs_[static_cast<std::size_t>(A + B + i)]));
+    };
+    auto post_gather_sends = [&](int k) {  // my summed segment k to every peer
+      for (std::size_t j = 0; j < peers; ++j)
+        MPI_CHECK(MPI_Isend(data + my_lo + k * seg, seg_len(my_len, k), MPI_FLOAT, peer_of(j), kGatherTag + k, red_,
+                            &reqs_[static_cast<std::size_t>(A + 2 * B) + j * static_cast<std::size_t>(my_segs) +
+                                   static_cast<std::size_t>(k)]));
+    };
+
+    if (scatter) {
+      for (std::size_t j = 0; j < peers; ++j)
+        for (int k = 0; k < my_segs; ++k)
+          MPI_CHECK(MPI_Irecv(peer_part(j, k), seg_len(my_len, k), MPI_FLOAT, peer_of(j), k, red_,
+                              &reqs_[j * static_cast<std::size_t>(my_segs) + static_cast<std::size_t>(k)]));
+      for (int i = 0; i < B; ++i) {
+        const auto [p, k] = send_peer_[static_cast<std::size_t>(i)];
+        MPI_CHECK(MPI_Isend(data + lo(p) + k * seg, seg_len(lo(p + 1) - lo(p), k), MPI_FLOAT, p, k, red_,
+                            &reqs_[static_cast<std::size_t>(A + i)]));
+      }
+    } else {  // the shards are summed already: every transfer can start now
+      for (int i = 0; i < B; ++i) post_gather_receive(i);
+      for (int k = 0; k < my_segs; ++k) post_gather_sends(k);
     }
 
     // Sums segment k of my chunk in rank order, then sends it to every peer. One pass over memory:
@@ -343,16 +375,15 @@ class MpiCommunicator final : public Communicator {
           std::memcpy(out + at, acc, static_cast<std::size_t>(m) * sizeof(float));
         }
       }
-      for (std::size_t j = 0; j < peers; ++j)
-        MPI_CHECK(MPI_Isend(out, len, MPI_FLOAT, peer_of(j), kGatherTag + k, red_,
-                            &reqs_[static_cast<std::size_t>(A + 2 * B) + j * static_cast<std::size_t>(my_segs) +
-                                   static_cast<std::size_t>(k)]));
+      if (gather) post_gather_sends(k);
     };
 
+    const std::size_t expected =
+        (scatter ? static_cast<std::size_t>(A + B) : 0) + (gather ? static_cast<std::size_t>(A + B) : 0);
     std::size_t done = 0;
     int idle = 0;
     std::chrono::microseconds nap{0};
-    while (done < total) {
+    while (done < expected) {
       int outcount = 0;
       MPI_CHECK(MPI_Testsome(static_cast<int>(total), reqs_.data(), &outcount, indices_.data(), MPI_STATUSES_IGNORE));
       MNIST_CHECK(outcount != MPI_UNDEFINED, ExitCode::kRuntime, "allreduce: no active request left before the end");
@@ -372,10 +403,8 @@ class MpiCommunicator final : public Communicator {
         if (index < A) {  // a peer's part of my segment k is in
           const int k = index % my_segs;
           if (++arrived_[static_cast<std::size_t>(k)] == n - 1) sum_and_send(k);
-        } else if (index < A + B) {  // my part of (p, k) has left: its sum may land there now
-          const auto [p, k] = send_peer_[static_cast<std::size_t>(index - A)];
-          MPI_CHECK(MPI_Irecv(data + lo(p) + k * seg, seg_len(lo(p + 1) - lo(p), k), MPI_FLOAT, p, kGatherTag + k, red_,
-                              &reqs_[static_cast<std::size_t>(index + B)]));
+        } else if (index < A + B && gather) {  // my part of (p, k) has left: its sum may land there now
+          post_gather_receive(index - A);
         }
       }
     }

@@ -139,6 +139,8 @@ class WatchedCommunicator final : public Communicator {
     in_->allreduce_min(d);
   }
   CommRequest start_allreduce_sum(std::span<float> d) override { return in_->start_allreduce_sum(d); }
+  CommRequest start_reduce_scatter_sum(std::span<float> d) override { return in_->start_reduce_scatter_sum(d); }
+  CommRequest start_allgather_shards(std::span<float> d) override { return in_->start_allgather_shards(d); }
   bool test(CommRequest& r) override { return in_->test(r); }
   void wait(CommRequest& r, std::chrono::steady_clock::time_point* completed) override {
     WatchScope s(&w_, "wait for allreduce_sum");

@@ -307,7 +307,10 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       "accumulation-steps", po::value(&o.accumulation_steps)->default_value(d.accumulation_steps),
       "micro-batches per step, summed locally and reduced once (like DDP's no_sync)")(
       "no-overlap", po::bool_switch(&o.no_overlap),
-      "one blocking sum of all gradients after backward, no overlap (for comparison)");
+      "one blocking sum of all gradients after backward, no overlap (for comparison)")(
+      "shard-optimizer", po::bool_switch(&o.shard_optimizer),
+      "each rank keeps and updates only its 1/N shard of the optimiser state (like ZeRO stage 1): gradients "
+      "reduce-scattered, updated parameters all-gathered; the same bits as without it (docs/reduction.md)");
   po::options_description ck("Checkpoints (docs/checkpoint.md)");
   ck.add_options()("checkpoint-dir", po::value(&o.checkpoint_dir),
                    "directory where rank 0 writes checkpoints (created if missing); none: no checkpoints")(

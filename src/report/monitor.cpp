@@ -125,6 +125,9 @@ void Monitor::on_start(const StartFacts& f) {
                {"global_batch", setup_.global_batch},
                {"launcher", launch_.launcher}};
     launch_.add_json_fields(event);
+    event["shard_optimizer"] = f.shard_optimizer;
+    event["optimizer_state_bytes_per_rank"] = f.optimizer_state_bytes;
+    event["optimizer_state_bytes_total"] = f.optimizer_state_total_bytes;
     metrics(event);
   }
   if (opt_.quiet) return;
@@ -155,6 +158,15 @@ void Monitor::on_start(const StartFacts& f) {
   if (opt_.cuda_graph)
     os << "step: captured as one CUDA graph at its second run and replayed (--cuda-graph); the host does not time "
           "its parts\n";
+  const auto mb = [](std::int64_t bytes) { return static_cast<double>(bytes) / 1e6; };
+  char state[160];
+  if (f.shard_optimizer)
+    std::snprintf(state, sizeof state, "optimizer state: %.1f MB per rank at most (1/%d of %.1f MB, sharded)\n",
+                  mb(f.optimizer_state_bytes), setup_.world, mb(f.optimizer_state_total_bytes));
+  else
+    std::snprintf(state, sizeof state, "optimizer state: %.1f MB per rank (not sharded)\n",
+                  mb(f.optimizer_state_bytes));
+  os << state;
   OutputFile& out = OutputFile::standard_output();
   if (out.write(os.str())) out.flush();
 }

@@ -19,7 +19,12 @@ void check_kind(const OptimizerConfig& cfg) {
 }  // namespace
 
 Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count)
-    : cfg_(cfg), count_(count), step_count_(std::make_unique<HostStepCount>(cfg)) {
+    : cfg_(cfg),
+      count_(count),
+      owned_{{0, count}},
+      owned_offset_{0},
+      state_size_(count),
+      step_count_(std::make_unique<HostStepCount>(cfg)) {
   check_kind(cfg);
   host_m_.assign(static_cast<std::size_t>(count), 0.0f);
   if (cfg.kind == "adam") host_v_.assign(static_cast<std::size_t>(count), 0.0f);
@@ -28,13 +33,30 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count)
 }
 
 Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend)
-    : cfg_(cfg), count_(count), backend_(&backend), step_count_(backend.make_step_count(cfg)) {
+    : Optimizer(cfg, count, backend, std::vector<ParamRange>{{0, count}}) {}
+
+Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend, std::vector<ParamRange> owned)
+    : cfg_(cfg),
+      count_(count),
+      owned_(std::move(owned)),
+      backend_(&backend),
+      step_count_(backend.make_step_count(cfg)) {
   check_kind(cfg);
-  buf_m_ = backend.allocate(count);  // zero-filled
-  m_ = std::span<float>(buf_m_->data(), static_cast<std::size_t>(count));
+  std::int64_t prev_end = 0;
+  for (const ParamRange& r : owned_) {  // Note [Sharded optimiser state]
+    MNIST_CHECK(prev_end <= r.begin && r.begin < r.end && r.end <= count, ExitCode::kRuntime,
+                "Optimizer: owned ranges must be non-empty, ascending, disjoint and inside the buffer");
+    owned_offset_.push_back(state_size_);
+    state_size_ += r.end - r.begin;
+    prev_end = r.end;
+  }
+  // At least one element each, so that a rank that owns nothing still has buffers to point at.
+  const std::int64_t n = std::max<std::int64_t>(state_size_, 1);
+  buf_m_ = backend.allocate(n);  // zero-filled
+  m_ = std::span<float>(buf_m_->data(), static_cast<std::size_t>(state_size_));
   if (cfg.kind == "adam") {
-    buf_v_ = backend.allocate(count);
-    v_ = std::span<float>(buf_v_->data(), static_cast<std::size_t>(count));
+    buf_v_ = backend.allocate(n);
+    v_ = std::span<float>(buf_v_->data(), static_cast<std::size_t>(state_size_));
   }
 }
 
@@ -42,10 +64,13 @@ Optimizer::~Optimizer() = default;
 
 void Optimizer::restore(const float* m, const float* v, std::int64_t steps_taken) {
   MNIST_CHECK(steps_taken >= 0, ExitCode::kCheckpoint, "optimiser state with a negative step count");
-  const auto n = static_cast<std::size_t>(count_);
-  if (backend_) {  // a copy on the CPU, an upload on a device
-    backend_->upload(std::span<const float>(m, n), m_.data());
-    if (!v_.empty()) backend_->upload(std::span<const float>(v, n), v_.data());
+  if (backend_) {  // a copy on the CPU, an upload on a device; each owned range to its packed place
+    for (std::size_t i = 0; i < owned_.size(); ++i) {
+      const auto n = static_cast<std::size_t>(owned_[i].end - owned_[i].begin);
+      const std::int64_t at = owned_offset_[i];
+      backend_->upload(std::span<const float>(m + owned_[i].begin, n), m_.data() + at);
+      if (cfg_.kind == "adam") backend_->upload(std::span<const float>(v + owned_[i].begin, n), v_.data() + at);
+    }
   } else {
     std::copy(m, m + count_, m_.begin());
     if (!v_.empty()) std::copy(v, v + count_, v_.begin());
@@ -66,11 +91,23 @@ void Optimizer::step(float* params, const float* grads, double lr) {
   update(params, grads, 0, count_);
 }
 
+std::int64_t Optimizer::state_offset(std::int64_t begin, std::int64_t end) const {
+  // The first owned range ending after begin (few ranges: one per bucket at most).
+  const auto it = std::upper_bound(owned_.begin(), owned_.end(), begin,
+                                   [](std::int64_t b, const ParamRange& r) { return b < r.end; });
+  MNIST_CHECK(it != owned_.end() && it->begin <= begin && end <= it->end, ExitCode::kRuntime,
+              "Optimizer::update: [" + std::to_string(begin) + ", " + std::to_string(end) +
+                  ") is not inside a range this optimiser owns");
+  return owned_offset_[static_cast<std::size_t>(it - owned_.begin())] + (begin - it->begin);
+}
+
 void Optimizer::update(float* params, const float* grads, std::int64_t begin, std::int64_t end) {
   MNIST_CHECK(begun_ > 0 && 0 <= begin && begin <= end && end <= count_, ExitCode::kRuntime,
               "Optimizer::update: range outside the buffer or no begin_step()");
-  float* m = m_.data() + begin;
-  float* v = v_.empty() ? nullptr : v_.data() + begin;  // sgd has no second moment
+  if (begin == end) return;
+  const std::int64_t at = state_offset(begin, end);
+  float* m = m_.data() + at;
+  float* v = v_.empty() ? nullptr : v_.data() + at;  // sgd has no second moment
   if (backend_)
     backend_->optimizer_step(cfg_, *step_count_, params + begin, grads + begin, m, v, end - begin);
   else

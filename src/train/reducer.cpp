@@ -38,13 +38,18 @@ std::vector<Bucket> plan_buckets(const ModelSpec& spec, std::int64_t cap, std::i
   return out;
 }
 
-Reducer::Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket> buckets, bool overlap)
+Reducer::Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket> buckets, bool overlap,
+                 std::span<float> sharded_params)
     : comm_(comm),
       grads_(grads),
       buckets_(std::move(buckets)),
       overlap_(overlap),
+      params_(sharded_params),
       requests_(buckets_.size()),
+      gathers_(params_.empty() ? 0 : buckets_.size()),
       timings_(buckets_.size()) {
+  MNIST_CHECK(params_.empty() || params_.size() == grads_.size(), ExitCode::kRuntime,
+              "Reducer: the sharded parameters must match the gradient buffer");
   std::int64_t expect = 0;
   for (const Bucket& b : buckets_) {
     MNIST_CHECK(b.begin == expect && b.end > b.begin, ExitCode::kRuntime, "buckets must tile the gradient buffer");
@@ -62,12 +67,15 @@ Reducer::Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket>
 // DDP's rule too; the flat buffer in reverse layer order makes index order the order gradients are
 // produced, so nothing waits for a later-ready bucket.
 void Reducer::on_layer_done(int layer) {
-  if (!overlap_) return;
+  if (overlap_) start_ready(layer);
+}
+
+void Reducer::start_ready(int layer) {
   while (next_ < buckets_.size() && buckets_[next_].ready_after_layer >= layer) {
     const Bucket& b = buckets_[next_];
     timings_[next_].start = std::chrono::steady_clock::now();
-    requests_[next_] = comm_.start_allreduce_sum(
-        grads_.subspan(static_cast<std::size_t>(b.begin), static_cast<std::size_t>(b.end - b.begin)));
+    const auto range = grads_.subspan(static_cast<std::size_t>(b.begin), static_cast<std::size_t>(b.end - b.begin));
+    requests_[next_] = sharded() ? comm_.start_reduce_scatter_sum(range) : comm_.start_allreduce_sum(range);
     ++next_;
   }
 }
@@ -75,7 +83,10 @@ void Reducer::on_layer_done(int layer) {
 double Reducer::start_remaining() {
   const auto t0 = std::chrono::steady_clock::now();
   if (overlap_) {
-    on_layer_done(-1);  // anything not yet started
+    start_ready(-1);       // anything not yet started
+  } else if (sharded()) {  // every bucket's shard, blocking: the shards are per bucket
+    start_ready(-1);
+    for (std::size_t k = buckets_.size(); k-- > 0;) comm_.wait(requests_[k], &timings_[k].end);
   } else {
     comm_.allreduce_sum(grads_);
     const auto t1 = std::chrono::steady_clock::now();
@@ -92,6 +103,38 @@ double Reducer::wait_bucket(std::size_t k) {
   watch_set_bucket(static_cast<std::int64_t>(k));  // named by the collective watchdog (issue 8)
   comm_.wait(requests_[k], &timings_[k].end);
   watch_set_bucket(-1);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+ParamRange Reducer::shard(std::size_t k, int rank) const {
+  const Bucket& b = buckets_.at(k);
+  if (!sharded()) return {b.begin, b.end};
+  const Shard s = shard_of(b.end - b.begin, rank, comm_.size());  // Note [Shards]
+  return {b.begin + s.begin, b.begin + s.end};
+}
+
+std::vector<ParamRange> Reducer::owned() const {
+  std::vector<ParamRange> out;
+  for (std::size_t k = 0; k < buckets_.size(); ++k)
+    if (const ParamRange r = shard(k); r.end > r.begin) out.push_back(r);
+  return out;
+}
+
+// Gathers go to the communicator after the sums started before them and complete in start order
+// with them; every rank starts them in bucket order after the same sums, so the order of the
+// collectives is the same on every rank (Note [Buckets start in index order]).
+void Reducer::start_gather(std::size_t k) {
+  MNIST_CHECK(sharded() && k < buckets_.size() && !gathers_[k].active(), ExitCode::kRuntime,
+              "start_gather: not sharded, no bucket " + std::to_string(k) + " or already started");
+  const Bucket& b = buckets_[k];
+  gathers_[k] = comm_.start_allgather_shards(
+      params_.subspan(static_cast<std::size_t>(b.begin), static_cast<std::size_t>(b.end - b.begin)));
+}
+
+double Reducer::wait_gathers() {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t k = gathers_.size(); k-- > 0;)  // in start order they complete: the last first
+    if (gathers_[k].active()) comm_.wait(gathers_[k]);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -129,20 +129,29 @@ void Step::body(std::int64_t step, double lr, bool poison, StepTiming& timing) {
 // (Note [Non-finite steps]). With check_all_first (--skip-nonfinite-steps) every bucket is waited
 // for and checked before the first is applied, so that a skipped step changes nothing; without
 // it a bucket the guard refuses stops the updates there, and the run stops after the step.
+// Sharded (Note [Sharded optimiser state] in include/mnist_mpi/train/optimizer.hpp): a bucket's
+// sum is this rank's shard of it, which is all the rank checks and updates; the guard's verdicts
+// are then agreed on, and every bucket's parameters are gathered, updated or not, so that every
+// rank starts the same collectives in the same order.
 void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, StepTiming& t) {
   Reducer& reducer = *p_.reducer;
   const std::vector<Bucket>& buckets = reducer.buckets();
+  const bool sharded = reducer.sharded();
   const auto ok = [&](std::size_t k) {
-    return p_.guard->bucket_ok(p_.grads->data() + buckets[k].begin, buckets[k].end - buckets[k].begin);
+    const ParamRange mine = reducer.shard(k);
+    return p_.guard->bucket_ok(p_.grads->data() + mine.begin, mine.end - mine.begin);
   };
   t.exposed_comm = reducer.start_remaining();
   bool finite = true;
   std::size_t waited = 0;  // buckets whose sums are in
-  if (shape_.check_all_first)
+  if (shape_.check_all_first) {
     for (; waited < buckets.size(); ++waited) {
       t.exposed_comm += reducer.wait_bucket(waited);
       finite = finite && ok(waited);
     }
+    if (sharded) finite = p_.guard->agree(reducer.communicator()) && finite;
+  }
+  std::size_t gathered = 0;  // sharded: buckets whose gathers have started
   if (finite) {
     p_.optimizer->begin_step(lr);
     auto waited_from = backward_end;  // for the timeline: when the wait for bucket k began
@@ -156,14 +165,22 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
         }
       }
       const auto o0 = Clock::now();
-      p_.optimizer->update(p_.params->data(), p_.grads->data(), buckets[k].begin, buckets[k].end);
+      const ParamRange mine = reducer.shard(k);
+      p_.optimizer->update(p_.params->data(), p_.grads->data(), mine.begin, mine.end);
       const auto o1 = Clock::now();
       t.optimizer += seconds(o1 - o0);
+      if (sharded) reducer.start_gather(gathered++);
       if (p_.timeline) p_.timeline->bucket_updated(step, k, waited_from, o0, o1);
       waited_from = o1;
     }
   }
   for (; waited < buckets.size(); ++waited) t.exposed_comm += reducer.wait_bucket(waited);  // none left in flight
+  if (!sharded) return;
+  for (; gathered < buckets.size(); ++gathered) reducer.start_gather(gathered);  // not updated: the same bits
+  // The gathers first: on the CPU the caller then sleeps in wait() while the communication thread
+  // has the core, where a blocking collective beside it would spin against it.
+  t.exposed_comm += reducer.wait_gathers();
+  if (!shape_.check_all_first) p_.guard->agree(reducer.communicator());
 }
 
 }  // namespace mnist_mpi

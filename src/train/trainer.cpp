@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <thread>
 
@@ -140,22 +141,29 @@ void Trainer::make_training_state() {
   init_params(spec_, wi, bi, opt_.seed, params_copy_->host(0));
   params_copy_->to_backend();
   train_model_ = std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, params_->data(), grads_->data());
-  optimizer_ = std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_);
   const auto mb_to_elems = [](double mb) {
     return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * 1048576.0 / sizeof(float)));
   };
+  const auto flat = [&](Buffer& b) { return std::span<float>(b.data(), static_cast<std::size_t>(spec_.param_count)); };
   reducer_ = std::make_unique<Reducer>(
-      *grad_comm_, std::span<float>(grads_->data(), static_cast<std::size_t>(spec_.param_count)),
-      plan_buckets(spec_, mb_to_elems(opt_.bucket_mb), mb_to_elems(opt_.first_bucket_mb)), !opt_.no_overlap);
+      *grad_comm_, flat(*grads_), plan_buckets(spec_, mb_to_elems(opt_.bucket_mb), mb_to_elems(opt_.first_bucket_mb)),
+      !opt_.no_overlap, opt_.shard_optimizer ? flat(*params_) : std::span<float>());
+  // Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp)
+  optimizer_ = opt_.shard_optimizer
+                   ? std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_, reducer_->owned())
+                   : std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_);
   train_data_ = backend_->make_data_source(data_.train, static_cast<int>(batch_));
   train_loss_ = backend_->make_loss_meter();
   guard_ = backend_->make_step_guard(!opt_.skip_nonfinite_steps);
   checkpointer_ = std::make_unique<Checkpointer>(
       opt_, comm_, CheckpointRun{&spec_, global_batch_, data_.train.count, steps_per_epoch_, total_steps_});
-  // The state a checkpoint saves (Note [Host copies]): brought to host memory only when one is written.
-  std::vector<float*> state{params_->data(), optimizer_->first_moment().data()};
-  if (!optimizer_->second_moment().empty()) state.push_back(optimizer_->second_moment().data());
-  state_copy_ = backend_->make_host_copy(std::move(state), spec_.param_count);
+  // The state a checkpoint saves (Note [Host copies]): brought to host memory only when one is
+  // written. Sharded, only this rank's moments (gather_state() collects them on rank 0); the
+  // parameters are params_copy_'s.
+  std::vector<float*> state{optimizer_->first_moment().data()};
+  if (!opt_.shard_optimizer) state.insert(state.begin(), params_->data());
+  if (opt_.optimizer.kind == "adam") state.push_back(optimizer_->second_moment().data());
+  state_copy_ = backend_->make_host_copy(std::move(state), optimizer_->state_size());
 }
 
 // Rank 0: the evaluation model (sharing the parameters) and the splits it reads.
@@ -170,23 +178,37 @@ void Trainer::make_evaluation() {
 
 // What the banner says (Monitor::on_start).
 StartFacts Trainer::start_facts(int threads, const GpuProbe& gpus) const {
-  return StartFacts{.device_note = device_.note,
-                    .backend = backend_->name(),
-                    .threads = threads,
-                    .cuda = device_.cuda,
-                    .shared_gpus = shared_gpus_,
-                    .gpu = device_.gpu,
-                    .gpus = gpus.count,
-                    .gpu_description = device_.cuda ? describe_gpu(device_.gpu) : std::string(),
-                    .launch = launch_,
-                    .train_images = data_.train.count,
-                    .validation_images = data_.validation.count,
-                    .test_images = data_.test.count,
-                    .model = spec_.text,
-                    .params = spec_.param_count,
-                    .layers = train_model_->describe(),
-                    .per_rank_batch = batch_,
-                    .gradient_progress = grad_comm_->progress_mode()};
+  const std::int64_t moments = opt_.optimizer.kind == "adam" ? 2 : 1;
+  std::int64_t largest_state = 0;  // elements of one moment on the rank that holds the most
+  for (int r = 0; r < comm_.size(); ++r) {
+    std::int64_t n = 0;
+    for (std::size_t k = 0; k < reducer_->buckets().size(); ++k) {
+      const ParamRange s = reducer_->shard(k, r);
+      n += s.end - s.begin;
+    }
+    largest_state = std::max(largest_state, n);
+  }
+  return StartFacts{
+      .device_note = device_.note,
+      .backend = backend_->name(),
+      .threads = threads,
+      .cuda = device_.cuda,
+      .shared_gpus = shared_gpus_,
+      .gpu = device_.gpu,
+      .gpus = gpus.count,
+      .gpu_description = device_.cuda ? describe_gpu(device_.gpu) : std::string(),
+      .launch = launch_,
+      .train_images = data_.train.count,
+      .validation_images = data_.validation.count,
+      .test_images = data_.test.count,
+      .model = spec_.text,
+      .params = spec_.param_count,
+      .layers = train_model_->describe(),
+      .per_rank_batch = batch_,
+      .gradient_progress = grad_comm_->progress_mode(),
+      .optimizer_state_bytes = largest_state * moments * static_cast<std::int64_t>(sizeof(float)),
+      .optimizer_state_total_bytes = spec_.param_count * moments * static_cast<std::int64_t>(sizeof(float)),
+      .shard_optimizer = opt_.shard_optimizer};
 }
 
 std::string Trainer::job_description() const {
@@ -208,9 +230,37 @@ std::vector<float> Trainer::params_to_host() {
 }
 
 TrainingState Trainer::state() {
+  const bool adam = opt_.optimizer.kind == "adam";
+  if (opt_.shard_optimizer)  // the moments gather_state() collected
+    return {host_params(), full_moments_[0].data(), adam ? full_moments_[1].data() : nullptr, optimizer_.get()};
   state_copy_->to_host();
-  return {state_copy_->host(0), state_copy_->host(1),
-          optimizer_->second_moment().empty() ? nullptr : state_copy_->host(2), optimizer_.get()};
+  return {state_copy_->host(0), state_copy_->host(1), adam ? state_copy_->host(2) : nullptr, optimizer_.get()};
+}
+
+// Sharded (Note [Sharded optimiser state]): every rank's moments go to rank 0, which puts each
+// rank's ranges where they belong in full-size buffers, the checkpoint's layout. One moment at a
+// time, through one byte buffer that is kept for the next checkpoint.
+void Trainer::gather_state() {
+  if (!opt_.shard_optimizer) return;
+  state_copy_->to_host();
+  const std::size_t moments = opt_.optimizer.kind == "adam" ? 2 : 1;
+  const std::size_t mine = static_cast<std::size_t>(optimizer_->state_size()) * sizeof(float);
+  for (std::size_t i = 0; i < moments; ++i) {
+    comm_.gather(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(state_copy_->host(i)), mine),
+                 gathered_, gathered_counts_, 0);
+    if (!rank0_) continue;
+    full_moments_[i].resize(static_cast<std::size_t>(spec_.param_count));
+    const std::uint8_t* from = gathered_.data();
+    for (int r = 0; r < comm_.size(); ++r)
+      for (std::size_t k = 0; k < reducer_->buckets().size(); ++k) {
+        const ParamRange s = reducer_->shard(k, r);
+        const auto bytes = static_cast<std::size_t>(s.end - s.begin) * sizeof(float);
+        std::memcpy(full_moments_[i].data() + s.begin, from, bytes);
+        from += bytes;
+      }
+    MNIST_CHECK(from == gathered_.data() + gathered_.size(), ExitCode::kRuntime,
+                "gathered optimiser state does not match the ranks' shards");
+  }
 }
 
 EvalResult Trainer::evaluate(const Split& split) {

@@ -121,6 +121,13 @@ class DataSource {
 //   is never cleared, so nothing is updated after a non-finite step until the host stops the run.
 // With --skip-nonfinite-steps the step waits for and checks every bucket before it applies the
 // first, so that a skipped step changes nothing on either kind of backend.
+// With --shard-optimizer a rank receives, and checks, only its shard of each bucket's sum, so the
+// ranks' verdicts may differ; agree() makes them one: kNonfiniteGradient becomes the OR over every
+// rank, by one collective of the gradient communicator. The step calls it after the last bucket
+// is checked (with --skip-nonfinite-steps before the first is applied). Before it, a rank that
+// refused a shard leaves that shard's parameters alone while the others update theirs; the
+// allgather still gives every rank the same bits, so the replicas stay identical, and the run
+// stops after the step on every rank alike.
 class StepGuard {
  public:
   static constexpr int kNonfiniteGradient = 1, kNonfiniteLoss = 2;
@@ -129,8 +136,13 @@ class StepGuard {
   // After each micro-batch's loss went into `meter` and its gradient into dlogits (poison: the
   // testing hook marks this rank's loss as non-finite, last micro-batch only).
   virtual void after_loss(LossMeter& meter, float* dlogits, bool poison) = 0;
-  // Whether the reduced gradient grads[0, n) of one bucket may be applied.
+  // Whether the reduced gradient grads[0, n) of one bucket (or of this rank's shard of it) may be
+  // applied.
   virtual bool bucket_ok(const float* grads, std::int64_t n) = 0;
+  // Collective on comm (the gradient communicator): the step's kNonfiniteGradient, ORed over
+  // every rank. Returns whether the step may be applied (a device answers true: its passes read
+  // the flag).
+  virtual bool agree(Communicator& comm) = 0;
   virtual void end_step(std::int64_t step) = 0;
   // kNonfinite* bits of step `step` (0: finite); asked once per step, in order, at most lag() + 1
   // steps after its end (a device keeps a few verdicts in flight, not all).

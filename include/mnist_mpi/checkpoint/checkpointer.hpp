@@ -45,6 +45,9 @@ class CheckpointSource {
   // signal): learns the non-finite verdicts still pending (Note [Non-finite steps]) and throws
   // when the run must stop instead, so that no checkpoint follows a bad step.
   virtual void settle() = 0;
+  // EVERY rank, after settle() when rank 0 may write: the collective part of bringing the state
+  // to rank 0 (the sharded optimiser's moments, Note [Sharded optimiser state]); nothing unsharded.
+  virtual void gather_state() = 0;
   // Rank 0, just before the state is copied: the state in host memory, brought there now (on a
   // device a copy; Note [Host copies]), never on other steps.
   virtual TrainingState state() = 0;

@@ -20,6 +20,23 @@ struct CommRequest {
   bool active() const { return id >= 0; }
 };
 
+// Note [Shards]
+// A reduce-scatter leaves rank r with the sums of its shard of the range, and an allgather of
+// shards gives every rank every shard: the two halves of an allreduce, which the sharded optimiser
+// (--shard-optimizer, docs/reduction.md) runs with its update in between. A range of n elements on
+// W ranks is cut into W contiguous shards of q = n / W elements, rank r's starting at r * q, and
+// the last rank also takes the n mod W (< W) elements left over: [(W-1) q, n). Not the sampler's
+// "first n mod W one longer" (Note [Uneven slices]): NCCL's ReduceScatter and AllGather move equal
+// pieces only, and with the remainder at the end the equal pieces are one in-place collective on
+// [0, W q) and the remainder a reduce to, and broadcast from, the last rank. The MPI communicator
+// cuts every sum (allreduces too) the same way; which rank adds an element changes no bit of it
+// (Note [Sums in rank order]).
+struct Shard {
+  std::int64_t begin = 0, end = 0;  // elements of the range
+  std::int64_t size() const { return end - begin; }
+};
+Shard shard_of(std::int64_t count, int rank, int world);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -61,6 +78,13 @@ class Communicator {
   // Starts an in-place sum (as allreduce_sum); data must stay valid and untouched until wait()
   // returns. Sums complete in the order they were started.
   virtual CommRequest start_allreduce_sum(std::span<float> data) = 0;
+  // The halves of a sum (Note [Shards]), started like start_allreduce_sum and completing in start
+  // order with the sums. After a reduce-scatter this rank's shard shard_of(data.size(), rank(),
+  // size()) holds exactly the bits allreduce_sum would leave there; the rest of data is undefined
+  // (an implementation may sum it too). After an allgather of shards every rank holds every rank's
+  // shard, bit for bit.
+  virtual CommRequest start_reduce_scatter_sum(std::span<float> data) = 0;
+  virtual CommRequest start_allgather_shards(std::span<float> data) = 0;
   // Without blocking: true once the request has completed (then call wait()).
   virtual bool test(CommRequest& request) = 0;
   // Blocks until the request has completed and frees it. completed (optional) receives the time

@@ -38,6 +38,7 @@ struct Options {
   double bucket_mb = 4.0;
   double first_bucket_mb = 1.0;
   bool no_overlap = false;
+  bool shard_optimizer = false;  // ZeRO stage 1: each rank keeps and updates 1/N of the optimiser state
   std::int64_t accumulation_steps = 1;
   // checkpoints (docs/checkpoint.md)
   std::string checkpoint_dir;         // empty: no checkpoints

@@ -18,12 +18,31 @@ class Backend;
 class Buffer;
 class StepCount;
 
+// A range of the flat parameter buffer, [begin, end) in elements.
+struct ParamRange {
+  std::int64_t begin = 0, end = 0;
+};
+
+// Note [Sharded optimiser state]
+// With --shard-optimizer each rank updates only its shard of every bucket (Note [Shards] in
+// include/mnist_mpi/comm/communicator.hpp) and holds the moments of those elements alone: the
+// optimiser is given the ranges it owns, in flat order, and its m and v are those ranges packed
+// one after another (state_size() elements, about count / world). update() takes flat offsets
+// and finds the state of its range; the arithmetic per element is the unsharded one, so the
+// updated parameters are the same bits. The step count is not sharded: every rank counts every
+// step. Checkpoints hold full-size moments (docs/checkpoint.md): the trainer gathers the ranges
+// of every rank to rank 0 (owned() tells where each packed element belongs), and restore() takes
+// full-size moments and keeps its own ranges, so a checkpoint resumes sharded or not, on any
+// number of ranks.
 class Optimizer {
  public:
   // State in host memory, the pass on the host.
   Optimizer(const OptimizerConfig& cfg, std::int64_t count);
   // State allocated by the backend (device memory on a GPU), the pass run by it.
   Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend);
+  // The same for the ranges `owned` alone (Note [Sharded optimiser state]): ascending, disjoint,
+  // non-empty ranges; none at all when this rank owns no element.
+  Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend, std::vector<ParamRange> owned);
   ~Optimizer();
   // params -= update(grads); count elements; lr for this step. params and grads in the memory of
   // the backend given at construction (host memory without one). The same as begin_step(lr)
@@ -32,21 +51,33 @@ class Optimizer {
   void step(float* params, const float* grads, double lr);
   // Counts the step (on a device: unless the guard refused it, Note [The optimiser's step count]).
   void begin_step(double lr);
+  // [begin, end) must lie inside one owned range.
   void update(float* params, const float* grads, std::int64_t begin, std::int64_t end);
   std::int64_t steps_taken() const;  // a synchronisation on a device
   // State, for checkpoints: the moment buffers (sgd: momentum only, second empty), in the
-  // backend's memory (copy through Backend::download on a GPU), and the step count.
+  // backend's memory (copy through Backend::download on a GPU), and the step count. Each holds
+  // state_size() elements: the owned ranges, packed.
   std::span<float> first_moment() { return m_; }
   std::span<float> second_moment() { return v_; }
   const OptimizerConfig& config() const { return cfg_; }
   std::int64_t count() const { return count_; }
-  // Puts back a checkpoint's state from host memory: m and v of count() elements (v ignored for
-  // sgd), uploaded when the state lives on a device; and the step count.
+  std::int64_t state_size() const { return state_size_; }
+  const std::vector<ParamRange>& owned() const { return owned_; }
+  bool sharded() const { return state_size_ != count_; }
+  // Puts back a checkpoint's state from host memory: m and v of count() elements, in flat order
+  // (v ignored for sgd), of which this optimiser keeps its owned ranges (uploaded when the state
+  // lives on a device); and the step count.
   void restore(const float* m, const float* v, std::int64_t steps_taken);
 
  private:
+  // The state offset of update()'s range: where its owned range's moments start.
+  std::int64_t state_offset(std::int64_t begin, std::int64_t end) const;
+
   OptimizerConfig cfg_;
   std::int64_t count_;
+  std::vector<ParamRange> owned_;           // ascending; [0, count) unsharded
+  std::vector<std::int64_t> owned_offset_;  // (owned_.size()): where each range's state starts
+  std::int64_t state_size_ = 0;             // the sum of the owned ranges' sizes
   std::int64_t begun_ = 0;  // begin_step calls since construction or restore (a check of update's caller)
   Backend* backend_ = nullptr;
   std::unique_ptr<StepCount> step_count_;

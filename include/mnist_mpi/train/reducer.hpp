@@ -11,6 +11,7 @@
 
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/model/spec.hpp"
+#include "mnist_mpi/train/optimizer.hpp"  // ParamRange
 
 namespace mnist_mpi {
 
@@ -31,7 +32,13 @@ struct BucketTiming {
 class Reducer {
  public:
   // overlap=false: one blocking sum of the whole buffer after backward (--no-overlap).
-  Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket> buckets, bool overlap);
+  // sharded_params (--shard-optimizer; Note [Sharded optimiser state] in
+  // include/mnist_mpi/train/optimizer.hpp): the flat parameters. Then each bucket is
+  // reduce-scattered instead of summed, so that only this rank's shard of it (shard()) holds the
+  // summed gradient, and start_gather() hands the updated shards of a bucket's parameters to every
+  // rank. --no-overlap then reduce-scatters every bucket, blocking, after backward.
+  Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket> buckets, bool overlap,
+          std::span<float> sharded_params = {});
 
   // Call after backward finished `layer` (layers come in descending order): starts every bucket
   // whose gradients are now final, in index order.
@@ -45,15 +52,34 @@ class Reducer {
   // start_remaining() and wait_bucket() for every bucket; returns the seconds spent waiting.
   double finish();
 
+  bool sharded() const { return !params_.empty(); }
+  // The part of bucket k whose sum this rank receives and whose parameters it updates (flat
+  // offsets; may be empty): all of it unsharded, its shard (Note [Shards]) sharded.
+  ParamRange shard(std::size_t k) const { return shard(k, comm_.rank()); }
+  ParamRange shard(std::size_t k, int rank) const;  // rank's part of bucket k
+  // Every bucket's non-empty shard, in order: the optimiser's owned ranges.
+  std::vector<ParamRange> owned() const;
+  // Sharded: starts the allgather of bucket k's parameters (this rank's shard updated). Each
+  // bucket once per step, in index order, after its wait_bucket().
+  void start_gather(std::size_t k);
+  // Sharded: waits for every started gather; returns the seconds spent waiting. After it every
+  // rank holds every updated parameter.
+  double wait_gathers();
+
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  Communicator& communicator() const { return comm_; }
   const std::vector<BucketTiming>& bucket_timings() const { return timings_; }
 
  private:
+  void start_ready(int layer);  // starts every bucket final after `layer`, in index order
+
   Communicator& comm_;
   std::span<float> grads_;
   std::vector<Bucket> buckets_;
   bool overlap_;
+  std::span<float> params_;            // sharded: the parameters to gather; empty otherwise
   std::vector<CommRequest> requests_;  // one per bucket, made once
+  std::vector<CommRequest> gathers_;   // sharded: one per bucket
   std::vector<BucketTiming> timings_;  // one per bucket, made once
   std::size_t next_ = 0;               // the next bucket to start
 };

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/comm/communicator.hpp"  // StepGuard::agree
 #include "mnist_mpi/resilience/finite.hpp"  // all_finite
 #include "mnist_mpi/train/optimizer.hpp"    // optimizer_pass_host
 #include "src/backend/cpu/kernels.hpp"
@@ -127,6 +128,12 @@ class HostStepGuard final : public StepGuard {
     const bool ok = all_finite(grads, n);
     gradient_bad_ = gradient_bad_ || !ok;
     return ok;
+  }
+  bool agree(Communicator& comm) override {
+    std::int64_t bad = gradient_bad_ ? 1 : 0;
+    comm.allreduce_max(std::span<std::int64_t>(&bad, 1));
+    gradient_bad_ = bad != 0;
+    return !gradient_bad_;
   }
   void end_step(std::int64_t step) override {
     step_ = step;

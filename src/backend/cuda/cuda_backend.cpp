@@ -152,6 +152,7 @@ class CudaBackend final : public Backend {
     cublas_workspace_ = DeviceArray<std::uint8_t>(kCublasWorkspace);
     CUBLAS_CHECK(cublasSetWorkspace(c_.cublas, cublas_workspace_.get(), kCublasWorkspace));
     guard_ = DeviceArray<int>(1);
+    agreement_ = DeviceArray<float>(1);
     CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&verdicts_), kVerdictSlots * sizeof(int)));
     for (cudaEvent_t& e : verdict_copied_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     step_args_ = DeviceArray<DeviceStepArgs>(1);
@@ -260,6 +261,14 @@ class CudaBackend final : public Backend {
     bool bucket_ok(const float* grads, std::int64_t n) override {
       launch_finite_check(b_.c_.stream, grads, n, b_.guard_.get());
       return true;  // the optimiser pass reads the flag itself
+    }
+    // The flag as a float (NaN when kNonfiniteGradient), summed over the ranks on the device in
+    // stream order, and checked back into the flag: no host synchronisation.
+    bool agree(Communicator& comm) override {
+      launch_flag_to_float(b_.c_.stream, b_.guard_.get(), b_.agreement_.get());
+      comm.allreduce_sum(std::span<float>(b_.agreement_.get(), 1));
+      launch_finite_check(b_.c_.stream, b_.agreement_.get(), 1, b_.guard_.get());
+      return true;
     }
     void end_step(std::int64_t step) override {
       const int slot = static_cast<int>(step % kVerdictSlots);
@@ -370,6 +379,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t args_copied_[kVerdictSlots] = {};  // recorded after each slot's copy
   bool args_used_[kVerdictSlots] = {};
   DeviceArray<int> guard_;                          // the step's kNonfinite* bits, on the device
+  DeviceArray<float> agreement_;                    // Guard::agree's cell
   int* verdicts_ = nullptr;                         // (kVerdictSlots), pinned: the flag after step s in slot s % 4
   cudaEvent_t verdict_copied_[kVerdictSlots] = {};  // recorded after each slot's copy
 };

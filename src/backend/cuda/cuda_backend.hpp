@@ -127,6 +127,8 @@ void launch_softmax_xent(cudaStream_t s, const float* logits, const std::int32_t
                          float* dlogits, float grad_scale, double* sums, int* guard);
 // *guard |= kNonfiniteGradient when any of g[0, n) is NaN or inf.
 void launch_finite_check(cudaStream_t s, const float* g, std::int64_t n, int* guard);
+// *cell = NaN when *guard holds kNonfiniteGradient, else 0 (StepGuard::agree sums the cells).
+void launch_flag_to_float(cudaStream_t s, const int* guard, float* cell);
 // dlogits[0] = NaN and *guard |= kNonfiniteLoss (the testing hook of MNIST_MPI_FAULT=...:nan).
 void launch_poison(cudaStream_t s, float* dlogits, int* guard);
 // db[c] = sum over n and the plane of dy (N, C, plane), in a fixed order (deterministic).

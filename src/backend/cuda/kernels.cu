@@ -83,6 +83,10 @@ __global__ void finite_check_kernel(const float* __restrict__ g, std::int64_t n,
   if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(guard, StepGuard::kNonfiniteGradient);
 }
 
+__global__ void flag_to_float_kernel(const int* __restrict__ guard, float* __restrict__ cell) {
+  *cell = (*guard & StepGuard::kNonfiniteGradient) ? CUDART_NAN_F : 0.0f;
+}
+
 __global__ void poison_kernel(float* __restrict__ dlogits, int* __restrict__ guard) {
   dlogits[0] = CUDART_NAN_F;
   atomicOr(guard, StepGuard::kNonfiniteLoss);
@@ -235,6 +239,11 @@ void launch_finite_check(cudaStream_t s, const float* g, std::int64_t n, int* gu
   if (n <= 0) return;
   finite_check_kernel<<<blocks_for(n), kThreads, 0, s>>>(g, n, guard);
   CUDA_CHECK_LAUNCH(finite_check_kernel);
+}
+
+void launch_flag_to_float(cudaStream_t s, const int* guard, float* cell) {
+  flag_to_float_kernel<<<1, 1, 0, s>>>(guard, cell);
+  CUDA_CHECK_LAUNCH(flag_to_float_kernel);
 }
 
 void launch_poison(cudaStream_t s, float* dlogits, int* guard) {

@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <utility>
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
@@ -107,22 +108,38 @@ class NcclCommunicator final : public HostForwarding {
   }
 
   CommRequest start_allreduce_sum(std::span<float> d) override {
-    connected();
-    std::size_t slot = 0;
-    while (slot < slots_.size() && slots_[slot].busy) ++slot;
-    if (slot == slots_.size()) {  // grows to the number of buckets, in the first step
-      Slot s;
-      CUDA_CHECK(cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming));
-      CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
-      slots_.push_back(s);
-    }
-    Slot& s = slots_[slot];
-    CUDA_CHECK(cudaEventRecord(s.ready, compute_));
-    CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, s.ready, 0));
-    NCCL_CHECK(ncclAllReduce(d.data(), d.data(), d.size(), ncclFloat, ncclSum, comm_, comm_stream_));
-    CUDA_CHECK(cudaEventRecord(s.done, comm_stream_));
-    s.busy = true;
-    return CommRequest{static_cast<std::int64_t>(slot)};
+    return start(
+        [&] { NCCL_CHECK(ncclAllReduce(d.data(), d.data(), d.size(), ncclFloat, ncclSum, comm_, comm_stream_)); });
+  }
+
+  // Note [Shards] (include/mnist_mpi/comm/communicator.hpp): the equal pieces [0, W q) in one
+  // in-place ReduceScatter / AllGather (rank r's piece at r * q, where NCCL's in-place forms put
+  // it), the remainder reduced to and broadcast from the last rank, in one NCCL group each.
+  CommRequest start_reduce_scatter_sum(std::span<float> d) override {
+    return start([&] {
+      const auto [q, tail] = pieces(d);
+      NCCL_CHECK(ncclGroupStart());
+      if (q > 0)
+        NCCL_CHECK(ncclReduceScatter(d.data(), d.data() + static_cast<std::size_t>(host_.rank()) * q, q, ncclFloat,
+                                     ncclSum, comm_, comm_stream_));
+      if (tail > 0)
+        NCCL_CHECK(ncclReduce(d.data() + (d.size() - tail), d.data() + (d.size() - tail), tail, ncclFloat, ncclSum,
+                              host_.size() - 1, comm_, comm_stream_));
+      NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+  CommRequest start_allgather_shards(std::span<float> d) override {
+    return start([&] {
+      const auto [q, tail] = pieces(d);
+      NCCL_CHECK(ncclGroupStart());
+      if (q > 0)
+        NCCL_CHECK(ncclAllGather(d.data() + static_cast<std::size_t>(host_.rank()) * q, d.data(), q, ncclFloat, comm_,
+                                 comm_stream_));
+      if (tail > 0)
+        NCCL_CHECK(ncclBroadcast(d.data() + (d.size() - tail), d.data() + (d.size() - tail), tail, ncclFloat,
+                                 host_.size() - 1, comm_, comm_stream_));
+      NCCL_CHECK(ncclGroupEnd());
+    });
   }
 
   bool test(CommRequest& req) override {
@@ -156,6 +173,33 @@ class NcclCommunicator final : public HostForwarding {
     cudaEvent_t ready = nullptr, done = nullptr;
     bool busy = false;
   };
+
+  // Note [Buckets on the communication stream]: queue() puts the collective on the communication
+  // stream, after the compute stream's work so far; the request's `done` event follows it.
+  template <class Queue>
+  CommRequest start(Queue queue) {
+    connected();
+    std::size_t slot = 0;
+    while (slot < slots_.size() && slots_[slot].busy) ++slot;
+    if (slot == slots_.size()) {  // grows to the number of buckets, in the first step
+      Slot s;
+      CUDA_CHECK(cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+      slots_.push_back(s);
+    }
+    Slot& s = slots_[slot];
+    CUDA_CHECK(cudaEventRecord(s.ready, compute_));
+    CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, s.ready, 0));
+    queue();
+    CUDA_CHECK(cudaEventRecord(s.done, comm_stream_));
+    s.busy = true;
+    return CommRequest{static_cast<std::int64_t>(slot)};
+  }
+  // The equal piece per rank and the remainder (Note [Shards]).
+  std::pair<std::size_t, std::size_t> pieces(std::span<float> d) const {
+    const auto w = static_cast<std::size_t>(host_.size());
+    return {d.size() / w, d.size() % w};
+  }
 
   void connected() const { MNIST_CHECK(comm_ != nullptr, ExitCode::kRuntime, "NCCL collective before connect()"); }
   Slot& checked(const CommRequest& req) {
@@ -209,6 +253,15 @@ class StagedCommunicator final : public HostForwarding {
   }
   CommRequest start_allreduce_sum(std::span<float> d) override {
     allreduce_sum(d);  // done at once: the request only records that
+    return CommRequest{0};
+  }
+  // A reduce-scatter is the whole sum (more than it must do); the allgather stages like the sum.
+  CommRequest start_reduce_scatter_sum(std::span<float> d) override { return start_allreduce_sum(d); }
+  CommRequest start_allgather_shards(std::span<float> d) override {
+    std::span<float> h = stage(d);
+    CommRequest r = host_.start_allgather_shards(h);
+    host_.wait(r, nullptr);
+    backend_.upload(h, d.data());
     return CommRequest{0};
   }
   bool test(CommRequest&) override { return true; }
