@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -332,60 +330,6 @@ TEST(BlockedLayouts, MaxPool) {
     check_layer("maxpool:2,fc:10", {32, 4, 4}, 10, 2, 87, 0.0, 0.0, b, Layout::kPlain);  // before flatten
     check_layer("maxpool:3:2,fc:10", {16, 7, 7}, 10, 1, 88, 0.0, 0.0, b, b);             // overlapping
     check_layer("maxpool:2,fc:10", {16, 7, 7}, 10, 3, 92, 0.0, 0.0, b, b, 2);            // samples on 2 threads
-    // Windows that tile the input: backward finds the maximum again (Note [Max-pool backward
-    // without an argmax] in src/backend/cpu/pool.cpp).
-    check_layer("maxpool:2,fc:10", {16, 8, 8}, 10, 2, 93, 0.0, 0.0, b, b);
-    check_layer("maxpool:2,fc:10", {16, 8, 8}, 10, 3, 94, 0.0, 0.0, b, b, 2);
-  }
-}
-
-// Ties, signed zeros and NaN: the tiled backward (which finds each window's maximum again) sends
-// dy where the argmax path does, the first maximum of the window, bit for bit. The argmax path is
-// the same data with one more row and column, which no window reads (7 x 7 -> 3 x 3 keeps it).
-TEST(BlockedLayouts, MaxPoolTiesGoWhereTheArgmaxPathSendsThem) {
-  auto be = make_cpu_backend(1);
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (Layout b : {Layout::kBlocked8, Layout::kBlocked16}) {
-    for (Layout yl : {b, Layout::kPlain}) {
-      SCOPED_TRACE("x block " + std::to_string(block_of(b)) + " y block " + std::to_string(block_of(yl)));
-      const int batch = 2, c = 16;
-      const LayerSpec tiled = layer_of("maxpool:2,fc:10", {c, 6, 6}, 10);
-      const LayerSpec odd = layer_of("maxpool:2,fc:10", {c, 7, 7}, 10);
-      Rig t(*be, tiled, batch, 95, true, true, 0, b, yl);
-      Rig a(*be, odd, batch, 95, true, true, 0, b, yl);
-      // Values from a small set, so that most windows hold ties; some -0, +0 and NaN.
-      std::vector<float> plain(static_cast<std::size_t>(batch) * c * 7 * 7);
-      const float pool_of[] = {-1.0f, -0.0f, 0.0f, 0.5f, 0.5f, 2.0f, nan};
-      for (std::size_t i = 0; i < plain.size(); ++i) plain[i] = pool_of[(i * 7919 + i / 5) % 7];
-      // The tiled input is the top-left 6 x 6 of the 7 x 7 one.
-      std::vector<float> plain6(static_cast<std::size_t>(batch) * c * 6 * 6);
-      for (int n = 0; n < batch * c; ++n)
-        for (int h = 0; h < 6; ++h)
-          for (int w = 0; w < 6; ++w) plain6[(n * 6 + h) * 6 + w] = plain[(n * 7 + h) * 7 + w];
-      const std::vector<float> x7 = relayout(plain, batch, odd.in, Layout::kPlain, b);
-      const std::vector<float> x6 = relayout(plain6, batch, tiled.in, Layout::kPlain, b);
-      std::copy(x7.begin(), x7.end(), a.x.begin());
-      std::copy(x6.begin(), x6.end(), t.x.begin());
-      std::copy(a.dy.begin(), a.dy.end(), t.dy.begin());  // same out shape (3 x 3), same dy
-      StepContext ctx;
-      t.k->forward(ctx);
-      a.k->forward(ctx);
-      ASSERT_EQ(std::memcmp(t.y.data(), a.y.data(), t.y.size() * sizeof(float)), 0) << "forward differs";
-      std::fill(t.dx.begin(), t.dx.end(), 7.0f);  // every element must be written
-      t.k->backward(ctx);
-      a.k->backward(ctx);
-      const std::vector<float> dt = relayout(t.dx, batch, tiled.in, b, Layout::kPlain);
-      const std::vector<float> da = relayout(a.dx, batch, odd.in, b, Layout::kPlain);
-      int wrong = 0;
-      for (int n = 0; n < batch * c; ++n)
-        for (int h = 0; h < 6; ++h)
-          for (int w = 0; w < 6; ++w) {
-            const float u = dt[(n * 6 + h) * 6 + w], v = da[(n * 7 + h) * 7 + w];
-            if (std::memcmp(&u, &v, sizeof u) != 0 && wrong++ < 5)
-              ADD_FAILURE() << "dx at plane " << n << " (" << h << ", " << w << "): " << u << " vs " << v;
-          }
-      EXPECT_EQ(wrong, 0);
-    }
   }
 }
 

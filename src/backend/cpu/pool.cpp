@@ -1,7 +1,6 @@
 // Max pooling (no padding) as plain loops over NCHW or blocked nChwBc input (Note [Activation
 // layouts]): forward keeps the argmax of every window (made once at build) and backward scatters
-// dy there, or, for 2 x 2 windows that tile a blocked input, backward finds the maximum again
-// (Note [Max-pool backward without an argmax]). See Note [Why pooling is not oneDNN here].
+// dy there. See Note [Why pooling is not oneDNN here].
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -43,9 +42,8 @@ struct PoolShape {
 
 // x blocked (N, C/B, H, W, B); y blocked the same way or plain; arg (may be null) as in MaxPool.
 // K > 0: a K x K window with stride K known at compile time (the common 2 x 2 pool: the window
-// loops unroll); K = 0: the shape's own window and stride. Keep: args is not null (the argmax is
-// tracked only then).
-template <int B, int K, bool Keep>
+// loops unroll); K = 0: the shape's own window and stride.
+template <int B, int K>
 inline void pool_forward_blocked(const PoolShape& p, int batch, const float* __restrict xs, float* __restrict ys,
                                  std::int32_t* __restrict args) {
   const int ih = p.ih, iw = p.iw, oh = p.oh, ow = p.ow;
@@ -61,12 +59,12 @@ inline void pool_forward_blocked(const PoolShape& p, int batch, const float* __r
       for (int i = 0; i < oh; ++i)
         for (int j = 0; j < ow; ++j) {
           float best[B];
-          [[maybe_unused]] std::int32_t best_at[B];
+          std::int32_t best_at[B];
           const int first = (i * s * iw + j * s) * B;
 #pragma omp simd
           for (int c = 0; c < B; ++c) {
             best[c] = x[first + c];
-            if constexpr (Keep) best_at[c] = first + c;
+            best_at[c] = first + c;
           }
           for (int u = 0; u < k_h; ++u)
             for (int v = 0; v < k_w; ++v) {
@@ -75,10 +73,8 @@ inline void pool_forward_blocked(const PoolShape& p, int batch, const float* __r
 #pragma omp simd
               for (int c = 0; c < B; ++c) {
                 const float xv = x[at + c];
-                if constexpr (Keep) {
-                  const std::int32_t more = -static_cast<std::int32_t>(xv > best[c]);  // all ones or zero
-                  best_at[c] = (best_at[c] & ~more) | ((at + c) & more);
-                }
+                const std::int32_t more = -static_cast<std::int32_t>(xv > best[c]);  // all ones or zero
+                best_at[c] = (best_at[c] & ~more) | ((at + c) & more);
                 best[c] = xv > best[c] ? xv : best[c];
               }
             }
@@ -86,7 +82,7 @@ inline void pool_forward_blocked(const PoolShape& p, int batch, const float* __r
             const std::int64_t o = (static_cast<std::int64_t>(cb) * oh * ow + i * ow + j) * B;
 #pragma omp simd
             for (int c = 0; c < B; ++c) y[o + c] = best[c];
-            if constexpr (Keep) {
+            if (arg) {
 #pragma omp simd
               for (int c = 0; c < B; ++c) arg[o + c] = static_cast<std::int32_t>(base + best_at[c]);
             }
@@ -94,7 +90,7 @@ inline void pool_forward_blocked(const PoolShape& p, int batch, const float* __r
             for (int c = 0; c < B; ++c) {
               const std::int64_t o = (static_cast<std::int64_t>(cb * B + c) * oh + i) * ow + j;
               y[o] = best[c];
-              if constexpr (Keep) arg[o] = static_cast<std::int32_t>(base + best_at[c]);
+              if (arg) arg[o] = static_cast<std::int32_t>(base + best_at[c]);
             }
           }
         }
@@ -103,15 +99,10 @@ inline void pool_forward_blocked(const PoolShape& p, int batch, const float* __r
 
 template <int B>
 inline void pool_forward_blocked_any(const PoolShape& p, int batch, const float* x, float* y, std::int32_t* arg) {
-  const bool two = p.k_h == 2 && p.k_w == 2 && p.s == 2;
-  if (two && arg)
-    pool_forward_blocked<B, 2, true>(p, batch, x, y, arg);
-  else if (two)
-    pool_forward_blocked<B, 2, false>(p, batch, x, y, arg);
-  else if (arg)
-    pool_forward_blocked<B, 0, true>(p, batch, x, y, arg);
+  if (p.k_h == 2 && p.k_w == 2 && p.s == 2)
+    pool_forward_blocked<B, 2>(p, batch, x, y, arg);
   else
-    pool_forward_blocked<B, 0, false>(p, batch, x, y, arg);
+    pool_forward_blocked<B, 0>(p, batch, x, y, arg);
 }
 
 // Built for AVX-512, AVX2 and the baseline, chosen by the CPU at load time (as the convolution's
@@ -126,73 +117,6 @@ void pool_forward_blocked16(const PoolShape& p, int batch, const float* x, float
   pool_forward_blocked_any<16>(p, batch, x, y, arg);
 }
 
-// Note [Max-pool backward without an argmax]
-// When the windows tile the input exactly (window = stride, no row or column left over, the 2 x 2
-// pools of lenet and tiny), every input element lies in exactly one window, so backward can find
-// each window's maximum again instead of reading an argmax that forward stored: it is the first
-// element of the window equal to y. Forward keeps the first maximum (strict >), which is the first
-// element equal to the final maximum; -0 and +0 compare equal, as they did in forward; a NaN y
-// means the window's first element was NaN and forward kept it. Backward then writes every dx
-// element once (0 + dy there, 0 elsewhere, the bits of the old scatter into zeros) without a
-// memset, and forward stores no argmax. The other shapes keep the argmax.
-template <int B, int K>
-inline void pool_backward_tiled(const PoolShape& p, int batch, const float* __restrict xs, const float* __restrict ys,
-                                const float* __restrict dys, float* __restrict dxs) {
-  const int ih = p.ih, iw = p.iw, oh = p.oh, ow = p.ow;
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < batch; ++n)
-    for (int cb = 0; cb < p.cb_count; ++cb) {
-      const std::int64_t base = static_cast<std::int64_t>(cb) * ih * iw * B;  // within the sample
-      const float* x = xs + n * p.in_sample + base;                           // (H, W, B)
-      float* dx = dxs + n * p.in_sample + base;
-      const float* y = ys + n * p.out_sample;
-      const float* dy = dys + n * p.out_sample;
-      for (int i = 0; i < oh; ++i)
-        for (int j = 0; j < ow; ++j) {
-          float yv[B], g[B];
-          std::int32_t left[B];  // all ones while this lane's maximum is still to be found
-          if (p.y_blocked) {
-            const std::int64_t o = (static_cast<std::int64_t>(cb) * oh * ow + i * ow + j) * B;
-#pragma omp simd
-            for (int c = 0; c < B; ++c) {
-              yv[c] = y[o + c];
-              g[c] = 0.0f + dy[o + c];
-              left[c] = -1;
-            }
-          } else {
-            for (int c = 0; c < B; ++c) {
-              const std::int64_t o = (static_cast<std::int64_t>(cb * B + c) * oh + i) * ow + j;
-              yv[c] = y[o];
-              g[c] = 0.0f + dy[o];
-              left[c] = -1;
-            }
-          }
-          for (int u = 0; u < K; ++u)
-            for (int v = 0; v < K; ++v) {
-              const int at = ((i * K + u) * iw + j * K + v) * B;
-#pragma omp simd
-              for (int c = 0; c < B; ++c) {
-                const std::int32_t hit = left[c] & -static_cast<std::int32_t>(x[at + c] == yv[c]);
-                dx[at + c] = hit ? g[c] : 0.0f;
-                left[c] &= ~hit;
-              }
-            }
-          const int first = (i * K * iw + j * K) * B;  // a NaN maximum: forward kept the first element
-#pragma omp simd
-          for (int c = 0; c < B; ++c) dx[first + c] = left[c] ? g[c] : dx[first + c];
-        }
-    }
-}
-
-MNIST_MPI_CPU_CLONES
-void pool_backward_tiled8(const PoolShape& p, int batch, const float* x, const float* y, const float* dy, float* dx) {
-  pool_backward_tiled<8, 2>(p, batch, x, y, dy, dx);
-}
-MNIST_MPI_CPU_CLONES
-void pool_backward_tiled16(const PoolShape& p, int batch, const float* x, const float* y, const float* dy, float* dx) {
-  pool_backward_tiled<16, 2>(p, batch, x, y, dy, dx);
-}
-
 class MaxPool final : public LayerKernel {
  public:
   MaxPool(const LayerSpec& l, const LayerBuffers& b, bool training)
@@ -204,10 +128,7 @@ class MaxPool final : public LayerKernel {
         by_(block_of(b.y_layout)) {
     MNIST_CHECK(l.in.c % bx_ == 0 && l.out.c % by_ == 0 && (bx_ == by_ || by_ == 1), ExitCode::kRuntime,
                 "maxpool: unsupported layouts for " + l.text);
-    // Note [Max-pool backward without an argmax]: blocked 2 x 2 windows that tile the input.
-    tiled_ = bx_ > 1 && l.kernel_h == 2 && l.kernel_w == 2 && l.stride == 2 && l.in.h == 2 * l.out.h &&
-             l.in.w == 2 * l.out.w;
-    if (training && !tiled_) argmax_.assign(static_cast<std::size_t>(b.batch * out_sample_), 0);
+    if (training) argmax_.assign(static_cast<std::size_t>(b.batch * out_sample_), 0);
   }
 
   void forward(const StepContext&) override {
@@ -221,14 +142,6 @@ class MaxPool final : public LayerKernel {
 
   void backward(const StepContext&) override {
     if (!b_.dx) return;
-    if (tiled_) {
-      const PoolShape p = shape(bx_);
-      if (bx_ == 8)
-        pool_backward_tiled8(p, b_.batch, b_.x, b_.y, b_.dy, b_.dx);
-      else
-        pool_backward_tiled16(p, b_.batch, b_.x, b_.y, b_.dy, b_.dx);
-      return;
-    }
 #pragma omp parallel for schedule(static)
     for (std::int64_t n = 0; n < b_.batch; ++n) {
       float* dx = b_.dx + n * in_sample_;  // one sample, in x's layout
@@ -239,8 +152,8 @@ class MaxPool final : public LayerKernel {
     }
   }
   std::string describe() const override {
-    return std::string("maxpool (plain loops, ") + (tiled_ ? "max found again in backward" : "argmax kept") +
-           "; x block " + std::to_string(bx_) + ", y block " + std::to_string(by_) + ")";
+    return "maxpool (plain loops, argmax kept; x block " + std::to_string(bx_) + ", y block " + std::to_string(by_) +
+           ")";
   }
 
  private:
@@ -273,14 +186,10 @@ class MaxPool final : public LayerKernel {
     }
   }
 
-  PoolShape shape(int block) const {
-    return PoolShape{l_.in.h,   l_.in.w,         l_.out.h,   l_.out.w,    l_.kernel_h, l_.kernel_w,
-                     l_.stride, l_.in.c / block, in_sample_, out_sample_, by_ != 1};
-  }
-
   template <int B>
   void forward_blocked() {
-    const PoolShape p = shape(B);
+    const PoolShape p{l_.in.h,   l_.in.w,     l_.out.h,   l_.out.w,    l_.kernel_h, l_.kernel_w,
+                      l_.stride, l_.in.c / B, in_sample_, out_sample_, by_ != 1};
     std::int32_t* arg = argmax_.empty() ? nullptr : argmax_.data();
     if constexpr (B == 8)
       pool_forward_blocked8(p, b_.batch, b_.x, b_.y, arg);
@@ -292,7 +201,6 @@ class MaxPool final : public LayerKernel {
   LayerBuffers b_;
   std::int64_t in_sample_, out_sample_;
   int bx_, by_;
-  bool tiled_ = false;                // Note [Max-pool backward without an argmax]
   std::vector<std::int32_t> argmax_;  // in y's order: offset of the max within its sample's x
 };
 
