@@ -279,7 +279,8 @@ TEST(Options, ConfigFilesParseAsBeforeAndTheCommandLineWins) {
             "lr-schedule = step\nlr-step-epochs = 1\nmax-steps = 0\nmodel = "
             "conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10\nmomentum = 0\n"
             "nesterov = false\nno-overlap = false\noptimizer = adam\nprecision = fp32\nprogress = auto\n"
-            "quiet = false\nseed = 42\nskip-nonfinite-steps = false\nthreads = 0\ntrain-limit = 0\n"
+            "quiet = false\nseed = 42\nskip-nonfinite-steps = false\ntarget-accuracy = 0\nthreads = 0\n"
+            "train-limit = 0\n"
             "validation-size = 5000\nwarmup-steps = 0\nweight-decay = 0\nweight-init = xavier\n");
 }
 
