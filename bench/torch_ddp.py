@@ -62,10 +62,16 @@ def parse_args(argv=None):
     p.add_argument("--val", action="store_true", help="also evaluate the 5000 validation images at the end")
     p.add_argument("--eval-every", type=int, default=0,
                    help="rank 0 evaluates the test set every N steps (not counted as training time; 0 = only at the end)")
+    p.add_argument("--target-accuracy", type=float, default=0.0,
+                   help="stop when the validation accuracy, checked by rank 0 every --eval-every steps and at each "
+                        "epoch's end, reaches this fraction (mnist_mpi's --target-accuracy; then the periodic "
+                        "evaluation is of the validation split, not the test split; 0 = off)")
     a = p.parse_args(argv)
     d = MODEL_DEFAULTS[a.model]
     if a.ranks < 1 or a.threads < 1:
         p.error("--ranks and --threads must be >= 1")
+    if not 0.0 <= a.target_accuracy <= 1.0:
+        p.error("--target-accuracy must be in [0, 1] (0 = off)")
     if a.epochs is None:
         a.epochs = d["epochs"]
     if a.batch_size is not None:
@@ -224,7 +230,8 @@ def worker(rank, args, port, t_launcher):
     last_loss = float("nan")
     lr = d["lr"]
     epoch = 0
-    evals = []  # [step, test accuracy] every --eval-every steps (rank 0)
+    evals = []  # [step, test accuracy] every --eval-every steps (rank 0); validation with a target
+    target = None  # where --target-accuracy was reached: step, wall time, validation accuracy
     done = total_steps == 0
     while not done:
         perm = epoch_permutation(args.seed, epoch, N_TRAIN)
@@ -247,7 +254,23 @@ def worker(rank, args, port, t_launcher):
             if step >= WARMUP_STEPS or total_steps <= WARMUP_STEPS:
                 train_time += t1 - t0
             step += 1
-            if args.eval_every > 0 and step % args.eval_every == 0 and rank == 0 and step < total_steps:
+            eval_due = args.eval_every > 0 and step % args.eval_every == 0 and step < total_steps
+            if args.target_accuracy > 0:
+                # mnist_mpi's rule: rank 0 checks the validation split every --eval-every steps and
+                # at each epoch's end; every rank learns the verdict from rank 0.
+                if eval_due or s == steps_per_epoch - 1:
+                    reached = torch.zeros(1, dtype=torch.int64)
+                    if rank == 0:
+                        val_acc_now = evaluate(model, *data["val"])[0]
+                        evals.append([step, round(val_acc_now, 6)])
+                        reached[0] = int(val_acc_now >= args.target_accuracy)
+                    dist.broadcast(reached, 0)
+                    if reached.item():
+                        target = dict(step=step, time=time.time(),
+                                      val=val_acc_now if rank == 0 else None)
+                        done = True
+                        break
+            elif eval_due and rank == 0:
                 evals.append([step, round(evaluate(model, *data["test"])[0], 6)])
         else:
             epoch += 1
@@ -288,6 +311,12 @@ def worker(rank, args, port, t_launcher):
             "train_time_s": round(train_time, 3),
             "test_eval_s": round(t_eval, 3),
             "evals": evals,
+            "target_accuracy": args.target_accuracy if args.target_accuracy > 0 else None,
+            "target_reached": target is not None,
+            "target_step": target["step"] if target else None,
+            "target_validation_accuracy": round(target["val"], 6) if target else None,
+            # from the launcher process start (start-up included) to the stop decision on rank 0
+            "time_to_target_s": round(target["time"] - t_launcher, 3) if target else None,
             "seed": args.seed,
             "torch": torch.__version__,
             "blas": blas_library(),

@@ -132,5 +132,41 @@ h2=$(grep -oE '"params_hash":"[0-9a-f]+"' "$work/m2.jsonl")
 if [ -n "$h1" ] && [ "$h1" = "$h2" ]; then passed=$((passed + 1)); echo "ok   rerun is bitwise identical ($h1)"
 else failed=$((failed + 1)); echo "FAIL rerun differs: $h1 vs $h2"; fi
 
+# --target-accuracy (Note [Stopping at a target accuracy] in src/train/trainer.cpp): the run ends
+# at the first validation check that reaches the target, on every rank; one that never reaches it
+# runs to its end; a value outside [0, 1], or a target without a validation split, is a usage error.
+check target_out_of_range 2 "--target-accuracy must be a fraction in \\[0, 1\\] \\(0 = off\\), got 1.5" -- "${run2[@]}" "${base[@]}" --batch-size 25 --target-accuracy 1.5
+check target_negative 2 "--target-accuracy must be a fraction in \\[0, 1\\] \\(0 = off\\), got -0.1" -- "${run2[@]}" "${base[@]}" --batch-size 25 --target-accuracy=-0.1
+check target_needs_validation 2 "--target-accuracy is checked on the validation split" -- "${run2[@]}" --data-dir "$work/good" --validation-size 0 --model "$small" --threads 1 --batch-size 25 --target-accuracy 0.5
+check target_reached 0 "target accuracy 0.5000 reached after [0-9]+ steps" -- "${run2[@]}" "${base[@]}" --batch-size 25 --epochs 5 --weight-init xavier --lr 0.01 --log-every 0 --eval-every 2 --target-accuracy 0.5 --metrics-file "$work/t.jsonl"
+check target_not_reached 0 "target accuracy 0.9000 not reached" -- "${run2[@]}" "${base[@]}" --batch-size 25 --epochs 1 --lr 1e-9 --log-every 0 --eval-every 2 --target-accuracy 0.9 --metrics-file "$work/t0.jsonl"
+# The stop falls at the first check at or above the target, and the final event says where; the
+# run that never reached it ran all its steps, with a validation check every 2 of them.
+if verdict=$(/usr/bin/python3 - "$work/t.jsonl" 0.5 50 "$work/t0.jsonl" 0.9 10 <<'PY'
+import json, sys
+def read(path):
+    ev = [json.loads(l) for l in open(path) if l.strip()]
+    return [e for e in ev if e.get("event") == "eval" and e.get("split") == "validation"], \
+           next(e for e in ev if e.get("event") == "final")
+checks, final = read(sys.argv[1])
+target, steps = float(sys.argv[2]), int(sys.argv[3])
+first = next((c for c in checks if c["accuracy"] >= target), None)
+t = final["target"]
+assert first is not None, f"no validation check reached {target}: {checks}"
+assert checks[-1] is first, f"checks went on after the one that reached the target: {checks}"
+assert t["reached"] and t["step"] == first["step"] == final["steps"] < steps, f"target {t}, final steps {final['steps']}"
+assert t["validation_accuracy"] == first["accuracy"] and t["time_from_process_start_s"] > 0, t
+assert all(c["step"] % 2 == 0 for c in checks), checks
+checks, final = read(sys.argv[4])
+target, steps = float(sys.argv[5]), int(sys.argv[6])
+t = final["target"]
+assert not t["reached"] and t["step"] is None and final["steps"] == steps, (t, final["steps"])
+assert [c["step"] for c in checks] == list(range(2, steps + 1, 2)), checks
+assert all(c["accuracy"] < target for c in checks), checks
+print(f"stopped at step {first['step']} of {int(sys.argv[3])}; the unreachable target ran all {steps} steps")
+PY
+); then passed=$((passed + 1)); echo "ok   target accuracy: $verdict"
+else failed=$((failed + 1)); echo "FAIL target accuracy: $verdict"; cat "$work/t.jsonl" "$work/t0.jsonl"; fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -234,6 +234,7 @@ void check_real_options(const Options& o) {
       {"bucket-mb", o.bucket_mb, 0.0, true, 1e6, false, "> 0 and <= 1e6 (MB)"},
       {"first-bucket-mb", o.first_bucket_mb, 0.0, true, 1e6, false, "> 0 and <= 1e6 (MB)"},
       {"collective-timeout", o.collective_timeout, 0.0, false, 1e9, false, ">= 0 and <= 1e9 seconds (0 = never)"},
+      {"target-accuracy", o.target_accuracy, 0.0, false, 1.0, false, "a fraction in [0, 1] (0 = off)"},
   };
   for (const RealOption& r : rows) {
     const bool above_lo = r.lo_open ? r.value > r.lo : r.value >= r.lo;
@@ -242,6 +243,9 @@ void check_real_options(const Options& o) {
       throw_error(ExitCode::kUsage,
                   std::string("--") + r.name + " must be " + r.range + ", got " + number_text(r.value));
   }
+  if (o.target_accuracy > 0 && o.validation_size == 0)
+    throw_error(ExitCode::kUsage,
+                "--target-accuracy is checked on the validation split: give a --validation-size > 0 (default 5000)");
   if (o.schedule.kind != "constant" && o.schedule.min_lr > o.schedule.base_lr)
     throw_error(ExitCode::kUsage, "--lr-min " + number_text(o.schedule.min_lr) + " is above --lr " +
                                       number_text(o.schedule.base_lr) + ": the " + o.schedule.kind +
@@ -279,8 +283,11 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       "images per step over all ranks, split as evenly as it goes (100 on 8 ranks: 13 or 12 each); at least the number "
       "of ranks")("epochs", po::value(&o.epochs)->default_value(d.epochs), "passes over the training split")(
       "max-steps", po::value(&o.max_steps)->default_value(d.max_steps),
-      "global steps in the whole run (0 = epochs decide)")("seed", po::value(&o.seed)->default_value(d.seed),
-                                                           "seed of initialisation, sampling and dropout")(
+      "global steps in the whole run (0 = epochs decide)")(
+      "target-accuracy", po::value(&o.target_accuracy)->default_value(d.target_accuracy),
+      "fraction: stop once the validation accuracy, checked every --eval-every steps and at each epoch's end, "
+      "reaches it; the test split is then evaluated once (0 = off)")("seed", po::value(&o.seed)->default_value(d.seed),
+                                                                     "seed of initialisation, sampling and dropout")(
       "optimizer", po::value(&o.optimizer.kind)->default_value(d.optimizer.kind), "adam | sgd")(
       "lr", po::value(&o.schedule.base_lr)->default_value(d.schedule.base_lr), "base learning rate")(
       "momentum", po::value(&o.optimizer.momentum)->default_value(d.optimizer.momentum), "sgd momentum")(
@@ -342,9 +349,9 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
                        "stopping with exit code 5");
   po::options_description rep("Reporting");
   rep.add_options()("log-every", po::value(&o.log_every)->default_value(d.log_every),
-                    "steps between progress lines (0 = none)")("eval-every",
-                                                               po::value(&o.eval_every)->default_value(d.eval_every),
-                                                               "steps between test evaluations (0 = only at the end)")(
+                    "steps between progress lines (0 = none)")(
+      "eval-every", po::value(&o.eval_every)->default_value(d.eval_every),
+      "steps between test evaluations (of the validation split with --target-accuracy; 0 = only at the end)")(
       "eval-batch-size", po::value(&o.eval_batch_size)->default_value(d.eval_batch_size),
       "images per evaluation batch on rank 0")(
       "check-replicas-every", po::value(&o.check_replicas_every)->default_value(d.check_replicas_every),

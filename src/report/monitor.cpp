@@ -294,6 +294,12 @@ void Monitor::on_final(const FinalFacts& f) {
     }
     if (opt_.skip_nonfinite_steps || f.skipped_steps > 0)
       out.print("%lld non-finite step(s) skipped\n", static_cast<long long>(f.skipped_steps));
+    if (f.target.accuracy > 0 && f.target.reached)
+      out.print("target accuracy %.4f reached after %lld steps (validation %.4f), %.1f s from the process start\n",
+                f.target.accuracy, static_cast<long long>(f.target.step), f.target.validation_accuracy,
+                f.target.time_from_process_start_s);
+    else if (f.target.accuracy > 0)
+      out.print("target accuracy %.4f not reached\n", f.target.accuracy);
     out.print("params_hash %s\n", f.params_hash.c_str());
   }
   out.flush();
@@ -329,6 +335,15 @@ void Monitor::on_final(const FinalFacts& f) {
                {"write_ms", json_number(c.written ? c.write_ms / written : 0.0)},
                {"others_wait_ms", json_number(c.others_wait_ms)},
                {"others_wait_baseline_ms", json_number(c.others_wait_baseline_ms)}}}};
+  if (f.target.accuracy > 0) {
+    const TargetFacts& g = f.target;
+    event["target"] =
+        Json{{"accuracy", json_number(g.accuracy)},
+             {"reached", g.reached},
+             {"step", g.reached ? Json(g.step) : Json(nullptr)},
+             {"validation_accuracy", g.reached ? json_number(g.validation_accuracy) : Json(nullptr)},
+             {"time_from_process_start_s", g.reached ? json_number(g.time_from_process_start_s) : Json(nullptr)}};
+  }
   launch_.add_json_fields(event);
   metrics(event);
 }

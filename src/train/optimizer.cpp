@@ -115,20 +115,44 @@ void Optimizer::update(float* params, const float* grads, std::int64_t begin, st
                         end - begin);
 }
 
+namespace {
+struct AdamScalars {
+  float wd, b1, b2, step_size, inv_sqrt_bc2, eps;
+};
+
+// Built for AVX-512, AVX2 and the baseline (Note [One build for every x86-64] in
+// src/backend/cpu/kernels.hpp): each element goes through the same IEEE operations in the same
+// order on every ISA (no FMA contraction in ISO C++ mode), so the three give the same bits.
+#if defined(__SANITIZE_THREAD__)
+#define MNIST_MPI_OPT_CLONES
+#else
+#define MNIST_MPI_OPT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+MNIST_MPI_OPT_CLONES
+void adam_pass(const AdamScalars& a, float* __restrict p, const float* __restrict g, float* __restrict m,
+               float* __restrict v, std::int64_t n) {
+  const float wd = a.wd, b1 = a.b1, b2 = a.b2, step_size = a.step_size, inv_sqrt_bc2 = a.inv_sqrt_bc2, eps = a.eps;
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] + wd * p[i];
+    m[i] = b1 * m[i] + (1.0f - b1) * gi;
+    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+    p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+  }
+}
+}  // namespace
+
 void optimizer_pass_host(const OptimizerConfig& cfg, const OptimizerScalars& s, float* __restrict p,
                          const float* __restrict g, float* __restrict m, float* __restrict v, std::int64_t n) {
   const float wd = static_cast<float>(cfg.weight_decay);
   if (cfg.kind == "adam") {
-    const float b1 = static_cast<float>(cfg.beta1), b2 = static_cast<float>(cfg.beta2);
-    const float step_size = s.step_size, inv_sqrt_bc2 = s.inv_sqrt_bc2;
-    const float eps = static_cast<float>(cfg.eps);
-#pragma omp parallel for simd schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float gi = g[i] + wd * p[i];
-      m[i] = b1 * m[i] + (1.0f - b1) * gi;
-      v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-      p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
-    }
+    const AdamScalars a{wd,
+                        static_cast<float>(cfg.beta1),
+                        static_cast<float>(cfg.beta2),
+                        s.step_size,
+                        s.inv_sqrt_bc2,
+                        static_cast<float>(cfg.eps)};
+    adam_pass(a, p, g, m, v, n);
   } else {
     const float mu = static_cast<float>(cfg.momentum), flr = s.lr;
     const bool nesterov = cfg.nesterov;

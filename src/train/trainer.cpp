@@ -332,7 +332,9 @@ RunResult Trainer::run() {
   window_n_ = skipped_ = 0;
   logged_loss_ = std::numeric_limits<double>::quiet_NaN();
   train_loss_->reset();
+  res.target.accuracy = opt_.target_accuracy;
 
+  std::int64_t end_step = total_steps_;  // earlier when --target-accuracy is reached
   for (std::int64_t step = first_step; step < total_steps_; ++step) {
     if (step == first_step + clock_.warmup) clock_.start_steady(*backend_);
     if (step == first_step) clock_.startup_s = seconds_since(start_);
@@ -361,17 +363,25 @@ RunResult Trainer::run() {
       clock_.exclude(tr);  // a check, not training: on a GPU it drains the stream and downloads
     }
     const EvalResult validation = evaluate_during_training(step, epoch_end, eval_now);
-    if (checkpoint_or_stop(step, epoch_end, lr, validation)) return stopped(step, res);
+    const bool reached = (epoch_end || eval_now) && target_reached(step, validation, res.target);
+    if (checkpoint_or_stop(step, epoch_end, reached, lr, validation)) return stopped(step, res);
+    if (reached) {
+      end_step = step + 1;
+      break;
+    }
   }
-  settle_verdicts(total_steps_ - 1);
-  clock_.end_steady(*backend_);
+  settle_verdicts(end_step - 1);
+  const std::int64_t steady_steps = end_step - first_step - clock_.warmup;  // <= 0: stopped in the warm-up
+  if (steady_steps > 0) clock_.end_steady(*backend_);
   checkpointer_->finish();
-  check_replicas(total_steps_);
-  res.steps = total_steps_;
-  res.epochs = static_cast<double>(total_steps_) / static_cast<double>(steps_per_epoch_);
+  check_replicas(end_step);
+  res.steps = end_step;
+  res.epochs = static_cast<double>(end_step) / static_cast<double>(steps_per_epoch_);
   res.wall_s = seconds_since(clock_.run);
-  res.images_per_s = clock_.images_per_s(total_steps_ - first_step - clock_.warmup, global_batch_);
-  res.timing = clock_.sum.mean_over(total_steps_ - first_step - clock_.warmup);
+  if (steady_steps > 0) {
+    res.images_per_s = clock_.images_per_s(steady_steps, global_batch_);
+    res.timing = clock_.sum.mean_over(steady_steps);
+  }
   res.timing.reduced_bytes = static_cast<double>(spec_.param_count) * sizeof(float);
   res.checkpoints = checkpointer_->stats();
   res.skipped_steps = skipped_;
@@ -453,11 +463,13 @@ void Trainer::log_training_loss(std::int64_t step, double lr, RunResult& res) {
   clock_.window = std::chrono::steady_clock::now();
 }
 
-// Rank 0: the validation split at an epoch's end, the test split every --eval-every steps.
+// Rank 0: the validation split at an epoch's end, the test split every --eval-every steps (with
+// --target-accuracy the validation split instead: Note [Stopping at a target accuracy]).
 EvalResult Trainer::evaluate_during_training(std::int64_t step, bool epoch_end, bool eval_now) {
   constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   EvalResult validation{kNaN, kNaN, 0};
   if (!rank0_ || !(epoch_end || eval_now)) return validation;
+  const bool target = opt_.target_accuracy > 0;
   const std::int64_t epoch = step / steps_per_epoch_;
   const auto te = std::chrono::steady_clock::now();
   auto report = [&](const char* name, const Split& split) {
@@ -466,20 +478,43 @@ EvalResult Trainer::evaluate_during_training(std::int64_t step, bool epoch_end, 
     if (&split == &data_.validation) validation = e;
     monitor_->on_eval(step + 1, epoch, name, e.accuracy, e.loss, tb, std::chrono::steady_clock::now());
   };
-  if (epoch_end && data_.validation.count > 0) report("validation", data_.validation);
-  if (eval_now) report("test", data_.test);
+  if ((epoch_end || (eval_now && target)) && data_.validation.count > 0) report("validation", data_.validation);
+  if (eval_now && !target) report("test", data_.test);
   clock_.eval_s += seconds_since(te);
   clock_.exclude(te);  // evaluation is not training time
   return validation;
 }
 
-// A checkpoint when due; all ranks agree on a preemption signal (Note [Agreeing at the step
-// boundary]). True: the run must stop now.
-bool Trainer::checkpoint_or_stop(std::int64_t step, bool epoch_end, double lr, const EvalResult& validation) {
+// Note [Stopping at a target accuracy]
+// --target-accuracy A ends the run after the first check at which the validation accuracy is at
+// least A. The checks fall every --eval-every steps and at each epoch's end: steps that do not
+// depend on the rank. Only rank 0 evaluates, so it decides, and every rank learns the verdict from
+// one allreduce of a flag made at every check, so that no rank leaves the loop alone. The run then
+// ends as one that reached its last step (a checkpoint if there is a directory, the replica check,
+// the test split once, the final event with the step, the validation accuracy and the time from
+// the process start). That time starts at the first line of main on rank 0, as start-up does: the
+// launcher's time before it is not in it (bench/time_to_accuracy.sh also takes the shell's clock).
+bool Trainer::target_reached(std::int64_t step, const EvalResult& validation, TargetFacts& target) {
+  if (opt_.target_accuracy <= 0) return false;
+  std::int64_t reached = rank0_ && validation.accuracy >= opt_.target_accuracy ? 1 : 0;  // NaN: not reached
+  comm_.allreduce_max(std::span<std::int64_t>(&reached, 1));
+  if (reached == 0) return false;
+  target.reached = true;
+  target.step = step + 1;
+  target.validation_accuracy = validation.accuracy;  // NaN on the other ranks
+  target.time_from_process_start_s = seconds_since(start_);
+  return true;
+}
+
+// A checkpoint when due (last: the run's last step, also when it stops at its target accuracy);
+// all ranks agree on a preemption signal (Note [Agreeing at the step boundary]). True: the run
+// must stop now.
+bool Trainer::checkpoint_or_stop(std::int64_t step, bool epoch_end, bool last, double lr,
+                                 const EvalResult& validation) {
   StepEnd end;
   end.step = step + 1;
   end.epoch_end = epoch_end;
-  end.last = step + 1 == total_steps_;
+  end.last = last || step + 1 == total_steps_;
   end.lr = lr;
   end.next_lr = learning_rate(opt_.schedule, step + 1, (step + 1) / steps_per_epoch_, total_steps_);
   end.validation_accuracy = validation.accuracy;
@@ -541,7 +576,7 @@ void Trainer::final_report(RunResult& res) {
   if (rank0_) {
     const auto te = std::chrono::steady_clock::now();
     res.test = evaluate(data_.test);
-    monitor_->on_eval(res.steps, total_steps_ / steps_per_epoch_, "test", res.test.accuracy, res.test.loss, te,
+    monitor_->on_eval(res.steps, res.steps / steps_per_epoch_, "test", res.test.accuracy, res.test.loss, te,
                       std::chrono::steady_clock::now(), /*final_test=*/true);
     eval_s += seconds_since(te);
   }
@@ -559,7 +594,8 @@ void Trainer::final_report(RunResult& res) {
                          .per_step = timing,
                          .params = spec_.param_count,
                          .checkpoints = res.checkpoints,
-                         .skipped_steps = res.skipped_steps};
+                         .skipped_steps = res.skipped_steps,
+                         .target = res.target};
   monitor_->on_final(facts);  // rank 0: the final report and the "final" event
   monitor_->finish(comm_, facts);
   res.outputs_lost = monitor_->outputs_lost();  // agreed by every rank (exit code 7)

@@ -31,6 +31,7 @@ struct Options {
   std::int64_t global_batch_size = 0;  // alternative to batch_size
   std::int64_t epochs = 1;
   std::int64_t max_steps = 0;  // 0: epochs decide
+  double target_accuracy = 0;  // stop once the validation accuracy reaches it (0: off)
   std::uint64_t seed = 42;
   OptimizerConfig optimizer;
   ScheduleConfig schedule;

@@ -99,6 +99,16 @@ struct PreemptedFacts {
   std::string checkpoint;      // ... and this checkpoint holds the run's state
 };
 
+// --target-accuracy: whether and where the run reached it (Note [Stopping at a target accuracy] in
+// src/train/trainer.cpp).
+struct TargetFacts {
+  double accuracy = 0;  // the target; 0: none was set
+  bool reached = false;
+  std::int64_t step = 0;                 // steps done at the check that reached it
+  double validation_accuracy = 0;        // of that check (rank 0)
+  double time_from_process_start_s = 0;  // rank 0: from the first line of main to the decision
+};
+
 // The end of the run, as the trainer saw it (rank 0's values where ranks differ): the final report
 // on stdout, the "final" event, the summary table and the HTML report.
 struct FinalFacts {
@@ -112,6 +122,7 @@ struct FinalFacts {
   std::int64_t params = 0;
   CheckpointStats checkpoints;  // capture_ms and write_ms: totals over the checkpoints written
   std::int64_t skipped_steps = 0;
+  TargetFacts target;
 };
 
 class Monitor {

@@ -49,6 +49,7 @@ struct RunResult {
   int preempted_signal = 0;        // the signal that stopped the run early (exit code 75), else 0
   CheckpointStats checkpoints;     // rank 0's numbers (others_wait_* from every rank)
   std::int64_t skipped_steps = 0;  // non-finite steps skipped (--skip-nonfinite-steps)
+  TargetFacts target;              // --target-accuracy: whether and where it was reached
   // Training finished but an output (metrics, TensorBoard, timeline, report, stdout) could not be
   // written: exit code 7, on every rank alike (Note [When an output cannot be written]).
   bool outputs_lost = false;
@@ -108,7 +109,8 @@ class Trainer final : private CheckpointSource {
   void nonfinite_step(std::int64_t bad_step, bool own_loss_bad);
   void log_training_loss(std::int64_t step, double lr, RunResult& res);
   EvalResult evaluate_during_training(std::int64_t step, bool epoch_end, bool eval_now);
-  bool checkpoint_or_stop(std::int64_t step, bool epoch_end, double lr, const EvalResult& validation);
+  bool target_reached(std::int64_t step, const EvalResult& validation, TargetFacts& target);
+  bool checkpoint_or_stop(std::int64_t step, bool epoch_end, bool last, double lr, const EvalResult& validation);
   RunResult stopped(std::int64_t step, RunResult& res);
   void final_report(RunResult& res);
   // CheckpointSource

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Time to a validation accuracy, wall clock: the seed lenet recipe (configs/lenet.ini) with
+# mnist_mpi (--target-accuracy) and with PyTorch DDP (bench/torch_ddp.py --target-accuracy, the
+# same net, batch, optimiser, data split and sampler), alternating in one run.
+#
+#   bench/time_to_accuracy.sh [--target A] [--ranks R] [--eval-every N] [--epochs E] [--repeat K]
+#                             [--data-dir DIR] [--out DIR] [--ours-only | --pytorch-only]
+#
+# Run from the repository root. Both sides stop by one rule: rank 0 evaluates the validation split
+# (the last 5000 training images) every N steps and at each epoch's end, and every rank stops
+# when it reaches A; E epochs is the cap. Each round runs ours, then PyTorch. Printed per run and
+# as medians: the wall time of the whole command as the shell saw it (launcher, start-up, training,
+# the checks, the final test evaluation and exit), the time to the stop decision from the process
+# start (ours: the first line of main on rank 0; PyTorch: the launcher's process start), the step,
+# the test accuracy at that point, and the ratio PyTorch / ours of the shell wall times.
+set -euo pipefail
+
+PY=/usr/bin/python3
+BIN=${MNIST_MPI_BIN:-build/mnist_mpi}
+TARGET=0.99
+RANKS=2
+EVAL_EVERY=110  # 5 checks per epoch of 550 steps (global batch 100)
+EPOCHS=10
+REPEAT=2
+DATA_DIR=data/mnist
+OUT=""
+RUN_OURS=1
+RUN_TORCH=1
+
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+die() { echo "time_to_accuracy.sh: $*" >&2; exit 2; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --target) TARGET="$2"; shift 2 ;;
+    --ranks) RANKS="$2"; shift 2 ;;
+    --eval-every) EVAL_EVERY="$2"; shift 2 ;;
+    --epochs) EPOCHS="$2"; shift 2 ;;
+    --repeat) REPEAT="$2"; shift 2 ;;
+    --data-dir) DATA_DIR="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --ours-only) RUN_TORCH=0; shift ;;
+    --pytorch-only) RUN_OURS=0; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option: $1" ;;
+  esac
+done
+[[ "$TARGET" =~ ^0?\.[0-9]+$ ]] || die "--target must be a fraction such as 0.99"
+[[ "$RANKS" =~ ^[1-9][0-9]*$ && "$EVAL_EVERY" =~ ^[1-9][0-9]*$ && "$EPOCHS" =~ ^[1-9][0-9]*$ &&
+   "$REPEAT" =~ ^[1-9][0-9]*$ ]] || die "--ranks, --eval-every, --epochs and --repeat must be positive integers"
+[[ -f bench/torch_ddp.py && -f configs/lenet.ini ]] || die "run me from the repository root"
+[[ "$RUN_OURS" == 0 || -x "$BIN" ]] || die "$BIN not found: build it first (or give --pytorch-only)"
+[[ "$RUN_TORCH" == 0 || -x "$PY" ]] || die "$PY not found (install Debian's python3-torch and python3-numpy)"
+
+if [[ -z "$OUT" ]]; then OUT=$(mktemp -d "${TMPDIR:-/tmp}/mnist_tta.XXXXXX"); fi
+mkdir -p "$OUT"
+RESULTS="$OUT/results.jsonl"
+: > "$RESULTS"
+now() { date +%s.%N; }
+
+# One JSON line per run: impl, shell wall time, and the run's own target fields.
+record() {  # impl rep shell_wall_s file (ours: metrics JSONL; pytorch: its JSON)
+  "$PY" - "$@" >> "$RESULTS" <<'EOF'
+import json, sys
+impl, rep, wall, path = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+final = None
+for line in open(path):
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        continue
+    if impl == "pytorch" or obj.get("event") == "final":
+        final = obj
+if final is None:
+    sys.exit(f"time_to_accuracy.sh: no final record in {path}")
+t = final.get("target", final)  # ours nests the target fields
+print(json.dumps({"impl": impl, "repeat": rep, "shell_wall_s": round(wall, 3),
+                  "reached": t.get("reached", t.get("target_reached")),
+                  "step": t.get("step", t.get("target_step")),
+                  "validation_accuracy": t.get("validation_accuracy", t.get("target_validation_accuracy")),
+                  "time_to_target_s": t.get("time_from_process_start_s", t.get("time_to_target_s")),
+                  "test_accuracy": final.get("test_accuracy"), "peak_rss_mb": final.get("peak_rss_mb")}))
+EOF
+  tail -1 "$RESULTS" >&2
+}
+
+for ((rep = 1; rep <= REPEAT; rep++)); do
+  if [[ "$RUN_OURS" == 1 ]]; then
+    MF="$OUT/ours_$rep.jsonl"
+    rm -f "$MF"
+    cmd=(mpirun -np "$RANKS" --bind-to core "$BIN" --config configs/lenet.ini --data-dir "$DATA_DIR"
+         --epochs "$EPOCHS" --eval-every "$EVAL_EVERY" --target-accuracy "$TARGET" --metrics-file "$MF" --quiet)
+    echo "== [$rep/$REPEAT] ours: ${cmd[*]}" >&2
+    t0=$(now)
+    env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "${cmd[@]}" \
+      > "$OUT/ours_$rep.log" 2>&1 || die "our run failed; see $OUT/ours_$rep.log"
+    record ours "$rep" "$("$PY" -c "print($(now) - $t0)")" "$MF"
+  fi
+  if [[ "$RUN_TORCH" == 1 ]]; then
+    JF="$OUT/pytorch_$rep.json"
+    cmd=("$PY" bench/torch_ddp.py --model lenet --ranks "$RANKS" --threads 1 --data-dir "$DATA_DIR"
+         --epochs "$EPOCHS" --eval-every "$EVAL_EVERY" --target-accuracy "$TARGET" --json-file "$JF")
+    echo "== [$rep/$REPEAT] pytorch: ${cmd[*]}" >&2
+    t0=$(now)
+    "${cmd[@]}" > "$OUT/pytorch_$rep.log" 2>&1 || die "the PyTorch run failed; see $OUT/pytorch_$rep.log"
+    record pytorch "$rep" "$("$PY" -c "print($(now) - $t0)")" "$JF"
+  fi
+done
+
+"$PY" - "$RESULTS" "$TARGET" "$RANKS" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print(f"lenet (configs/lenet.ini), {sys.argv[3]} ranks x 1 thread, to validation accuracy {sys.argv[2]}")
+print(f"{'impl':8} {'runs':>4} {'reached':>8} {'step':>6} {'shell wall s':>13} {'to target s':>12} {'test acc':>9} {'peak RSS MB':>14}")
+med = {}
+for impl in ("ours", "pytorch"):
+    r = [x for x in rows if x["impl"] == impl]
+    if not r:
+        continue
+    m = lambda k: statistics.median(x[k] for x in r if x[k] is not None) if any(x[k] is not None for x in r) else float("nan")
+    med[impl] = m("shell_wall_s")
+    rss = "/".join(f"{max(x['peak_rss_mb'][i] for x in r):.0f}" for i in range(len(r[0]["peak_rss_mb"] or [])))
+    print(f"{impl:8} {len(r):>4} {sum(bool(x['reached']) for x in r):>8} {m('step'):>6.0f} {med[impl]:>13.1f} "
+          f"{m('time_to_target_s'):>12.1f} {m('test_accuracy'):>9.4f} {rss:>14}")
+if len(med) == 2:
+    print(f"PyTorch / ours (median shell wall times): {med['pytorch'] / med['ours']:.2f}x")
+print("per run: " + sys.argv[1])
+EOF
