@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
   using clock = std::chrono::steady_clock;
   for (int r = 0; r < rounds; ++r) {
     auto t0 = clock::now();
-    mnist_mpi::optimizer_pass_host(cfg, r + 1, 1e-3, p.data(), g.data(), m.data(), v.data(), n);
+    const mnist_mpi::OptimizerScalars s = mnist_mpi::optimizer_scalars(cfg.beta1, cfg.beta2, 1e-3, r + 1);
+    mnist_mpi::optimizer_pass_host(cfg, s, p.data(), g.data(), m.data(), v.data(), n);
     auto t1 = clock::now();
     stream_pass(p.data(), g.data(), m.data(), v.data(), n);
     auto t2 = clock::now();
