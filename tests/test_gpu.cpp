@@ -145,7 +145,8 @@ void compare_layer(int gpu, const std::string& text, Shape input, int batch, boo
   auto gpu_be = make_cuda_backend(gpu, tf32);
   Side cpu(*cpu_be, l, 0, batch, xv, dyv, wv), dev(*gpu_be, l, 0, batch, xv, dyv, wv);
   StepContext ctx{true, 7, 3, 16};
-  gpu_be->set_step_args(ctx.step, 0.0, 0);  // dropout reads the step from device memory (Note [A step as one CUDA graph])
+  gpu_be->set_step_args(ctx.step, 0.0,
+                        0);  // dropout reads the step from device memory (Note [A step as one CUDA graph])
   cpu.k->forward(ctx);
   dev.k->forward(ctx);
   cpu.k->backward(ctx);
@@ -390,7 +391,7 @@ TEST_F(Gpu, GraphedStepsGiveTheUngraphedBits) {
     for (bool poisoned : {false, true}) {
       SCOPED_TRACE(std::string(kind) + (poisoned ? ", step 12 poisoned" : ""));
       std::vector<float> out[2];
-      std::int64_t steps[2] = {0, 0};
+      std::int64_t steps[2] = {0, 0}, replays[2] = {0, 0};
       for (int graph = 0; graph < 2; ++graph) {
         Options o = options("cuda", 33, 40);
         o.optimizer.kind = kind;
@@ -405,7 +406,11 @@ TEST_F(Gpu, GraphedStepsGiveTheUngraphedBits) {
         EXPECT_EQ(t.run().skipped_steps, poisoned ? 1 : 0);
         out[graph] = t.params_to_host();
         steps[graph] = t.optimizer().steps_taken();
+        replays[graph] = t.graph_replays();
       }
+      EXPECT_EQ(replays[0], 0);
+      // The graph really ran: every step but the first (and the poisoned one) was a replay.
+      EXPECT_EQ(replays[1], poisoned ? 38 : 39);
       EXPECT_EQ(steps[1], steps[0]);
       expect_bitwise("40 steps, graphed against ungraphed", out[1], out[0]);
     }

@@ -77,6 +77,23 @@ TEST(Sampler, RankSlicesTileTheStepWindow) {
   EXPECT_EQ(largest_part(100, 8), 13);
 }
 
+// images_in_parts, the closed form the trainer counts a rank's images with, against the parts
+// summed one by one, for every range of every split of a few batches.
+TEST(Sampler, ImagesInPartsIsTheSumOfTheParts) {
+  for (std::int64_t B : {1, 7, 50, 100, 101}) {
+    for (std::int64_t parts = 1; parts <= B && parts <= 12; ++parts) {
+      for (std::int64_t first = 0; first < parts; ++first) {
+        std::int64_t sum = 0;
+        for (std::int64_t n = 0; first + n <= parts; ++n) {
+          ASSERT_EQ(images_in_parts(B, parts, first, n), sum) << B << " " << parts << " " << first << " " << n;
+          if (first + n < parts) sum += part_count(B, parts, first + n);
+        }
+      }
+      EXPECT_EQ(images_in_parts(B, parts, 0, parts), B);
+    }
+  }
+}
+
 TEST(Sampler, EpochCoversDistinctImages) {
   const std::int64_t n = 100, B = 30;
   Sampler sampler(n, B, 1);

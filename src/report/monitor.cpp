@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/data/sampler.hpp"  // part_count
 #include "mnist_mpi/io/file_kind.hpp"
 #include "mnist_mpi/json.hpp"
 
@@ -133,7 +134,8 @@ void Monitor::on_start(const StartFacts& f) {
   if (opt_.quiet) return;
   // "34" or, when the global batch does not divide evenly, "33-34" (Note [Uneven slices]).
   const auto per_rank_text = [&](std::int64_t largest) {
-    const std::int64_t smallest = setup_.global_batch / (setup_.world * setup_.accumulation);
+    const std::int64_t parts = setup_.world * setup_.accumulation;
+    const std::int64_t smallest = part_count(setup_.global_batch, parts, parts - 1);  // the last part
     return (smallest == largest ? "" : std::to_string(smallest) + "-") + std::to_string(largest);
   };
   std::ostringstream os;

@@ -63,6 +63,7 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
       graph_->capture([&] { body(step, lr, false, ignored); });
     }
     graph_->replay();  // host times of the parts are not known: one launch
+    ++replays_;
   } else {
     body(step, lr, poison, r.timing);
   }

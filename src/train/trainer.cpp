@@ -99,10 +99,7 @@ void Trainer::resolve_batch_sizes() {
     if (global_batch_ < 0)
       too_big("--batch-size " + std::to_string(batch_) + " x " + std::to_string(parts) + " micro-batches");
   }
-  {  // this rank's parts are [rank x K, rank x K + K); the first B mod parts of all take one more
-    const std::int64_t first = comm_.rank() * accumulation_, extra = global_batch_ % parts;
-    rank_images_ = accumulation_ * (global_batch_ / parts) + std::clamp<std::int64_t>(extra - first, 0, accumulation_);
-  }
+  rank_images_ = images_in_parts(global_batch_, parts, comm_.rank() * accumulation_, accumulation_);
   MNIST_CHECK(batch_ <= std::numeric_limits<int>::max(), ExitCode::kUsage,
               "a batch of " + std::to_string(batch_) +
                   " images per rank is more than this program can hold; give a "

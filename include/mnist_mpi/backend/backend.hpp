@@ -176,7 +176,6 @@ class HostStepCount final : public StepCount {
   void begin_step(double lr) override;
   std::int64_t read() override { return t_; }
   void set(std::int64_t t) override { t_ = t; }
-  std::int64_t t() const { return t_; }
   const OptimizerScalars& scalars() const { return scalars_; }
 
  private:

@@ -34,6 +34,11 @@ inline std::int64_t part_first(std::int64_t global_batch, std::int64_t parts, st
 inline std::int64_t largest_part(std::int64_t global_batch, std::int64_t parts) {
   return global_batch / parts + (global_batch % parts != 0 ? 1 : 0);
 }
+// The images of parts [first, first + n), the sum of their part_count.
+inline std::int64_t images_in_parts(std::int64_t global_batch, std::int64_t parts, std::int64_t first, std::int64_t n) {
+  const std::int64_t longer = global_batch % parts - first;  // of these n, the parts that take one more
+  return n * (global_batch / parts) + (longer < 0 ? 0 : longer > n ? n : longer);
+}
 
 class Sampler {
  public:

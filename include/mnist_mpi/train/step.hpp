@@ -59,6 +59,7 @@ class Step {
   // Runs global step `step` with learning rate lr. poison: the testing hook marks this rank's loss
   // as non-finite (MNIST_MPI_FAULT=RANK:STEP:nan).
   StepResult run(std::int64_t step, double lr, bool poison);
+  std::int64_t graph_replays() const { return replays_; }  // --cuda-graph: steps run as the captured graph
 
  private:
   // The step's work, queued (or, inside a graph capture, recorded); adds host times to `timing`.
@@ -79,6 +80,7 @@ class Step {
   std::int64_t order_epoch_ = -1;           // the epoch whose order p_.data holds
   std::unique_ptr<StepGraph> graph_;        // --cuda-graph: the step, captured at its second run
   std::int64_t runs_ = 0;                   // steps run by this Step
+  std::int64_t replays_ = 0;                // of them, replays of the graph
 };
 
 }  // namespace mnist_mpi

@@ -73,7 +73,8 @@ class Trainer final : private CheckpointSource {
   Optimizer& optimizer() { return *optimizer_; }
   const DeviceChoice& device() const { return device_; }
   std::int64_t global_batch() const { return global_batch_; }
-  std::int64_t per_rank_batch() const { return batch_; }  // per micro-batch
+  std::int64_t per_rank_batch() const { return batch_; }                 // per micro-batch
+  std::int64_t graph_replays() const { return step_->graph_replays(); }  // --cuda-graph
   // "key = value" lines that must be the same on every rank: program version, options (those
   // that may differ per node left out), model and data sizes (src/resilience/consistency.cpp).
   std::string job_description() const;

@@ -108,7 +108,7 @@ class DeviceDataSource final : public DataSource {
   void gather(std::int64_t position, std::int64_t n, float* x) override {
     check(n);
     const std::int64_t first = position - c_.host_args.batch_offset;
-    MNIST_CHECK(c_.step_args && first >= 0, ExitCode::kRuntime,
+    MNIST_CHECK(first >= 0, ExitCode::kRuntime,
                 "gather: the step's device arguments do not match position " + std::to_string(position));
     launch_gather(c_.stream, images_.get(), labels_in_.get(), order_.get(), &c_.step_args->batch_offset, first, n,
                   pixels_, x, labels_.get());
@@ -213,7 +213,7 @@ class CudaBackend final : public Backend {
    public:
     DeviceStepCount(CudaBackend& b, const OptimizerConfig& cfg) : b_(b), beta1_(cfg.beta1), beta2_(cfg.beta2) {}
     void begin_step(double lr) override {
-      MNIST_CHECK(b_.c_.step_args && b_.c_.host_args.lr == lr, ExitCode::kRuntime,
+      MNIST_CHECK(b_.c_.host_args.lr == lr, ExitCode::kRuntime,
                   "the optimiser's step: the step's device arguments hold another learning rate (call "
                   "Backend::set_step_args before the step)");
       launch_count_step(b_.c_.stream, state_.get(), b_.guard_.get(), beta1_, beta2_, &b_.c_.step_args->lr);

@@ -22,7 +22,7 @@ class Dropout final : public LayerKernel {
       return;
     }
     // The step from device memory (Note [A step as one CUDA graph]); the host queued ctx.step there.
-    MNIST_CHECK(c_.step_args && c_.host_args.step == ctx.step, ExitCode::kRuntime,
+    MNIST_CHECK(c_.host_args.step == ctx.step, ExitCode::kRuntime,
                 "dropout: the step's device arguments were not set for step " + std::to_string(ctx.step));
     launch_dropout_forward(c_.stream, b_.x, b_.y, scale_.get(), b_.batch, per_sample_, ctx.seed, &c_.step_args->step,
                            ctx.first_sample, index_, rate_);
