@@ -19,6 +19,7 @@
 #include "mnist_mpi/checkpoint/checkpointer.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/crc32c.hpp"
+#include "mnist_mpi/io/file_kind.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 
 namespace mnist_mpi {
@@ -248,6 +249,45 @@ TEST(Checkpoint, AFailedWriteLeavesThePreviousFileIntact) {
   EXPECT_NE(msg.find("untouched"), std::string::npos) << msg;
   EXPECT_EQ(slurp((dir / "step-00000001.ckpt").string()), old_bytes);  // the old file, whole
   EXPECT_FALSE(fs::exists(dir / "step-00000001.ckpt.tmp"));            // and no leftovers
+  fs::remove_all(dir);
+}
+
+// Note [Whole or absent] (replace_file, under write_file_atomically and the ONNX export): a
+// leftover temporary is replaced, the file is written whole; a path that is a device (here a link
+// to /dev/null) is refused and left as it was, since the rename would replace the device node.
+TEST(Checkpoint, ReplaceFileRefusesADeviceAndReplacesALeftover) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("mnist_mpi_replace_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "model.onnx").string();
+  {
+    std::ofstream leftover(file + ".tmp");
+    leftover << "half a file";
+  }
+  const std::vector<std::uint8_t> bytes(5000, 0x5A);
+  int calls = 0;
+  const WriteError thrower = [&](const std::string& what, int, bool) {
+    ++calls;
+    throw_error(ExitCode::kOutput, what);
+  };
+  replace_file(file, ".tmp", bytes, thrower);
+  EXPECT_EQ(slurp(file), bytes);
+  EXPECT_FALSE(fs::exists(file + ".tmp"));
+  EXPECT_EQ(calls, 0);
+
+  const fs::path link = dir / "null.onnx";
+  fs::create_symlink("/dev/null", link);
+  std::string msg;
+  try {
+    replace_file(link.string(), ".tmp", bytes, thrower);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_EQ(calls, 1);
+  EXPECT_NE(msg.find("a character device"), std::string::npos) << msg;
+  EXPECT_TRUE(fs::is_symlink(link));  // the link, and the device behind it, untouched
+  EXPECT_EQ(fs::read_symlink(link), "/dev/null");
+  EXPECT_FALSE(fs::exists(link.string() + ".tmp"));
   fs::remove_all(dir);
 }
 

@@ -157,5 +157,21 @@ TEST(OnnxExport, TensorsThatDoNotMatchTheSpecAreACheckpointError) {
   }
 }
 
+// The one check that evaluate, export and predict make (checkpoint_model_spec): a checkpoint whose
+// tensor table matches its spec but whose parameters are fewer than the spec's (a META count that
+// disagrees, which decoding alone does not catch) is refused before any copy into a spec-sized buffer.
+TEST(OnnxExport, ParametersShorterThanTheSpecAreACheckpointError) {
+  Checkpoint ck = make_checkpoint("flatten,fc:10");
+  EXPECT_EQ(checkpoint_model_spec(ck).param_count, static_cast<std::int64_t>(ck.params.size()));
+  ck.params.pop_back();
+  try {
+    checkpoint_model_spec(ck);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kCheckpoint);
+    EXPECT_NE(std::string(e.what()).find("do not match its own model spec"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace mnist_mpi

@@ -160,6 +160,14 @@ std::vector<CheckpointTensor> checkpoint_tensors(const ModelSpec& spec) {
   return out;
 }
 
+ModelSpec checkpoint_model_spec(const Checkpoint& ck) {
+  const ModelSpec spec = parse_model_spec(ck.spec, ck.input, ck.num_classes);
+  MNIST_CHECK(checkpoint_tensors(spec) == ck.tensors && static_cast<std::int64_t>(ck.params.size()) == spec.param_count,
+              ExitCode::kCheckpoint,
+              "the checkpoint's tensors do not match its own model spec " + quote_input(ck.spec));
+  return spec;
+}
+
 std::string checkpoint_file_name(std::int64_t step) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "step-%08lld.ckpt", static_cast<long long>(step));
@@ -496,43 +504,24 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
 }
 
 void write_file_atomically(const std::string& dir, const std::string& name, std::span<const std::uint8_t> bytes) {
-  const std::string final_path = dir + "/" + name, tmp = final_path + kCheckpointTempSuffix;
-  auto fail = [&](const std::string& what, int e) {
-    ::unlink(tmp.c_str());
+  const std::string final_path = dir + "/" + name;
+  // Note [Whole or absent] (include/mnist_mpi/io/file_kind.hpp). Only the holder of the directory's
+  // lock writes here (Note [One job per checkpoint directory]), so a file of the temporary's name
+  // is a leftover of ours.
+  replace_file(final_path, kCheckpointTempSuffix, bytes, [&](const std::string& what, int e, bool renamed) {
+    if (renamed)
+      throw_error(ExitCode::kCheckpoint, "checkpoint '" + final_path + "' was written but fsync of the directory '" +
+                                             dir + "' failed: " + errno_text(e) + "; check the file system");
     std::string fix = "check the directory";
     if (e == ENOSPC || e == EDQUOT || e == EFBIG)
       fix = "free disk space (or raise the quota / file size limit)";
     else if (e == EACCES || e == EPERM || e == EROFS)
       fix = "make it writable";
-    throw_error(ExitCode::kCheckpoint, "cannot write checkpoint '" + final_path + "': " + what + ": " + errno_text(e) +
+    throw_error(ExitCode::kCheckpoint, "cannot write checkpoint '" + final_path + "': " + what +
+                                           (e ? ": " + errno_text(e) : std::string()) +
                                            "; the previous checkpoints in '" + dir + "' are untouched; " + fix +
                                            " or choose another --checkpoint-dir, then rerun with --resume auto");
-  };
-  Fd f;
-  // Only the holder of the directory's lock writes here (Note [One job per checkpoint directory]), so
-  // a file of the temporary's name is a leftover of ours: remove it and create the temporary anew
-  // (O_EXCL | O_NOFOLLOW: never through a link, never into a FIFO that would block the open).
-  ::unlink(tmp.c_str());
-  f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (f.fd < 0) fail("cannot create '" + tmp + "'", errno);
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t r = ::write(f.fd, bytes.data() + done, bytes.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0)
-      fail("write failed after " + std::to_string(done) + " of " + std::to_string(bytes.size()) + " bytes", errno);
-    done += static_cast<std::size_t>(r);
-  }
-  if (::fsync(f.fd) != 0) fail("fsync failed", errno);
-  const int fd = f.fd;
-  f.fd = -1;
-  if (::close(fd) != 0) fail("close failed", errno);
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) fail("rename failed", errno);
-  Fd d;
-  d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (d.fd < 0 || ::fsync(d.fd) != 0)  // the rename is done; only its durability is in doubt
-    throw_error(ExitCode::kCheckpoint, "checkpoint '" + final_path + "' was written but fsync of the directory '" +
-                                           dir + "' failed: " + errno_text(errno) + "; check the file system");
+  });
 }
 
 }  // namespace mnist_mpi

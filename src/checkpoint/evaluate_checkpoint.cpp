@@ -18,6 +18,7 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/io/file_kind.hpp"
 #include "mnist_mpi/model/model.hpp"
 #include "mnist_mpi/model/spec.hpp"
 
@@ -80,9 +81,7 @@ Checkpoint pick_checkpoint(const std::string& path, std::string& chosen) {
 
 CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& split, int batch, int threads,
                                          bool keep_logits) {
-  const ModelSpec spec = parse_model_spec(ck.spec, ck.input, ck.num_classes);
-  MNIST_CHECK(checkpoint_tensors(spec) == ck.tensors, ExitCode::kCheckpoint,
-              "the checkpoint's tensors do not match its own model spec '" + ck.spec + "'");
+  const ModelSpec spec = checkpoint_model_spec(ck);
   MNIST_CHECK(split.rows == ck.input.h && split.cols == ck.input.w && ck.input.c == 1, ExitCode::kData,
               "the data's images are " + std::to_string(split.rows) + "x" + std::to_string(split.cols) +
                   ", the checkpoint's model takes " + std::to_string(ck.input.h) + "x" + std::to_string(ck.input.w));
@@ -149,65 +148,50 @@ int evaluate_checkpoint_main(int argc, char** argv) {
       "logits-file", po::value(&logits_file),
       "also write every image's logits to this NumPy .npy file: float32, (images, classes), in split order")(
       "show-config", "print the checkpoint's state and the options of the run that wrote it, then exit");
-  try {
-    po::variables_map vm;
-    try {
-      po::store(po::parse_command_line(argc, argv, desc), vm);
-      po::notify(vm);
-    } catch (const po::error& e) {
-      throw_error(ExitCode::kUsage, option_error_message(e, argc, argv) + " (see mnist_mpi evaluate --help)");
-    }
-    if (vm.count("help")) {
-      std::cout << desc;
-      return 0;
-    }
-    if (checkpoint.empty()) throw_error(ExitCode::kUsage, "give --checkpoint FILE (see mnist_mpi evaluate --help)");
-    if (split_name != "test" && split_name != "validation")
-      throw_error(ExitCode::kUsage, "--split must be test or validation, got '" + split_name + "'");
-    if (batch <= 0 || threads < 0) throw_error(ExitCode::kUsage, "--eval-batch-size must be > 0 and --threads >= 0");
-    std::string path;
-    const Checkpoint ck = pick_checkpoint(checkpoint, path);
-    const CheckpointMeta& m = ck.meta;
-    std::printf("checkpoint %s: step %lld of %lld (epoch %lld), model %s, %lld parameters\n", path.c_str(),
-                static_cast<long long>(m.step), static_cast<long long>(m.total_steps), static_cast<long long>(m.epoch),
-                ck.spec.c_str(), static_cast<long long>(m.param_count));
-    if (vm.count("show-config")) {
-      std::printf(
-          "global batch %lld, seed %llu, %lld ranks, optimiser %s (%lld steps), next lr %.6g, "
-          "validation accuracy %.4f\noptions of the run that wrote it:\n%s",
-          static_cast<long long>(m.global_batch), static_cast<unsigned long long>(m.seed),
-          static_cast<long long>(m.world_size), m.optimizer_kind == 0 ? "adam" : "sgd",
-          static_cast<long long>(m.optimizer_steps), m.next_lr, m.validation_accuracy, ck.config.c_str());
-      return 0;
-    }
-    const std::int64_t val = std::stoll(config_value(ck.config, "validation-size", "5000"));
-    const std::int64_t limit = std::stoll(config_value(ck.config, "train-limit", "0"));
-    const Mnist data = load_mnist(data_dir, split_name == "test" ? 0 : val, split_name == "test" ? 0 : limit);
-    const Split& split = split_name == "test" ? data.test : data.validation;
-    const CheckpointEvaluation r =
-        evaluate_checkpoint(ck, split, static_cast<int>(batch), threads, !logits_file.empty());
-    if (!logits_file.empty()) write_npy(logits_file, r.logits, r.count, r.classes);
-    std::printf("%s: %lld images, accuracy %.4f, loss %.4f\n", split_name.c_str(), static_cast<long long>(r.count),
-                r.accuracy, r.loss);
-    std::printf("confusion matrix (rows: true label, columns: predicted label):\n      ");
-    for (int c = 0; c < r.classes; ++c) std::printf("%6d", c);
-    std::printf("\n");
-    for (int t = 0; t < r.classes; ++t) {
-      std::printf("%6d", t);
-      for (int c = 0; c < r.classes; ++c)
-        std::printf("%6lld", static_cast<long long>(r.confusion[static_cast<std::size_t>(t * r.classes + c)]));
-      std::printf("\n");
-    }
-    return 0;
-  } catch (const Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "mnist_mpi: error: %s\n", e.what());
-    return static_cast<int>(e.code());
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "mnist_mpi: error: %s\n", e.what());
-    return static_cast<int>(ExitCode::kRuntime);
-  }
+  return run_subcommand(
+      "evaluate", "mnist_mpi", desc, nullptr, argc, argv, [&]([[maybe_unused]] const po::variables_map& vm) -> int {
+        if (checkpoint.empty()) throw_error(ExitCode::kUsage, "give --checkpoint FILE (see mnist_mpi evaluate --help)");
+        if (split_name != "test" && split_name != "validation")
+          throw_error(ExitCode::kUsage, "--split must be test or validation, got '" + split_name + "'");
+        if (batch <= 0 || threads < 0)
+          throw_error(ExitCode::kUsage, "--eval-batch-size must be > 0 and --threads >= 0");
+        std::string path;
+        const Checkpoint ck = pick_checkpoint(checkpoint, path);
+        const CheckpointMeta& m = ck.meta;
+        std::printf("checkpoint %s: step %lld of %lld (epoch %lld), model %s, %lld parameters\n", path.c_str(),
+                    static_cast<long long>(m.step), static_cast<long long>(m.total_steps),
+                    static_cast<long long>(m.epoch), ck.spec.c_str(), static_cast<long long>(m.param_count));
+        if (vm.count("show-config")) {
+          std::printf(
+              "global batch %lld, seed %llu, %lld ranks, optimiser %s (%lld steps), next lr %.6g, "
+              "validation accuracy %.4f\noptions of the run that wrote it:\n%s",
+              static_cast<long long>(m.global_batch), static_cast<unsigned long long>(m.seed),
+              static_cast<long long>(m.world_size), m.optimizer_kind == 0 ? "adam" : "sgd",
+              static_cast<long long>(m.optimizer_steps), m.next_lr, m.validation_accuracy, ck.config.c_str());
+          return 0;
+        }
+        if (!logits_file.empty())
+          check_output_path(logits_file, "--logits-file", ExitCode::kOutput);  // before the work
+        const std::int64_t val = std::stoll(config_value(ck.config, "validation-size", "5000"));
+        const std::int64_t limit = std::stoll(config_value(ck.config, "train-limit", "0"));
+        const Mnist data = load_mnist(data_dir, split_name == "test" ? 0 : val, split_name == "test" ? 0 : limit);
+        const Split& split = split_name == "test" ? data.test : data.validation;
+        const CheckpointEvaluation r =
+            evaluate_checkpoint(ck, split, static_cast<int>(batch), threads, !logits_file.empty());
+        if (!logits_file.empty()) write_npy(logits_file, r.logits, r.count, r.classes);
+        std::printf("%s: %lld images, accuracy %.4f, loss %.4f\n", split_name.c_str(), static_cast<long long>(r.count),
+                    r.accuracy, r.loss);
+        std::printf("confusion matrix (rows: true label, columns: predicted label):\n      ");
+        for (int c = 0; c < r.classes; ++c) std::printf("%6d", c);
+        std::printf("\n");
+        for (int t = 0; t < r.classes; ++t) {
+          std::printf("%6d", t);
+          for (int c = 0; c < r.classes; ++c)
+            std::printf("%6lld", static_cast<long long>(r.confusion[static_cast<std::size_t>(t * r.classes + c)]));
+          std::printf("\n");
+        }
+        return 0;
+      });
 }
 
 }  // namespace mnist_mpi

@@ -8,7 +8,9 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <set>
@@ -505,6 +507,37 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   }
   o.resolved = res.str();
   return ParseOutcome::kRun;
+}
+
+int run_subcommand(const std::string& name, const std::string& prefix, const po::options_description& desc,
+                   const po::positional_options_description* positional, int argc, char** argv,
+                   const std::function<int(const po::variables_map&)>& body) {
+  const auto fail = [&](const char* what, int code) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: error: %s\n", prefix.c_str(), what);
+    return code;
+  };
+  try {
+    po::variables_map vm;
+    try {
+      po::command_line_parser parser(argc, argv);
+      parser.options(desc);
+      if (positional) parser.positional(*positional);
+      po::store(parser.run(), vm);
+      po::notify(vm);
+    } catch (const po::error& e) {
+      throw_error(ExitCode::kUsage, option_error_message(e, argc, argv) + " (see mnist_mpi " + name + " --help)");
+    }
+    if (vm.count("help")) {
+      std::cout << desc;
+      return 0;
+    }
+    return body(vm);
+  } catch (const Error& e) {
+    return fail(e.what(), static_cast<int>(e.code()));
+  } catch (const std::exception& e) {
+    return fail(e.what(), static_cast<int>(ExitCode::kRuntime));
+  }
 }
 
 }  // namespace mnist_mpi

@@ -4,11 +4,9 @@
 // is written; the file is written to a temporary name and renamed, so it is whole or absent.
 #include "mnist_mpi/export/onnx_export.hpp"
 
-#include <fcntl.h>
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
-#include <unistd.h>
 
 #include <bit>
 #include <boost/program_options.hpp>
@@ -106,7 +104,6 @@ class GraphBuilder {
   }
 
   const std::string& current() const { return cur_; }
-  bool rank4() const { return rank4_; }
 
  private:
   onnx::GraphProto& g_;
@@ -140,36 +137,15 @@ void vet(onnx::ModelProto& model) {
   }
 }
 
-std::string errno_text(int e) { return std::strerror(e); }
-
-// path.tmp written, flushed to disk, renamed over path: the file is whole or absent.
+// Note [Whole or absent] (include/mnist_mpi/io/file_kind.hpp): the model file is whole or absent.
 void write_whole_file(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  auto fail = [&](const std::string& what, int e) {
-    ::unlink(tmp.c_str());
-    throw_error(ExitCode::kOutput, "cannot write " + quote_input(path) + ": " + what + ": " + errno_text(e) +
-                                       " -- check the directory exists and is writable");
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("open " + quote_input(tmp), errno);
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int e = n < 0 ? errno : EIO;
-      ::close(fd);
-      fail("write", e);
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int e = errno;
-    ::close(fd);
-    fail("fsync", e);
-  }
-  if (::close(fd) != 0) fail("close", errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename", errno);
+  replace_file(path, ".tmp", {reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()},
+               [&](const std::string& what, int e, bool renamed) {
+                 throw_error(ExitCode::kOutput, std::string(renamed ? "wrote " : "cannot write ") + quote_input(path) +
+                                                    (renamed ? " but " : ": ") + what +
+                                                    (e ? ": " + std::string(std::strerror(e)) : std::string()) +
+                                                    " -- check the directory exists and is writable");
+               });
 }
 
 }  // namespace
@@ -198,10 +174,7 @@ void check_onnx_exportable(const ModelSpec& spec) {
 // transB = 1, since our fc weight is (out, in); dropout is left out (inference: the identity).
 // Long on purpose (Note [Why a function is long] in docs/style.md): one case per layer kind.
 OnnxExport export_onnx(const Checkpoint& ck) {
-  const ModelSpec spec = parse_model_spec(ck.spec, ck.input, ck.num_classes);
-  MNIST_CHECK(checkpoint_tensors(spec) == ck.tensors && static_cast<std::int64_t>(ck.params.size()) == spec.param_count,
-              ExitCode::kCheckpoint,
-              "the checkpoint's tensors do not match its own model spec " + quote_input(ck.spec));
+  const ModelSpec spec = checkpoint_model_spec(ck);
   check_onnx_exportable(spec);
 
   onnx::ModelProto model;
@@ -284,8 +257,8 @@ OnnxExport export_onnx(const Checkpoint& ck) {
   set_float_type(*g.add_output(), kProbabilitiesName, {ck.num_classes});
   out.nodes = g.node_size();
 
-  onnx::ModelProto vetted = model;  // shape inference adds value_info; the file keeps the plain graph
-  vet(vetted);
+  vet(model);
+  model.mutable_graph()->clear_value_info();  // shape inference added it; the file keeps the plain graph
   MNIST_CHECK(model.SerializeToString(&out.bytes), ExitCode::kRuntime, "protobuf could not serialize the ONNX model");
   return out;
 }
@@ -300,42 +273,25 @@ int export_onnx_main(int argc, char** argv) {
   desc.add_options()("help,h", "print this help and exit")(
       "checkpoint", po::value(&checkpoint), "checkpoint file, or a --checkpoint-dir (its newest valid checkpoint)")(
       "onnx", po::value(&onnx_path), "the ONNX file to write (replaced whole, or left as it was on an error)");
-  try {
-    po::variables_map vm;
-    try {
-      po::store(po::parse_command_line(argc, argv, desc), vm);
-      po::notify(vm);
-    } catch (const po::error& e) {
-      throw_error(ExitCode::kUsage, option_error_message(e, argc, argv) + " (see mnist_mpi export --help)");
-    }
-    if (vm.count("help")) {
-      std::cout << desc;
-      return 0;
-    }
-    if (checkpoint.empty() || onnx_path.empty())
-      throw_error(ExitCode::kUsage, "give --checkpoint FILE and --onnx FILE (see mnist_mpi export --help)");
-    check_output_path(onnx_path, "ONNX file", ExitCode::kOutput);  // before the work, not after it
-    std::string chosen;
-    const Checkpoint ck = pick_checkpoint(checkpoint, chosen);
-    const OnnxExport e = export_onnx(ck);
-    write_whole_file(onnx_path, e.bytes);
-    std::printf(
-        "wrote %s: ONNX opset %lld, %d nodes, input %s (N,%d,%d,%d), outputs %s and %s (N,%d); "
-        "model %s at step %lld from %s\n",
-        onnx_path.c_str(), static_cast<long long>(kOnnxOpset), e.nodes, kInputName, ck.input.c, ck.input.h, ck.input.w,
-        kLogitsName, kProbabilitiesName, ck.num_classes, ck.spec.c_str(), static_cast<long long>(ck.meta.step),
-        chosen.c_str());
-    for (const std::string& d : e.dropped) std::printf("  left out for inference: layer %s\n", d.c_str());
-    return 0;
-  } catch (const Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "mnist_mpi export: error: %s\n", e.what());
-    return static_cast<int>(e.code());
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "mnist_mpi export: error: %s\n", e.what());
-    return static_cast<int>(ExitCode::kRuntime);
-  }
+  return run_subcommand(
+      "export", "mnist_mpi export", desc, nullptr, argc, argv,
+      [&]([[maybe_unused]] const po::variables_map& vm) -> int {
+        if (checkpoint.empty() || onnx_path.empty())
+          throw_error(ExitCode::kUsage, "give --checkpoint FILE and --onnx FILE (see mnist_mpi export --help)");
+        check_output_path(onnx_path, "ONNX file", ExitCode::kOutput);  // before the work, not after it
+        std::string chosen;
+        const Checkpoint ck = pick_checkpoint(checkpoint, chosen);
+        const OnnxExport e = export_onnx(ck);
+        write_whole_file(onnx_path, e.bytes);
+        std::printf(
+            "wrote %s: ONNX opset %lld, %d nodes, input %s (N,%d,%d,%d), outputs %s and %s (N,%d); "
+            "model %s at step %lld from %s\n",
+            onnx_path.c_str(), static_cast<long long>(kOnnxOpset), e.nodes, kInputName, ck.input.c, ck.input.h,
+            ck.input.w, kLogitsName, kProbabilitiesName, ck.num_classes, ck.spec.c_str(),
+            static_cast<long long>(ck.meta.step), chosen.c_str());
+        for (const std::string& d : e.dropped) std::printf("  left out for inference: layer %s\n", d.c_str());
+        return 0;
+      });
 }
 
 }  // namespace mnist_mpi

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 namespace mnist_mpi {
 namespace {
@@ -115,6 +116,48 @@ void check_output_path(const std::string& path, const std::string& what, ExitCod
     default:
       throw Error(code, what + " " + quote_input(path) + " is " + describe_path(path) +
                             ", not a file that can be written; choose a regular file's path");
+  }
+}
+
+// Note [Whole or absent] (include/mnist_mpi/io/file_kind.hpp)
+void replace_file(const std::string& path, const std::string& suffix, std::span<const std::uint8_t> bytes,
+                  const WriteError& on_error) {
+  const std::string tmp = path + suffix;
+  struct Fd {
+    int fd = -1;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } f;
+  const auto fail = [&](const std::string& what, int e) {
+    if (f.fd >= 0) ::close(std::exchange(f.fd, -1));
+    ::unlink(tmp.c_str());
+    on_error(what, e, false);
+    throw_error(ExitCode::kRuntime, "replace_file: the error handler returned");  // it must throw
+  };
+  const FileKind kind = file_kind(path);
+  if (kind == FileKind::kCharDevice || kind == FileKind::kBlockDevice)
+    fail(quote_input(path) + " is " + describe_path(path) + ", which a file must not replace", 0);
+  ::unlink(tmp.c_str());  // a leftover of an earlier write
+  f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (f.fd < 0) fail("cannot create '" + tmp + "'", errno);
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t r = ::write(f.fd, bytes.data() + done, bytes.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      fail("write failed after " + std::to_string(done) + " of " + std::to_string(bytes.size()) + " bytes", errno);
+    done += static_cast<std::size_t>(r);
+  }
+  if (::fsync(f.fd) != 0) fail("fsync failed", errno);
+  if (::close(std::exchange(f.fd, -1)) != 0) fail("close failed", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename failed", errno);
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  Fd d;
+  d.fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d.fd < 0 || ::fsync(d.fd) != 0) {  // the rename is done; only its durability is in doubt
+    on_error("fsync of the directory failed", errno, true);
+    throw_error(ExitCode::kRuntime, "replace_file: the error handler returned");
   }
 }
 

@@ -54,12 +54,17 @@ std::string ink_text(const MnistStyle& m) {
   return buf;
 }
 
+// FILE: DIGIT PROBABILITY  top3 D:P D:P D:P  INK (top3 as many as the model has classes, up to 3).
 void print_line(const Outcome& o) {
   const std::vector<int> r = ranking(o.probabilities);
-  std::printf("%s: %d %.4f  top3 %d:%.4f %d:%.4f %d:%.4f  %s\n", o.file.c_str(), r[0],
-              o.probabilities[static_cast<std::size_t>(r[0])], r[0], o.probabilities[static_cast<std::size_t>(r[0])],
-              r[1], o.probabilities[static_cast<std::size_t>(r[1])], r[2],
-              o.probabilities[static_cast<std::size_t>(r[2])], ink_text(o.prepared).c_str());
+  const auto p = [&](std::size_t k) { return o.probabilities[static_cast<std::size_t>(r[k])]; };
+  std::string top;
+  for (std::size_t k = 0; k < 3 && k < r.size(); ++k) {
+    char item[32];
+    std::snprintf(item, sizeof item, " %d:%.4f", r[k], p(k));
+    top += item;
+  }
+  std::printf("%s: %d %.4f  top3%s  %s\n", o.file.c_str(), r[0], p(0), top.c_str(), ink_text(o.prepared).c_str());
 }
 
 Json outcome_json(const Outcome& o) {
@@ -107,9 +112,7 @@ std::string host_name() {
 
 std::vector<std::vector<float>> classify(const Checkpoint& ck, Backend& backend,
                                          const std::vector<std::vector<float>>& inputs) {
-  const ModelSpec spec = parse_model_spec(ck.spec, ck.input, ck.num_classes);
-  MNIST_CHECK(checkpoint_tensors(spec) == ck.tensors, ExitCode::kCheckpoint,
-              "the checkpoint's tensors do not match its own model spec " + quote_input(ck.spec));
+  const ModelSpec spec = checkpoint_model_spec(ck);
   std::vector<std::vector<float>> out;
   if (inputs.empty()) return out;
   auto params = backend.allocate(spec.param_count);
@@ -173,87 +176,69 @@ int predict_main(int argc, char** argv) {
       "image", po::value(&images), "image files (positional)");
   po::positional_options_description pos;
   pos.add("image", -1);
-  try {
-    po::variables_map vm;
-    try {
-      po::store(po::command_line_parser(argc, argv).options(desc).positional(pos).run(), vm);
-      po::notify(vm);
-    } catch (const po::error& e) {
-      throw_error(ExitCode::kUsage, option_error_message(e, argc, argv) + " (see mnist_mpi predict --help)");
-    }
-    if (vm.count("help")) {
-      std::cout << desc;
-      return 0;
-    }
-    if (checkpoint.empty() || images.empty())
-      throw_error(ExitCode::kUsage, "give --checkpoint FILE and one or more images (see mnist_mpi predict --help)");
-    if (vm.count("invert") && vm.count("no-invert"))
-      throw_error(ExitCode::kUsage, "--invert and --no-invert contradict each other; give at most one");
-    if (threads < 0) throw_error(ExitCode::kUsage, "--threads must be >= 0");
-    const InkMode ink = vm.count("invert")      ? InkMode::kDarkOnLight
-                        : vm.count("no-invert") ? InkMode::kLightOnDark
-                                                : InkMode::kAuto;
-    std::string chosen;
-    const Checkpoint ck = pick_checkpoint(checkpoint, chosen);
-    MNIST_CHECK(ck.input.c == 1 && ck.input.h == ck.input.w, ExitCode::kCheckpoint,
-                "the checkpoint's model takes " + std::to_string(ck.input.c) + "x" + std::to_string(ck.input.h) + "x" +
-                    std::to_string(ck.input.w) + " inputs; predict prepares square grey images only");
-    const DeviceChoice dev =
-        choose_device(device, cuda_built(), device == "cpu" ? GpuProbe{} : probe_gpus(), 0, 1, false, host_name());
-    if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    auto backend = make_backend(dev, threads, /*tf32=*/false);
+  return run_subcommand(
+      "predict", "mnist_mpi predict", desc, &pos, argc, argv, [&]([[maybe_unused]] const po::variables_map& vm) -> int {
+        if (checkpoint.empty() || images.empty())
+          throw_error(ExitCode::kUsage, "give --checkpoint FILE and one or more images (see mnist_mpi predict --help)");
+        if (vm.count("invert") && vm.count("no-invert"))
+          throw_error(ExitCode::kUsage, "--invert and --no-invert contradict each other; give at most one");
+        if (threads < 0) throw_error(ExitCode::kUsage, "--threads must be >= 0");
+        const InkMode ink = vm.count("invert")      ? InkMode::kDarkOnLight
+                            : vm.count("no-invert") ? InkMode::kLightOnDark
+                                                    : InkMode::kAuto;
+        std::string chosen;
+        const Checkpoint ck = pick_checkpoint(checkpoint, chosen);
+        MNIST_CHECK(ck.input.c == 1 && ck.input.h == ck.input.w, ExitCode::kCheckpoint,
+                    "the checkpoint's model takes " + std::to_string(ck.input.c) + "x" + std::to_string(ck.input.h) +
+                        "x" + std::to_string(ck.input.w) + " inputs; predict prepares square grey images only");
+        const DeviceChoice dev =
+            choose_device(device, cuda_built(), device == "cpu" ? GpuProbe{} : probe_gpus(), 0, 1, false, host_name());
+        if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+        auto backend = make_backend(dev, threads, /*tf32=*/false);
 
-    const int size = ck.input.h, box = static_cast<int>(std::lround(ck.input.h * 20.0 / 28.0));
-    std::vector<Outcome> outcomes(images.size());
-    std::vector<std::vector<float>> inputs;
-    std::vector<std::size_t> which;  // outcomes[which[k]] is inputs[k]
-    for (std::size_t i = 0; i < images.size(); ++i) {
-      Outcome& o = outcomes[i];
-      o.file = images[i];
-      try {
-        const GreyImage img = read_image(images[i]);
-        o.format = img.format;
-        try {
-          o.prepared = to_mnist_style(img, ink, size, box);
-        } catch (const Error& e) {
-          throw_error(e.code(), "image " + quote_input(images[i]) + ": " + e.what());
+        const int size = ck.input.h, box = static_cast<int>(std::lround(ck.input.h * 20.0 / 28.0));
+        std::vector<Outcome> outcomes(images.size());
+        std::vector<std::vector<float>> inputs;
+        std::vector<std::size_t> which;  // outcomes[which[k]] is inputs[k]
+        for (std::size_t i = 0; i < images.size(); ++i) {
+          Outcome& o = outcomes[i];
+          o.file = images[i];
+          try {
+            const GreyImage img = read_image(images[i]);
+            o.format = img.format;
+            try {
+              o.prepared = to_mnist_style(img, ink, size, box);
+            } catch (const Error& e) {
+              throw_error(e.code(), "image " + quote_input(images[i]) + ": " + e.what());
+            }
+            if (!save_dir.empty()) save_prepared(save_dir, i, o);
+            inputs.push_back(o.prepared.pixels);
+            which.push_back(i);
+          } catch (const Error& e) {
+            if (e.code() != ExitCode::kData) throw;
+            o.error = e.what();
+            std::fprintf(stderr, "mnist_mpi predict: %s\n", e.what());
+          }
         }
-        if (!save_dir.empty()) save_prepared(save_dir, i, o);
-        inputs.push_back(o.prepared.pixels);
-        which.push_back(i);
-      } catch (const Error& e) {
-        if (e.code() != ExitCode::kData) throw;
-        o.error = e.what();
-        std::fprintf(stderr, "mnist_mpi predict: %s\n", e.what());
-      }
-    }
-    const std::vector<std::vector<float>> p = classify(ck, *backend, inputs);
-    for (std::size_t k = 0; k < p.size(); ++k) outcomes[which[k]].probabilities = p[k];
-    if (vm.count("json")) {
-      Json doc;
-      doc["checkpoint"] = chosen;
-      doc["step"] = ck.meta.step;
-      doc["model"] = ck.spec;
-      doc["device"] = backend->name();
-      Json list = Json::array();
-      for (const Outcome& o : outcomes) list.push_back(outcome_json(o));
-      doc["images"] = list;
-      std::printf("%s\n", json_text(doc).c_str());
-    } else {
-      for (const Outcome& o : outcomes)
-        if (o.error.empty()) print_line(o);
-    }
-    std::fflush(stdout);
-    return inputs.size() == images.size() ? 0 : static_cast<int>(ExitCode::kData);
-  } catch (const Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "mnist_mpi predict: error: %s\n", e.what());
-    return static_cast<int>(e.code());
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "mnist_mpi predict: error: %s\n", e.what());
-    return static_cast<int>(ExitCode::kRuntime);
-  }
+        const std::vector<std::vector<float>> p = classify(ck, *backend, inputs);
+        for (std::size_t k = 0; k < p.size(); ++k) outcomes[which[k]].probabilities = p[k];
+        if (vm.count("json")) {
+          Json doc;
+          doc["checkpoint"] = chosen;
+          doc["step"] = ck.meta.step;
+          doc["model"] = ck.spec;
+          doc["device"] = backend->name();
+          Json list = Json::array();
+          for (const Outcome& o : outcomes) list.push_back(outcome_json(o));
+          doc["images"] = list;
+          std::printf("%s\n", json_text(doc).c_str());
+        } else {
+          for (const Outcome& o : outcomes)
+            if (o.error.empty()) print_line(o);
+        }
+        std::fflush(stdout);
+        return inputs.size() == images.size() ? 0 : static_cast<int>(ExitCode::kData);
+      });
 }
 
 }  // namespace mnist_mpi

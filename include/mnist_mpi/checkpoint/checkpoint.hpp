@@ -118,5 +118,9 @@ inline constexpr const char* kCheckpointTempSuffix = ".tmp";
 
 // Tensors of a spec in file form (names, shapes, offsets).
 std::vector<CheckpointTensor> checkpoint_tensors(const ModelSpec& spec);
+// The model of a checkpoint used outside training (evaluate, export, predict): its own spec,
+// parsed, and checked against its tensor table and its parameter count, so that its parameters
+// fill exactly a buffer of spec.param_count. Throws Error(kCheckpoint) when they disagree.
+ModelSpec checkpoint_model_spec(const Checkpoint& ck);
 
 }  // namespace mnist_mpi

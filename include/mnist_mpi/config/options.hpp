@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -12,7 +13,10 @@
 
 namespace boost::program_options {
 class error;
-}
+class options_description;
+class positional_options_description;
+class variables_map;
+}  // namespace boost::program_options
 
 namespace mnist_mpi {
 
@@ -84,5 +88,15 @@ std::map<std::string, std::string> key_value_lines(const std::string& text);
 // One line for a Boost.ProgramOptions error about argv, with the user's text quoted
 // (Note [Messages built from what the user wrote]); never Boost's what() on text that would hang it.
 std::string option_error_message(const boost::program_options::error& e, int argc, const char* const* argv);
+
+// A one-process subcommand (`mnist_mpi evaluate`, `export`, `predict`): parses argv with `desc`
+// (and `positional`, when given), prints `desc` for --help, else runs body(vm) and returns its
+// exit code. A bad option is a usage error naming --help; an Error or any other exception ends
+// the subcommand with one line "<prefix>: error: <what>" on stderr and the error's exit code
+// (1 for other exceptions).
+int run_subcommand(const std::string& name, const std::string& prefix,
+                   const boost::program_options::options_description& desc,
+                   const boost::program_options::positional_options_description* positional, int argc, char** argv,
+                   const std::function<int(const boost::program_options::variables_map&)>& body);
 
 }  // namespace mnist_mpi

@@ -12,6 +12,9 @@
 // directory, a FIFO, a socket or a block device are refused.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 
 #include "mnist_mpi/check.hpp"
@@ -37,5 +40,17 @@ void require_regular_file(const std::string& path, const std::string& what, Exit
 // An output path: refused (Error(code)) when it is a directory, a FIFO, a socket, a block device
 // or a broken link, or when its parent directory does not exist.
 void check_output_path(const std::string& path, const std::string& what, ExitCode code);
+
+// Note [Whole or absent]
+// A file other programs read (a checkpoint, an ONNX model) is written so that `path` holds either
+// its old content or the whole new file: path + suffix is created afresh (a leftover removed
+// first; O_EXCL | O_NOFOLLOW: never through a link, never into a FIFO), written, fsynced, renamed
+// over `path`, and the directory fsynced. A `path` that is a device is refused: the rename would
+// replace the device node (`--onnx /dev/null` as root). On any failure the temporary is removed
+// and on_error(what failed, errno or 0, renamed) is called, which throws; renamed: only the
+// directory's fsync failed, the file is in place.
+using WriteError = std::function<void(const std::string& what, int err, bool renamed)>;
+void replace_file(const std::string& path, const std::string& suffix, std::span<const std::uint8_t> bytes,
+                  const WriteError& on_error);
 
 }  // namespace mnist_mpi
