@@ -460,6 +460,47 @@ TEST_F(Gpu, NcclSumsAreExact) {
   EXPECT_TRUE(all_ranks(wrong == 0));
 }
 
+// Note [Shards] on NCCL (--shard-optimizer): a reduce-scatter leaves this rank's shard of an odd
+// range (the last rank's longer) holding the exact sums, and an allgather of the shards, after
+// each rank marks its own, gives every rank every rank's marked shard.
+TEST_F(Gpu, NcclShardsAreExact) {
+  const int world = world_size(), rank = world_rank();
+  if (world > gpus_) GTEST_SKIP() << "NCCL needs one GPU per rank: " << world << " ranks, " << gpus_ << " GPU(s)";
+  auto mpi = make_mpi_communicator(MPI_COMM_WORLD);
+  auto be = make_cuda_backend(gpu_, false);
+  const std::int64_t n = 100003;  // not a multiple of 2, 3 or 4
+  auto nccl = be->make_gradient_communicator(*mpi, n, false);
+  ASSERT_NE(nccl, nullptr);
+  nccl->connect();
+  std::vector<float> host(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) host[static_cast<std::size_t>(i)] = static_cast<float>((rank + 1) * (i % 1013));
+  auto buf = be->allocate(n);
+  be->upload(host, buf->data());
+  std::span<float> all(buf->data(), static_cast<std::size_t>(n));
+  CommRequest r = nccl->start_reduce_scatter_sum(all);
+  nccl->wait(r);
+  be->download(buf->data(), host);
+  const Shard mine = shard_of(n, rank, world);
+  const double ranks_sum = world * (world + 1) / 2.0;
+  std::int64_t wrong = 0;
+  for (std::int64_t i = mine.begin; i < mine.end; ++i)
+    wrong += host[static_cast<std::size_t>(i)] != static_cast<float>(ranks_sum * static_cast<double>(i % 1013));
+  EXPECT_EQ(wrong, 0) << "of this rank's " << mine.size() << " reduce-scattered sums";
+  for (std::int64_t i = mine.begin; i < mine.end; ++i) host[static_cast<std::size_t>(i)] = static_cast<float>(rank + 1);
+  be->upload(host, buf->data());
+  r = nccl->start_allgather_shards(all);
+  nccl->wait(r);
+  be->download(buf->data(), host);
+  std::int64_t wrong_gathered = 0;
+  for (int owner = 0; owner < world; ++owner) {
+    const Shard s = shard_of(n, owner, world);
+    for (std::int64_t i = s.begin; i < s.end; ++i)
+      wrong_gathered += host[static_cast<std::size_t>(i)] != static_cast<float>(owner + 1);
+  }
+  EXPECT_EQ(wrong_gathered, 0) << "of " << n << " gathered elements";
+  EXPECT_TRUE(all_ranks(wrong == 0 && wrong_gathered == 0));
+}
+
 // World-size invariance on the GPU: the same global batch on 1 rank and on all ranks gives the
 // same parameters up to float summation order (the per-rank slices are summed by NCCL, or through
 // the host when ranks share a GPU).

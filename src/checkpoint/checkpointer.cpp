@@ -276,7 +276,6 @@ std::int64_t Checkpointer::restore(float* params, Optimizer& optimizer) {
   std::copy(ck.params.begin(), ck.params.end(), params);
   optimizer.restore(ck.first_moment.data(), ck.second_moment.empty() ? nullptr : ck.second_moment.data(),
                     ck.meta.optimizer_steps);
-  last_written_step_ = ck.meta.step;
   std::vector<std::uint8_t>().swap(resume_bytes_);
   return ck.meta.step;
 }
@@ -314,11 +313,11 @@ bool Checkpointer::after_step(const StepEnd& s) {
   if (flags[1] != 0) agree_on_errors();       // throws on every rank
   if (flags[0] == 0 || s.last) return false;  // a signal during the last step: the run is done anyway
   stop_signal_ = static_cast<int>(flags[0]);
-  if (!dir_.empty()) {
+  if (!dir_.empty() && !due) {  // a due step was written above (a failed write threw in agree_on_errors)
     s.source->settle();
-    s.source->gather_state();  // also when rank 0 wrote this step already: only rank 0 knows
+    s.source->gather_state();
+    if (rank0_) write(s);
   }
-  if (rank0_ && !dir_.empty() && last_written_step_ != s.step) write(s);
   agree_on_errors();
   return true;
 }
@@ -406,7 +405,6 @@ void Checkpointer::write(const StepEnd& s) {
   m.train_loss = s.train_loss;
   encoder_->capture(m, state.params, state.first_moment, state.second_moment);
   stats_.capture_ms += 1e3 * (now_s() - t0);
-  last_written_step_ = s.step;
   if (!opt_.quiet)
     std::printf("checkpoint after step %lld: %s/step-%08lld.ckpt\n", static_cast<long long>(s.step), dir_.c_str(),
                 static_cast<long long>(s.step));  // as checkpoint_file_name, without allocating

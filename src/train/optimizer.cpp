@@ -8,6 +8,7 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/cpu_clones.hpp"
 
 namespace mnist_mpi {
 
@@ -121,14 +122,9 @@ struct AdamScalars {
 };
 
 // Built for AVX-512, AVX2 and the baseline (Note [One build for every x86-64] in
-// src/backend/cpu/kernels.hpp): each element goes through the same IEEE operations in the same
-// order on every ISA (no FMA contraction in ISO C++ mode), so the three give the same bits.
-#if defined(__SANITIZE_THREAD__)
-#define MNIST_MPI_OPT_CLONES
-#else
-#define MNIST_MPI_OPT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-MNIST_MPI_OPT_CLONES
+// include/mnist_mpi/cpu_clones.hpp): each element goes through the same IEEE operations in the
+// same order on every ISA (the core is built with -ffp-contract=off), so the three give the same bits.
+MNIST_MPI_CPU_CLONES
 void adam_pass(const AdamScalars& a, float* __restrict p, const float* __restrict g, float* __restrict m,
                float* __restrict v, std::int64_t n) {
   const float wd = a.wd, b1 = a.b1, b2 = a.b2, step_size = a.step_size, inv_sqrt_bc2 = a.inv_sqrt_bc2, eps = a.eps;

@@ -57,6 +57,7 @@ Reducer::Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket>
   }
   MNIST_CHECK(expect == static_cast<std::int64_t>(grads_.size()), ExitCode::kRuntime,
               "buckets must cover the whole gradient buffer: every gradient is averaged");
+  for (std::size_t k = 0; k < buckets_.size(); ++k) mine_.push_back(shard(k, comm_.rank()));
 }
 
 // Note [Buckets start in index order]
@@ -86,7 +87,7 @@ double Reducer::start_remaining() {
     start_ready(-1);       // anything not yet started
   } else if (sharded()) {  // every bucket's shard, blocking: the shards are per bucket
     start_ready(-1);
-    for (std::size_t k = buckets_.size(); k-- > 0;) comm_.wait(requests_[k], &timings_[k].end);
+    for (std::size_t k = buckets_.size(); k-- > 0;) wait_bucket(k);
   } else {
     comm_.allreduce_sum(grads_);
     const auto t1 = std::chrono::steady_clock::now();

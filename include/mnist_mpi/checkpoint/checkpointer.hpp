@@ -125,7 +125,6 @@ class Checkpointer {
   bool rank0_ = false;
   std::vector<std::uint8_t> resume_bytes_;  // rank 0: the verified file to resume from
   std::string resumed_from_;
-  std::int64_t last_written_step_ = -1;
   int stop_signal_ = 0;
   std::unique_ptr<CheckpointEncoder> encoder_;   // rank 0
   std::map<std::string, double> validation_of_;  // file name -> validation accuracy (NaN: none)

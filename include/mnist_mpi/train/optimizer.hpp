@@ -31,7 +31,7 @@ struct ParamRange {
 // and finds the state of its range; the arithmetic per element is the unsharded one, so the
 // updated parameters are the same bits. The step count is not sharded: every rank counts every
 // step. Checkpoints hold full-size moments (docs/checkpoint.md): the trainer gathers the ranges
-// of every rank to rank 0 (owned() tells where each packed element belongs), and restore() takes
+// of every rank to rank 0 (Reducer::shard tells where each packed element belongs), and restore() takes
 // full-size moments and keeps its own ranges, so a checkpoint resumes sharded or not, on any
 // number of ranks.
 class Optimizer {
@@ -62,8 +62,6 @@ class Optimizer {
   const OptimizerConfig& config() const { return cfg_; }
   std::int64_t count() const { return count_; }
   std::int64_t state_size() const { return state_size_; }
-  const std::vector<ParamRange>& owned() const { return owned_; }
-  bool sharded() const { return state_size_ != count_; }
   // Puts back a checkpoint's state from host memory: m and v of count() elements, in flat order
   // (v ignored for sgd), of which this optimiser keeps its owned ranges (uploaded when the state
   // lives on a device); and the step count.

@@ -2,7 +2,8 @@
 // rate), computed from the step count t and the learning rate by the same IEEE operations on the
 // host and on a GPU (Note [The optimiser's step count] in include/mnist_mpi/backend/backend.hpp).
 // Compiled by g++ and by nvcc: on the device, the explicit round-to-nearest intrinsics keep nvcc
-// from contracting a multiply and an add into one FMA, as ISO C++ mode keeps g++ from it.
+// from contracting a multiply and an add into one FMA, as -ffp-contract=off (CMakeLists.txt) keeps
+// g++ from it.
 #pragma once
 
 #include <cmath>

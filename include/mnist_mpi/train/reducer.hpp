@@ -55,8 +55,8 @@ class Reducer {
   bool sharded() const { return !params_.empty(); }
   // The part of bucket k whose sum this rank receives and whose parameters it updates (flat
   // offsets; may be empty): all of it unsharded, its shard (Note [Shards]) sharded.
-  ParamRange shard(std::size_t k) const { return shard(k, comm_.rank()); }
-  ParamRange shard(std::size_t k, int rank) const;  // rank's part of bucket k
+  ParamRange shard(std::size_t k) const { return mine_[k]; }  // made at construction
+  ParamRange shard(std::size_t k, int rank) const;            // rank's part of bucket k
   // Every bucket's non-empty shard, in order: the optimiser's owned ranges.
   std::vector<ParamRange> owned() const;
   // Sharded: starts the allgather of bucket k's parameters (this rank's shard updated). Each
@@ -76,6 +76,7 @@ class Reducer {
   Communicator& comm_;
   std::span<float> grads_;
   std::vector<Bucket> buckets_;
+  std::vector<ParamRange> mine_;  // shard(k, this rank) per bucket: computed once, read every step
   bool overlap_;
   std::span<float> params_;            // sharded: the parameters to gather; empty otherwise
   std::vector<CommRequest> requests_;  // one per bucket, made once

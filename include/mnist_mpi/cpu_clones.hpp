@@ -1,0 +1,17 @@
+// MNIST_MPI_CPU_CLONES: a hot loop built for AVX-512, AVX2 and the baseline x86-64, for the CPU
+// kernels (src/backend/cpu/) and the optimiser's pass (src/train/optimizer.cpp).
+#pragma once
+
+// Note [One build for every x86-64]
+// The program is built for the baseline x86-64 so that one build runs on any host (the GPU bundle
+// of scripts/gpu_check.sh runs on another machine). Our few hot loops are built three times with
+// GCC's target_clones, for AVX-512, AVX2 and the baseline, and the loader picks one for the CPU
+// through an ifunc. They add and compare lane by lane without FMA contraction, so the three give
+// the same bits: the core is built with -ffp-contract=off, since GCC fuses a*b+c into an FMA in
+// C++ even in ISO mode wherever the target has FMA (the AVX-512 clones did). Not under ThreadSanitizer: its runtime is
+// not up yet when the loader runs the (instrumented) ifunc resolver, which crashed the tsan stage at load.
+#if defined(__SANITIZE_THREAD__)
+#define MNIST_MPI_CPU_CLONES
+#else
+#define MNIST_MPI_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
