@@ -6,7 +6,7 @@
 #   bench/time_to_accuracy.sh [--target A] [--ranks R] [--eval-every N] [--epochs E] [--repeat K]
 #                             [--data-dir DIR] [--out DIR] [--ours-only | --pytorch-only]
 #
-# Run from the repository root. Both sides stop by one rule: rank 0 evaluates the validation split
+# Run from the repository root. Both sides stop by one rule: the ranks evaluate the validation split
 # (the last 5000 training images) every N steps and at each epoch's end, and every rank stops
 # when it reaches A; E epochs is the cap. Each round runs ours, then PyTorch. Printed per run and
 # as medians: the wall time of the whole command as the shell saw it (launcher, start-up, training,

@@ -61,9 +61,9 @@ def parse_args(argv=None):
     p.add_argument("--json-file", default=None, help="also write the final JSON object to this file")
     p.add_argument("--val", action="store_true", help="also evaluate the 5000 validation images at the end")
     p.add_argument("--eval-every", type=int, default=0,
-                   help="rank 0 evaluates the test set every N steps (not counted as training time; 0 = only at the end)")
+                   help="the test set is evaluated every N steps, every rank a share (not counted as training time; 0 = only at the end)")
     p.add_argument("--target-accuracy", type=float, default=0.0,
-                   help="stop when the validation accuracy, checked by rank 0 every --eval-every steps and at each "
+                   help="stop when the validation accuracy, checked every --eval-every steps (every rank a share) and at each "
                         "epoch's end, reaches this fraction (mnist_mpi's --target-accuracy; then the periodic "
                         "evaluation is of the validation split, not the test split; 0 = off)")
     a = p.parse_args(argv)
@@ -188,6 +188,29 @@ def evaluate(model, x, y, batch=1000):
     return correct / len(x), loss_sum / len(x)
 
 
+def evaluate_shared(model, x, y, rank, world, batch=1000):
+    """mnist_mpi's evaluation (Note [Every rank evaluates a share] in src/train/trainer.cpp): each
+    rank evaluates a contiguous run of whole batches, and one all_reduce of (correct, loss sum)
+    gives every rank the split's accuracy and mean loss."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    batches = (len(x) + batch - 1) // batch
+    first, end = batches * rank // world * batch, batches * (rank + 1) // world * batch
+    model.eval()
+    sums = torch.zeros(2, dtype=torch.float64)  # correct, loss sum
+    with torch.no_grad():
+        for i in range(first, min(end, len(x)), batch):
+            xb = torch.from_numpy(x[i:i + batch])
+            yb = torch.from_numpy(y[i:i + batch])
+            out = model(xb)
+            sums[0] += (out.argmax(1) == yb).sum().item()
+            sums[1] += F.cross_entropy(out, yb, reduction="sum").item()
+    model.train()
+    dist.all_reduce(sums)
+    return sums[0].item() / len(x), sums[1].item() / len(x)
+
+
 # --------------------------------------------------------------------------- worker
 def worker(rank, args, port, t_launcher):
     t_rank_start = _proc_start_time() or time.time()
@@ -230,7 +253,7 @@ def worker(rank, args, port, t_launcher):
     last_loss = float("nan")
     lr = d["lr"]
     epoch = 0
-    evals = []  # [step, test accuracy] every --eval-every steps (rank 0); validation with a target
+    evals = []  # [step, test accuracy] every --eval-every steps; validation with a target
     target = None  # where --target-accuracy was reached: step, wall time, validation accuracy
     done = total_steps == 0
     while not done:
@@ -256,22 +279,18 @@ def worker(rank, args, port, t_launcher):
             step += 1
             eval_due = args.eval_every > 0 and step % args.eval_every == 0 and step < total_steps
             if args.target_accuracy > 0:
-                # mnist_mpi's rule: rank 0 checks the validation split every --eval-every steps and
-                # at each epoch's end; every rank learns the verdict from rank 0.
+                # mnist_mpi's rule: the validation split is checked every --eval-every steps and at
+                # each epoch's end, every rank evaluating a share, so every rank learns the same
+                # accuracy and makes the same decision.
                 if eval_due or s == steps_per_epoch - 1:
-                    reached = torch.zeros(1, dtype=torch.int64)
-                    if rank == 0:
-                        val_acc_now = evaluate(model, *data["val"])[0]
-                        evals.append([step, round(val_acc_now, 6)])
-                        reached[0] = int(val_acc_now >= args.target_accuracy)
-                    dist.broadcast(reached, 0)
-                    if reached.item():
-                        target = dict(step=step, time=time.time(),
-                                      val=val_acc_now if rank == 0 else None)
+                    val_acc_now = evaluate_shared(model, *data["val"], rank, world)[0]
+                    evals.append([step, round(val_acc_now, 6)])
+                    if val_acc_now >= args.target_accuracy:
+                        target = dict(step=step, time=time.time(), val=val_acc_now)
                         done = True
                         break
-            elif eval_due and rank == 0:
-                evals.append([step, round(evaluate(model, *data["test"])[0], 6)])
+            elif eval_due:
+                evals.append([step, round(evaluate_shared(model, *data["test"], rank, world)[0], 6)])
         else:
             epoch += 1
             lr = max(lr * d["lr_decay"], d["lr_floor"])
@@ -283,10 +302,10 @@ def worker(rank, args, port, t_launcher):
     epochs_done = step / steps_per_epoch
 
     result = None
+    t_eval = time.perf_counter()
+    test_acc, test_loss = evaluate_shared(model, *data["test"], rank, world)  # every rank, a share each
+    t_eval = time.perf_counter() - t_eval
     if rank == 0:
-        t_eval = time.perf_counter()
-        test_acc, test_loss = evaluate(model, *data["test"])
-        t_eval = time.perf_counter() - t_eval
         evals.append([step, round(test_acc, 6)])
         val_acc, val_loss = evaluate(model, *data["val"]) if args.val else (None, None)
         ips = timed_steps * args.global_batch / train_time if train_time > 0 else 0.0

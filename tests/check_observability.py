@@ -239,10 +239,13 @@ def main():
                 hi = min(per_rank_step[r][s]["ts"] + per_rank_step[r][s]["dur"] for r in range(a.ranks))
                 if lo > hi + 0.002:
                     fail("timeline: step %d does not overlap on all ranks (clocks misaligned by >= %.3f us)" % (s, lo - hi))
+        # Every rank evaluates a share (Note [Every rank evaluates a share]): each evaluation in the
+        # metrics file is one span on every rank.
         evals = [e for e in spans if e["cat"] == "evaluation"]
-        if len(evals) != len(evals_m) or any(e["pid"] != 0 for e in evals):
-            fail("timeline: %d evaluation spans (pids %s), the metrics file has %d evaluations"
-                 % (len(evals), sorted({e["pid"] for e in evals}), len(evals_m)))
+        per_pid = [sum(1 for e in evals if e["pid"] == r) for r in range(a.ranks)]
+        if per_pid != [len(evals_m)] * a.ranks:
+            fail("timeline: evaluation spans per rank %s, the metrics file has %d evaluations"
+                 % (per_pid, len(evals_m)))
         if tl["otherData"]["dropped_spans"] != [0] * a.ranks:
             fail("timeline: dropped spans %s" % tl["otherData"]["dropped_spans"])
         print("timeline: %d spans from %d ranks, %d steps each, %d allreduce spans inside their steps"

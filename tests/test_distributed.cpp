@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mnist_mpi/comm/mpi_communicator.hpp"
+#include "mnist_mpi/data/sampler.hpp"  // part_first, part_count
 #include "mnist_mpi/train/reducer.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 #include "synthetic.hpp"
@@ -108,6 +109,43 @@ TEST(Distributed, EveryParameterTensorMoves) {
     ok = ok && moved > 1e-6;
   }
   EXPECT_TRUE(all_ranks(ok));
+}
+
+// Note [Every rank evaluates a share]: each rank evaluates its own run of whole evaluation
+// batches (uneven here: 7 batches of 30, the last one 20 images, over 1, 2 or 3 ranks), and every
+// rank learns the whole split's numbers: the accuracy bitwise the one-rank value, the loss within
+// its last bits (bitwise on one rank).
+TEST(Evaluation, EveryRankEvaluatesAShareAndLearnsTheWholeSplit) {
+  Options o = base_options(kSmall, 12 * world_size(), 5);
+  o.eval_batch_size = 30;
+  auto c = make_mpi_communicator(MPI_COMM_WORLD);
+  Trainer t(o, *c);
+  t.run();
+  const Split& test = t.data().test;
+  ASSERT_EQ(test.count, 200);
+  const EvalResult shared = t.evaluate(test);
+  const std::int64_t mine = t.last_eval_images();
+  const EvalResult alone = t.evaluate_alone(test);
+  ASSERT_EQ(t.last_eval_images(), 200);
+  // This rank's share: the images of batches [part_first, part_first + part_count) of 7.
+  const std::int64_t first = part_first(7, world_size(), world_rank()) * 30;
+  const std::int64_t end = std::min<std::int64_t>(200, first + part_count(7, world_size(), world_rank()) * 30);
+  EXPECT_EQ(mine, end - first) << "rank " << world_rank() << " did not evaluate its share";
+  std::int64_t total = mine;
+  MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(total, 200) << "the ranks' shares do not tile the split once";
+  EXPECT_EQ(shared.count, 200);
+  EXPECT_GT(shared.accuracy, 0.0);
+  EXPECT_EQ(shared.accuracy, alone.accuracy);
+  if (world_size() == 1)
+    EXPECT_EQ(shared.loss, alone.loss);
+  else
+    EXPECT_NEAR(shared.loss, alone.loss, 1e-12 * alone.loss);
+  double root[2] = {shared.accuracy, shared.loss};
+  MPI_Bcast(root, 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(shared.accuracy, root[0]) << "ranks disagree on the accuracy";
+  EXPECT_TRUE(all_ranks(shared.accuracy == alone.accuracy && mine == end - first && total == 200 &&
+                        shared.accuracy == root[0]));
 }
 
 // The allreduce sums every element of the gradient buffer: rank-dependent integer-valued inputs

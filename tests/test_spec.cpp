@@ -184,14 +184,14 @@ TEST(Spec, HugeOrBinarySpecTextGivesAShortEscapedMessage) {
 // Note [Will the model fit?]: the estimate adds up the buffers a rank allocates.
 TEST(Spec, MemoryEstimateCountsStateAndActivations) {
   const ModelSpec s = parse_model_spec("flatten,fc:10", {1, 2, 2}, 10);  // 4 * 10 + 10 = 50 parameters
-  MemoryEstimate e = estimate_model_memory(s, 3, 5, /*adam=*/true, /*rank0=*/true);
+  MemoryEstimate e = estimate_model_memory(s, 3, 5, /*adam=*/true, /*evaluates=*/true);
   EXPECT_FALSE(e.overflow);
   EXPECT_EQ(e.state_bytes, 50 * 4 * 4);                                   // params, grads, two moments
   EXPECT_EQ(e.activation_bytes, (3 + 5) * 4 * 4 + (2 * 3 + 5) * 10 * 4);  // input; fc output and its gradient
   EXPECT_EQ(e.total_bytes, 800 + 128 + 440);
   EXPECT_EQ(e.largest_layer, 1);
   EXPECT_EQ(e.largest_layer_bytes, 800 + 440);
-  e = estimate_model_memory(s, 3, 5, /*adam=*/false, /*rank0=*/false);
+  e = estimate_model_memory(s, 3, 5, /*adam=*/false, /*evaluates=*/false);
   EXPECT_EQ(e.total_bytes, 50 * 3 * 4 + 3 * 4 * 4 + 2 * 3 * 10 * 4);
   e = estimate_model_memory(s, std::int64_t{1} << 62, 5, true, true);
   EXPECT_TRUE(e.overflow);

@@ -302,7 +302,7 @@ std::string bytes_text(std::int64_t bytes) {
 }  // namespace
 
 MemoryEstimate estimate_model_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch,
-                                     bool adam, bool rank0) {
+                                     bool adam, bool evaluates) {
   MemoryEstimate e;
   const std::int64_t f = sizeof(float);
   // checked a * b * c (nullopt on overflow)
@@ -319,7 +319,7 @@ MemoryEstimate estimate_model_memory(const ModelSpec& spec, std::int64_t train_b
     return sum.has_value();
   };
   const std::int64_t state_copies = 2 + (adam ? 2 : 1);  // parameters, gradients, moments
-  const std::int64_t eval = rank0 ? eval_batch : 0;
+  const std::int64_t eval = evaluates ? eval_batch : 0;
   std::vector<std::int64_t> per_layer(spec.layers.size(), 0);
   // The input batch (no gradient), then each layer's output; flatten's output aliases its input.
   const std::optional<std::int64_t> input_images = checked_add(train_batch, eval);
@@ -359,9 +359,9 @@ std::int64_t physical_memory_bytes() {
 }
 
 void check_model_fits_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch, bool adam,
-                             bool rank0) {
+                             bool evaluates) {
   const std::int64_t physical = physical_memory_bytes();
-  const MemoryEstimate e = estimate_model_memory(spec, train_batch, eval_batch, adam, rank0);
+  const MemoryEstimate e = estimate_model_memory(spec, train_batch, eval_batch, adam, evaluates);
   if (physical <= 0 || (!e.overflow && e.total_bytes <= physical)) return;
   const auto amount = [&](std::int64_t b) {
     return e.overflow ? std::string("more than 8 EiB") : "about " + bytes_text(b);
@@ -371,7 +371,7 @@ void check_model_fits_memory(const ModelSpec& spec, std::int64_t train_batch, st
                     (adam ? "adam" : "sgd") + " state";
   if (!e.overflow) msg += ": " + bytes_text(e.state_bytes);
   msg += "; activations for a batch of " + std::to_string(train_batch) +
-         (rank0 ? " and an evaluation batch of " + std::to_string(eval_batch) : std::string()) +
+         (evaluates ? " and an evaluation batch of " + std::to_string(eval_batch) : std::string()) +
          (e.overflow ? std::string() : ": " + bytes_text(e.activation_bytes)) + "), more than this machine's " +
          bytes_text(physical);
   if (e.largest_layer >= 0) {

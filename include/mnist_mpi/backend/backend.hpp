@@ -273,8 +273,8 @@ class Backend {
   // anything is allocated (Note [Will the model fit?]); a backend that reports its own
   // out-of-memory errors keeps the default, which accepts.
   virtual void check_model_fits(const ModelSpec& spec, std::int64_t batch, std::int64_t eval_batch, bool adam,
-                                bool rank0) const {
-    (void)spec, (void)batch, (void)eval_batch, (void)adam, (void)rank0;
+                                bool evaluates) const {
+    (void)spec, (void)batch, (void)eval_batch, (void)adam, (void)evaluates;
   }
   // Returns once every queued kernel has finished (a no-op on the CPU).
   virtual void synchronize() {}

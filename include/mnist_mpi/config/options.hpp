@@ -63,7 +63,7 @@ struct Options {
   // reporting
   std::int64_t log_every = 100;
   std::int64_t eval_every = 0;
-  std::int64_t eval_batch_size = 250;
+  std::int64_t eval_batch_size = 100;  // as fast as 250 and 50 on lenet; 47 MB less than 250 per rank
   std::int64_t check_replicas_every = 100;
   std::string metrics_file;
   bool quiet = false;

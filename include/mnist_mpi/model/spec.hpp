@@ -75,15 +75,17 @@ struct MemoryEstimate {
   int largest_layer = -1;             // index into ModelSpec::layers; -1: no layer holds anything
   std::int64_t largest_layer_bytes = 0;
 };
+// evaluates: the rank also holds an evaluation model of eval_batch images (every rank does in
+// training: Note [Every rank evaluates a share] in src/train/trainer.cpp).
 MemoryEstimate estimate_model_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch,
-                                     bool adam, bool rank0);
+                                     bool adam, bool evaluates);
 // This machine's physical memory in bytes (sysconf), or 0 when it cannot be told.
 std::int64_t physical_memory_bytes();
 // Throws Error(kUsage) naming the estimate, the machine's memory and the largest layer when the
 // estimate exceeds physical_memory_bytes(): a clear message instead of std::bad_alloc or the
 // kernel's OOM killer in the middle of set-up.
 void check_model_fits_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch, bool adam,
-                             bool rank0);
+                             bool evaluates);
 // Fills params (size spec.param_count) from the initialisers, deterministically from seed.
 void init_params(const ModelSpec& spec, const InitSpec& weight_init, const InitSpec& bias_init, std::uint64_t seed,
                  float* params);

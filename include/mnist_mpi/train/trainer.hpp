@@ -1,6 +1,6 @@
 // The training loop of one rank: the sampler's slice of each global batch, forward, softmax
-// cross-entropy, backward, the gradient allreduce, the fused optimiser step; rank 0 evaluates,
-// logs, and composes the metrics lines that the Monitor writes. Construction does only local work
+// cross-entropy, backward, the gradient allreduce, the fused optimiser step; every rank evaluates
+// a share of a split (Note [Every rank evaluates a share]); rank 0 logs, and composes the metrics lines that the Monitor writes. Construction does only local work
 // (so that setup errors can be agreed on by all ranks before any collective, see Note [Ending every
 // rank] in src/main.cpp); run() does the collectives.
 #pragma once
@@ -41,7 +41,7 @@ struct RunResult {
   std::int64_t steps = 0;
   double epochs = 0.0;
   double last_train_loss = 0.0;  // global mean of the last logged step
-  EvalResult test;               // rank 0 only
+  EvalResult test;               // the same numbers on every rank (the loss's last bits aside)
   double wall_s = 0.0;
   double images_per_s = 0.0;  // steady: first 10 steps and evaluation excluded
   std::string params_hash;
@@ -61,9 +61,15 @@ class Trainer final : private CheckpointSource {
   Trainer(const Options& options, Communicator& comm,
           std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now());
   RunResult run();
-  EvalResult evaluate(const Split& split);  // on this rank, with the current parameters
+  // The split with the current parameters. Collective: every rank evaluates a share of the
+  // split's batches and all learn the result (Note [Every rank evaluates a share]).
+  EvalResult evaluate(const Split& split);
+  // The whole split on this rank alone (no collective): what evaluate() must agree with.
+  EvalResult evaluate_alone(const Split& split);
+  std::int64_t last_eval_images() const { return eval_images_; }  // this rank's images in the last evaluation
 
   const ModelSpec& spec() const { return spec_; }
+  const Mnist& data() const { return data_; }
   const Reducer& reducer() const { return *reducer_; }
   // The flat parameters in the backend's memory (device memory on a GPU).
   const float* params() const { return params_->data(); }
@@ -109,6 +115,8 @@ class Trainer final : private CheckpointSource {
   void settle_verdicts(std::int64_t up_to);  // Note [Non-finite steps]
   void nonfinite_step(std::int64_t bad_step, bool own_loss_bad);
   void log_training_loss(std::int64_t step, double lr, RunResult& res);
+  LossStats evaluate_batches(const Split& split, std::int64_t first, std::int64_t n);
+  static EvalResult eval_result(std::int64_t count, const LossStats& s);
   EvalResult evaluate_during_training(std::int64_t step, bool epoch_end, bool eval_now);
   bool target_reached(std::int64_t step, const EvalResult& validation, TargetFacts& target);
   bool checkpoint_or_stop(std::int64_t step, bool epoch_end, bool last, double lr, const EvalResult& validation);
@@ -148,6 +156,7 @@ class Trainer final : private CheckpointSource {
   std::int64_t batch_ = 0, global_batch_ = 0, steps_per_epoch_ = 0, total_steps_ = 0;
   std::unique_ptr<DataSource> train_data_, validation_data_, test_data_;  // where the backend computes
   std::unique_ptr<LossMeter> train_loss_, eval_loss_;
+  std::int64_t eval_images_ = 0;  // images this rank evaluated in the last evaluation
   std::vector<std::uint64_t> replica_hashes_;  // (world)
   std::unique_ptr<Monitor> monitor_;           // progress, metrics file, TensorBoard, timeline, report (src/report/)
   Timeline* timeline_ = nullptr;               // null unless --timeline: then every step records spans

@@ -264,8 +264,8 @@ class CpuBackend final : public Backend {
     return std::make_unique<SameMemory>(std::move(buffers));
   }
   void check_model_fits(const ModelSpec& spec, std::int64_t batch, std::int64_t eval_batch, bool adam,
-                        bool rank0) const override {
-    check_model_fits_memory(spec, batch, eval_batch, adam, rank0);
+                        bool evaluates) const override {
+    check_model_fits_memory(spec, batch, eval_batch, adam, evaluates);
   }
   void upload(std::span<const float> host, float* dst) override {
     if (host.data() != dst) std::copy(host.begin(), host.end(), dst);
