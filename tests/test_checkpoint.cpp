@@ -5,6 +5,7 @@
 // tests/e2e_checkpoint.sh.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>  // mkfifo
 #include <unistd.h>
 
 #include <cmath>
@@ -288,6 +289,38 @@ TEST(Checkpoint, ReplaceFileRefusesADeviceAndReplacesALeftover) {
   EXPECT_TRUE(fs::is_symlink(link));  // the link, and the device behind it, untouched
   EXPECT_EQ(fs::read_symlink(link), "/dev/null");
   EXPECT_FALSE(fs::exists(link.string() + ".tmp"));
+  fs::remove_all(dir);
+}
+
+// read_regular_file (under checkpoints, --config and predict's images): the whole file; more than
+// max_bytes goes to too_big with the file's size, before anything is read; a FIFO is refused
+// without blocking (Note [Look before you open]).
+TEST(Checkpoint, ReadRegularFileReadsWholeFilesAndRefusesTheRest) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("mnist_mpi_read_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "a.bin").string();
+  std::vector<std::uint8_t> bytes(70000);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(i * 7);
+  replace_file(file, ".tmp", bytes, [](const std::string& what, int, bool) { throw_error(ExitCode::kOutput, what); });
+  std::uint64_t seen = 0;
+  const auto too_big = [&](std::uint64_t size) {
+    seen = size;
+    throw_error(ExitCode::kData, "too big");
+  };
+  EXPECT_EQ(read_regular_file(file, "test file", ExitCode::kData, "", bytes.size(), too_big), bytes);
+  EXPECT_EQ(seen, 0u);
+  EXPECT_THROW(read_regular_file(file, "test file", ExitCode::kData, "", bytes.size() - 1, too_big), Error);
+  EXPECT_EQ(seen, bytes.size());
+  const std::string fifo = (dir / "pipe").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string msg;
+  try {
+    read_regular_file(fifo, "test file", ExitCode::kData, "give a file", 100, too_big);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("FIFO"), std::string::npos) << msg;
   fs::remove_all(dir);
 }
 

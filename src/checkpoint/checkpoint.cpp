@@ -3,8 +3,6 @@
 // bounded by the bytes that are really there before anything is allocated.
 #include "mnist_mpi/checkpoint/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -449,43 +447,18 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
 
 // ---- files ----
 
-namespace {
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-}  // namespace
-
 std::vector<std::uint8_t> read_checkpoint_bytes(const std::string& path) {
-  Fd f;  // Note [Look before you open]: a FIFO named like a checkpoint must not block rank 0
-  f.fd = open_regular_file(path, "checkpoint", ExitCode::kCheckpoint,
-                           "give a checkpoint file written by mnist_mpi (--resume FILE, --checkpoint FILE)");
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0)
-    throw_error(ExitCode::kCheckpoint, "cannot read checkpoint " + quote_input(path) + ": " + errno_text(errno));
-  const auto size = static_cast<std::uint64_t>(st.st_size);
-  if (size > kMaxCheckpointBytes)
-    corrupt(path, "it is " + std::to_string(size) + " bytes, more than any checkpoint this program writes");
-  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(size));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t r = ::read(f.fd, bytes.data() + done, bytes.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw_error(ExitCode::kCheckpoint, "cannot read checkpoint '" + path + "': " + errno_text(errno));
-    if (r == 0) break;  // shrank while reading: the decoder reports it as truncated
-    done += static_cast<std::size_t>(r);
-  }
-  bytes.resize(done);
-  return bytes;
+  // Note [Look before you open]: a FIFO named like a checkpoint must not block rank 0.
+  return read_regular_file(path, "checkpoint", ExitCode::kCheckpoint,
+                           "give a checkpoint file written by mnist_mpi (--resume FILE, --checkpoint FILE)",
+                           kMaxCheckpointBytes, [&](std::uint64_t size) {
+                             corrupt(path, "it is " + std::to_string(size) +
+                                               " bytes, more than any checkpoint this program writes");
+                           });
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {
-  Fd f;
-  f.fd = open_regular_file(path, "checkpoint", ExitCode::kCheckpoint, "remove it or give a checkpoint file");
+  const OwnedFd f(open_regular_file(path, "checkpoint", ExitCode::kCheckpoint, "remove it or give a checkpoint file"));
   std::uint8_t b[kHeaderBytes + kSectionHeaderBytes + kCheckpointMetaBytes];
   std::size_t done = 0;
   while (done < sizeof b) {

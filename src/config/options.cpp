@@ -4,7 +4,6 @@
 
 #include <boost/program_options.hpp>
 
-#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
@@ -147,25 +146,12 @@ std::string trim(std::string_view s) {
 
 std::vector<ConfigLine> read_config(const std::string& path) {
   const std::string what = "--config " + quote_input(path);
-  const int fd = open_regular_file(path, "--config", ExitCode::kUsage, "give a text file of key = value lines");
-  std::string text;
-  {
-    struct Closer {
-      int fd;
-      ~Closer() { ::close(fd); }
-    } closer{fd};
-    char buf[1 << 16];
-    for (;;) {
-      const ssize_t got = ::read(fd, buf, sizeof buf);
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) throw_error(ExitCode::kUsage, what + ": cannot read: " + std::strerror(errno));
-      if (got == 0) break;
-      text.append(buf, static_cast<std::size_t>(got));
-      if (text.size() > kMaxConfigBytes)
+  const std::vector<std::uint8_t> bytes = read_regular_file(
+      path, "--config", ExitCode::kUsage, "give a text file of key = value lines", kMaxConfigBytes, [&](std::uint64_t) {
         throw_error(ExitCode::kUsage, what + " is larger than " + std::to_string(kMaxConfigBytes >> 20) +
                                           " MiB; is it a text file of key = value lines?");
-    }
-  }
+      });
+  const std::string text(bytes.begin(), bytes.end());
   std::vector<ConfigLine> lines;
   std::string prefix;
   std::size_t begin = 0;

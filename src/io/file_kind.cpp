@@ -95,6 +95,39 @@ int open_regular_file(const std::string& path, const std::string& what, ExitCode
   return fd;
 }
 
+OwnedFd::~OwnedFd() {
+  if (fd >= 0) ::close(fd);
+}
+
+int OwnedFd::release() { return std::exchange(fd, -1); }
+
+std::vector<std::uint8_t> read_regular_file(const std::string& path, const std::string& what, ExitCode code,
+                                            const std::string& fix, std::uint64_t max_bytes,
+                                            const std::function<void(std::uint64_t size)>& too_big) {
+  const OwnedFd f(open_regular_file(path, what, code, fix));
+  const auto cannot_read = [&](int e) {
+    throw Error(code, "cannot read " + what + " " + quote_input(path) + ": " + std::strerror(e));
+  };
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) cannot_read(errno);
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size > max_bytes) {
+    too_big(size);
+    throw_error(ExitCode::kRuntime, "read_regular_file: too_big returned");  // it must throw
+  }
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(size));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t r = ::read(f.fd, bytes.data() + done, bytes.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) cannot_read(errno);
+    if (r == 0) break;  // shrank while reading
+    done += static_cast<std::size_t>(r);
+  }
+  bytes.resize(done);
+  return bytes;
+}
+
 void require_regular_file(const std::string& path, const std::string& what, ExitCode code, const std::string& fix) {
   ::close(open_regular_file(path, what, code, fix));
 }
@@ -123,14 +156,9 @@ void check_output_path(const std::string& path, const std::string& what, ExitCod
 void replace_file(const std::string& path, const std::string& suffix, std::span<const std::uint8_t> bytes,
                   const WriteError& on_error) {
   const std::string tmp = path + suffix;
-  struct Fd {
-    int fd = -1;
-    ~Fd() {
-      if (fd >= 0) ::close(fd);
-    }
-  } f;
+  OwnedFd f;
   const auto fail = [&](const std::string& what, int e) {
-    if (f.fd >= 0) ::close(std::exchange(f.fd, -1));
+    if (f.fd >= 0) ::close(f.release());
     ::unlink(tmp.c_str());
     on_error(what, e, false);
     throw_error(ExitCode::kRuntime, "replace_file: the error handler returned");  // it must throw
@@ -150,11 +178,10 @@ void replace_file(const std::string& path, const std::string& suffix, std::span<
     done += static_cast<std::size_t>(r);
   }
   if (::fsync(f.fd) != 0) fail("fsync failed", errno);
-  if (::close(std::exchange(f.fd, -1)) != 0) fail("close failed", errno);
+  if (::close(f.release()) != 0) fail("close failed", errno);
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename failed", errno);
   const std::string dir = std::filesystem::path(path).parent_path().string();
-  Fd d;
-  d.fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const OwnedFd d(::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (d.fd < 0 || ::fsync(d.fd) != 0) {  // the rename is done; only its durability is in doubt
     on_error("fsync of the directory failed", errno, true);
     throw_error(ExitCode::kRuntime, "replace_file: the error handler returned");

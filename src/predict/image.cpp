@@ -4,8 +4,6 @@
 #include "mnist_mpi/predict/image.hpp"
 
 #include <png.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
@@ -241,35 +239,14 @@ GreyImage decode_image(std::span<const std::uint8_t> bytes) {
 }
 
 GreyImage read_image(const std::string& path) {
-  std::vector<std::uint8_t> bytes;
-  {
-    const int fd = open_regular_file(path, "image", ExitCode::kData, "give a PNG or PGM file");
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) > kMaxImageFileBytes) {
-      const int e = errno;
-      ::close(fd);
-      throw_error(ExitCode::kData, "image " + quote_input(path) + ": " +
-                                       (e ? std::string(std::strerror(e))
-                                          : "it is " + std::to_string(st.st_size) + " bytes, more than the " +
-                                                std::to_string(kMaxImageFileBytes) + " predict reads") +
-                                       " -- give a PNG or PGM file");
-    }
-    bytes.resize(static_cast<std::size_t>(st.st_size));
-    std::size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t r = ::read(fd, bytes.data() + done, bytes.size() - done);
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) {
-        const int e = errno;
-        ::close(fd);
-        throw_error(ExitCode::kData, "image " + quote_input(path) + ": cannot read it: " + std::strerror(e));
-      }
-      if (r == 0) break;
-      done += static_cast<std::size_t>(r);
-    }
-    ::close(fd);
-    bytes.resize(done);
-  }
+  const std::vector<std::uint8_t> bytes =
+      read_regular_file(path, "image", ExitCode::kData, "give a PNG or PGM file", kMaxImageFileBytes,
+                        [&](std::uint64_t size) {
+                          throw_error(ExitCode::kData, "image " + quote_input(path) + ": it is " +
+                                                           std::to_string(size) + " bytes, more than the " +
+                                                           std::to_string(kMaxImageFileBytes) +
+                                                           " predict reads -- give a PNG or PGM file");
+                        });
   try {
     return decode_image(bytes);
   } catch (const Error& e) {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "mnist_mpi/check.hpp"
 
@@ -35,6 +36,23 @@ std::string describe_path(const std::string& path);
 // descriptor (blocking again, close-on-exec; the caller closes it). Otherwise throws
 // Error(code, "<what> '<path>' <is missing | is a FIFO (named pipe), not a regular file>; <fix>").
 int open_regular_file(const std::string& path, const std::string& what, ExitCode code, const std::string& fix);
+// A descriptor that is closed when it goes out of scope (-1: none).
+struct OwnedFd {
+  int fd = -1;
+  OwnedFd() = default;
+  explicit OwnedFd(int f) : fd(f) {}
+  OwnedFd(const OwnedFd&) = delete;
+  OwnedFd& operator=(const OwnedFd&) = delete;
+  ~OwnedFd();
+  int release();  // returns the descriptor, no longer owned
+};
+// The bytes of the regular file `path` (opened with open_regular_file(): the same refusals). A
+// file of more than max_bytes calls too_big(its size), which must throw; a read error throws
+// Error(code, "cannot read <what> '<path>': <reason>"). A file that shrinks while it is read gives
+// the bytes that were there.
+std::vector<std::uint8_t> read_regular_file(const std::string& path, const std::string& what, ExitCode code,
+                                            const std::string& fix, std::uint64_t max_bytes,
+                                            const std::function<void(std::uint64_t size)>& too_big);
 // The same check without keeping the file open.
 void require_regular_file(const std::string& path, const std::string& what, ExitCode code, const std::string& fix);
 // An output path: refused (Error(code)) when it is a directory, a FIFO, a socket, a block device
