@@ -172,19 +172,25 @@ def build_model(name):
     return m
 
 
-def evaluate(model, x, y, batch=1000):
+def eval_sums(model, x, y, first, end, batch):
+    """(correct, loss sum) over images [first, end) in batches of `batch`, in eval mode."""
     import torch
     import torch.nn.functional as F
     model.eval()
     correct, loss_sum = 0, 0.0
     with torch.no_grad():
-        for i in range(0, len(x), batch):
-            xb = torch.from_numpy(x[i:i + batch])
-            yb = torch.from_numpy(y[i:i + batch])
+        for i in range(first, end, batch):
+            xb = torch.from_numpy(x[i:min(i + batch, end)])
+            yb = torch.from_numpy(y[i:min(i + batch, end)])
             out = model(xb)
             loss_sum += F.cross_entropy(out, yb, reduction="sum").item()
             correct += (out.argmax(1) == yb).sum().item()
     model.train()
+    return correct, loss_sum
+
+
+def evaluate(model, x, y, batch=1000):
+    correct, loss_sum = eval_sums(model, x, y, 0, len(x), batch)
     return correct / len(x), loss_sum / len(x)
 
 
@@ -194,19 +200,9 @@ def evaluate_shared(model, x, y, rank, world, batch=1000):
     gives every rank the split's accuracy and mean loss."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     batches = (len(x) + batch - 1) // batch
-    first, end = batches * rank // world * batch, batches * (rank + 1) // world * batch
-    model.eval()
-    sums = torch.zeros(2, dtype=torch.float64)  # correct, loss sum
-    with torch.no_grad():
-        for i in range(first, min(end, len(x)), batch):
-            xb = torch.from_numpy(x[i:i + batch])
-            yb = torch.from_numpy(y[i:i + batch])
-            out = model(xb)
-            sums[0] += (out.argmax(1) == yb).sum().item()
-            sums[1] += F.cross_entropy(out, yb, reduction="sum").item()
-    model.train()
+    first, end = batches * rank // world * batch, min(batches * (rank + 1) // world * batch, len(x))
+    sums = torch.tensor(eval_sums(model, x, y, first, end, batch), dtype=torch.float64)
     dist.all_reduce(sums)
     return sums[0].item() / len(x), sums[1].item() / len(x)
 

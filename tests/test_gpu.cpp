@@ -145,8 +145,8 @@ void compare_layer(int gpu, const std::string& text, Shape input, int batch, boo
   auto gpu_be = make_cuda_backend(gpu, tf32);
   Side cpu(*cpu_be, l, 0, batch, xv, dyv, wv), dev(*gpu_be, l, 0, batch, xv, dyv, wv);
   StepContext ctx{true, 7, 3, 16};
-  gpu_be->set_step_args(ctx.step, 0.0,
-                        0);  // dropout reads the step from device memory (Note [A step as one CUDA graph])
+  // Dropout reads the step from device memory (Note [A step as one CUDA graph]).
+  gpu_be->set_step_args(ctx.step, 0.0, 0);
   cpu.k->forward(ctx);
   dev.k->forward(ctx);
   cpu.k->backward(ctx);
@@ -418,22 +418,38 @@ TEST_F(Gpu, GraphedStepsGiveTheUngraphedBits) {
   MPI_Comm_free(&self);
 }
 
+// The NCCL tests' start: a connected gradient communicator over every rank, and a device buffer of
+// n elements holding (rank + 1) * (i % 1013), integer-valued so that every sum is exact (`host`
+// holds the same values).
+struct NcclRig {
+  NcclRig(int gpu, std::int64_t n) : mpi(make_mpi_communicator(MPI_COMM_WORLD)), be(make_cuda_backend(gpu, false)) {
+    nccl = be->make_gradient_communicator(*mpi, n, false);
+    if (!nccl) return;
+    nccl->connect();
+    host.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i)
+      host[static_cast<std::size_t>(i)] = static_cast<float>((world_rank() + 1) * (i % 1013));
+    buf = be->allocate(n);
+    be->upload(host, buf->data());
+    all = std::span<float>(buf->data(), static_cast<std::size_t>(n));
+  }
+  std::unique_ptr<Communicator> mpi;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Communicator> nccl;
+  std::vector<float> host;
+  std::unique_ptr<Buffer> buf;
+  std::span<float> all;
+};
+
 // The NCCL sums: rank-dependent integer-valued floats give exactly predictable sums, for buckets
 // started back to back (the reducer's pattern), a blocking sum and a broadcast.
 TEST_F(Gpu, NcclSumsAreExact) {
+  const std::int64_t n = 100003;  // not a multiple of 2, 3 or 4
   const int world = world_size(), rank = world_rank();
   if (world > gpus_) GTEST_SKIP() << "NCCL needs one GPU per rank: " << world << " ranks, " << gpus_ << " GPU(s)";
-  auto mpi = make_mpi_communicator(MPI_COMM_WORLD);
-  auto be = make_cuda_backend(gpu_, false);
-  const std::int64_t n = 100003;
-  auto nccl = be->make_gradient_communicator(*mpi, n, false);
+  NcclRig rig(gpu_, n);
+  auto& [mpi, be, nccl, host, buf, all] = rig;
   ASSERT_NE(nccl, nullptr);
-  nccl->connect();
-  std::vector<float> host(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) host[static_cast<std::size_t>(i)] = static_cast<float>((rank + 1) * (i % 1013));
-  auto buf = be->allocate(n);
-  be->upload(host, buf->data());
-  std::span<float> all(buf->data(), static_cast<std::size_t>(n));
   CommRequest r[3] = {nccl->start_allreduce_sum(all.subspan(0, 10)), nccl->start_allreduce_sum(all.subspan(10, 50000)),
                       nccl->start_allreduce_sum(all.subspan(50010))};
   for (CommRequest& q : r) nccl->wait(q);
@@ -464,19 +480,12 @@ TEST_F(Gpu, NcclSumsAreExact) {
 // range (the last rank's longer) holding the exact sums, and an allgather of the shards, after
 // each rank marks its own, gives every rank every rank's marked shard.
 TEST_F(Gpu, NcclShardsAreExact) {
+  const std::int64_t n = 100003;  // not a multiple of 2, 3 or 4
   const int world = world_size(), rank = world_rank();
   if (world > gpus_) GTEST_SKIP() << "NCCL needs one GPU per rank: " << world << " ranks, " << gpus_ << " GPU(s)";
-  auto mpi = make_mpi_communicator(MPI_COMM_WORLD);
-  auto be = make_cuda_backend(gpu_, false);
-  const std::int64_t n = 100003;  // not a multiple of 2, 3 or 4
-  auto nccl = be->make_gradient_communicator(*mpi, n, false);
+  NcclRig rig(gpu_, n);
+  auto& [mpi, be, nccl, host, buf, all] = rig;
   ASSERT_NE(nccl, nullptr);
-  nccl->connect();
-  std::vector<float> host(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) host[static_cast<std::size_t>(i)] = static_cast<float>((rank + 1) * (i % 1013));
-  auto buf = be->allocate(n);
-  be->upload(host, buf->data());
-  std::span<float> all(buf->data(), static_cast<std::size_t>(n));
   CommRequest r = nccl->start_reduce_scatter_sum(all);
   nccl->wait(r);
   be->download(buf->data(), host);

@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -149,7 +148,7 @@ int evaluate_checkpoint_main(int argc, char** argv) {
       "also write every image's logits to this NumPy .npy file: float32, (images, classes), in split order")(
       "show-config", "print the checkpoint's state and the options of the run that wrote it, then exit");
   return run_subcommand(
-      "evaluate", "mnist_mpi", desc, nullptr, argc, argv, [&]([[maybe_unused]] const po::variables_map& vm) -> int {
+      "evaluate", "mnist_mpi", desc, nullptr, argc, argv, [&](const po::variables_map& vm) -> int {
         if (checkpoint.empty()) throw_error(ExitCode::kUsage, "give --checkpoint FILE (see mnist_mpi evaluate --help)");
         if (split_name != "test" && split_name != "validation")
           throw_error(ExitCode::kUsage, "--split must be test or validation, got '" + split_name + "'");

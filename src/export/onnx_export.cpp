@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/checkpoint/evaluate_checkpoint.hpp"
@@ -275,7 +274,7 @@ int export_onnx_main(int argc, char** argv) {
       "onnx", po::value(&onnx_path), "the ONNX file to write (replaced whole, or left as it was on an error)");
   return run_subcommand(
       "export", "mnist_mpi export", desc, nullptr, argc, argv,
-      [&]([[maybe_unused]] const po::variables_map& vm) -> int {
+      [&](const po::variables_map&) -> int {
         if (checkpoint.empty() || onnx_path.empty())
           throw_error(ExitCode::kUsage, "give --checkpoint FILE and --onnx FILE (see mnist_mpi export --help)");
         check_output_path(onnx_path, "ONNX file", ExitCode::kOutput);  // before the work, not after it

@@ -9,7 +9,6 @@
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
-#include <iostream>
 #include <numeric>
 #include <thread>
 
@@ -177,7 +176,7 @@ int predict_main(int argc, char** argv) {
   po::positional_options_description pos;
   pos.add("image", -1);
   return run_subcommand(
-      "predict", "mnist_mpi predict", desc, &pos, argc, argv, [&]([[maybe_unused]] const po::variables_map& vm) -> int {
+      "predict", "mnist_mpi predict", desc, &pos, argc, argv, [&](const po::variables_map& vm) -> int {
         if (checkpoint.empty() || images.empty())
           throw_error(ExitCode::kUsage, "give --checkpoint FILE and one or more images (see mnist_mpi predict --help)");
         if (vm.count("invert") && vm.count("no-invert"))

@@ -273,8 +273,7 @@ void Trainer::gather_state() {
 // move with the number of ranks, as PyTorch DDP's all-reduced loss does. Every rank holds an
 // evaluation model (--eval-batch-size images of activations) and the splits' data.
 EvalResult Trainer::evaluate(const Split& split) {
-  const std::int64_t eb = eval_model_ ? eval_model_->batch() : 1;
-  const std::int64_t batches = (split.count + eb - 1) / eb;
+  const std::int64_t batches = eval_batches(split);
   const std::int64_t first = part_first(batches, comm_.size(), comm_.rank());
   const LossStats mine = evaluate_batches(split, first, part_count(batches, comm_.size(), comm_.rank()));
   double v[2] = {mine.loss_sum, static_cast<double>(mine.correct)};
@@ -283,8 +282,14 @@ EvalResult Trainer::evaluate(const Split& split) {
 }
 
 EvalResult Trainer::evaluate_alone(const Split& split) {
-  const std::int64_t eb = eval_model_ ? eval_model_->batch() : 1;
-  return eval_result(split.count, evaluate_batches(split, 0, (split.count + eb - 1) / eb));
+  return eval_result(split.count, evaluate_batches(split, 0, eval_batches(split)));
+}
+
+// The split's batches of the evaluation model's size (the last one may be short). The model is
+// built on every rank at construction (make_evaluation).
+std::int64_t Trainer::eval_batches(const Split& split) const {
+  const std::int64_t eb = eval_model_->batch();
+  return (split.count + eb - 1) / eb;
 }
 
 EvalResult Trainer::eval_result(std::int64_t count, const LossStats& s) {
@@ -300,7 +305,6 @@ EvalResult Trainer::eval_result(std::int64_t count, const LossStats& s) {
 // Batches [first, first + n) of the split (the last one of the split may be short), with the current
 // parameters, on this rank.
 LossStats Trainer::evaluate_batches(const Split& split, std::int64_t first, std::int64_t n) {
-  MNIST_CHECK(eval_model_ != nullptr, ExitCode::kRuntime, "evaluate() called before the evaluation model was built");
   const int eb = eval_model_->batch();
   // The split's data where the backend computes: made at build for validation and test.
   DataSource* source = &split == &data_.validation ? validation_data_.get()

@@ -115,6 +115,7 @@ class Trainer final : private CheckpointSource {
   void settle_verdicts(std::int64_t up_to);  // Note [Non-finite steps]
   void nonfinite_step(std::int64_t bad_step, bool own_loss_bad);
   void log_training_loss(std::int64_t step, double lr, RunResult& res);
+  std::int64_t eval_batches(const Split& split) const;
   LossStats evaluate_batches(const Split& split, std::int64_t first, std::int64_t n);
   static EvalResult eval_result(std::int64_t count, const LossStats& s);
   EvalResult evaluate_during_training(std::int64_t step, bool epoch_end, bool eval_now);
