@@ -441,15 +441,27 @@ struct NcclRig {
   std::span<float> all;
 };
 
+// The NCCL tests: one GPU per rank (skipped otherwise) and an NcclRig of n elements, n not a
+// multiple of 2, 3 or 4. Run on 1 rank and on 2 (tests/CMakeLists.txt, gpu_np2 of scripts/gpu_check.sh).
+class GpuNccl : public Gpu {
+ protected:
+  static constexpr std::int64_t n = 100003;
+  void SetUp() override {
+    Gpu::SetUp();
+    if (IsSkipped()) return;
+    if (world_size() > gpus_)
+      GTEST_SKIP() << "NCCL needs one GPU per rank: " << world_size() << " ranks, " << gpus_ << " GPU(s)";
+    rig_ = std::make_unique<NcclRig>(gpu_, n);
+    ASSERT_NE(rig_->nccl, nullptr);
+  }
+  std::unique_ptr<NcclRig> rig_;
+  const int world = world_size(), rank = world_rank();
+};
+
 // The NCCL sums: rank-dependent integer-valued floats give exactly predictable sums, for buckets
 // started back to back (the reducer's pattern), a blocking sum and a broadcast.
-TEST_F(Gpu, NcclSumsAreExact) {
-  const std::int64_t n = 100003;  // not a multiple of 2, 3 or 4
-  const int world = world_size(), rank = world_rank();
-  if (world > gpus_) GTEST_SKIP() << "NCCL needs one GPU per rank: " << world << " ranks, " << gpus_ << " GPU(s)";
-  NcclRig rig(gpu_, n);
-  auto& [mpi, be, nccl, host, buf, all] = rig;
-  ASSERT_NE(nccl, nullptr);
+TEST_F(GpuNccl, SumsAreExact) {
+  auto& [mpi, be, nccl, host, buf, all] = *rig_;
   CommRequest r[3] = {nccl->start_allreduce_sum(all.subspan(0, 10)), nccl->start_allreduce_sum(all.subspan(10, 50000)),
                       nccl->start_allreduce_sum(all.subspan(50010))};
   for (CommRequest& q : r) nccl->wait(q);
@@ -479,13 +491,8 @@ TEST_F(Gpu, NcclSumsAreExact) {
 // Note [Shards] on NCCL (--shard-optimizer): a reduce-scatter leaves this rank's shard of an odd
 // range (the last rank's longer) holding the exact sums, and an allgather of the shards, after
 // each rank marks its own, gives every rank every rank's marked shard.
-TEST_F(Gpu, NcclShardsAreExact) {
-  const std::int64_t n = 100003;  // not a multiple of 2, 3 or 4
-  const int world = world_size(), rank = world_rank();
-  if (world > gpus_) GTEST_SKIP() << "NCCL needs one GPU per rank: " << world << " ranks, " << gpus_ << " GPU(s)";
-  NcclRig rig(gpu_, n);
-  auto& [mpi, be, nccl, host, buf, all] = rig;
-  ASSERT_NE(nccl, nullptr);
+TEST_F(GpuNccl, ShardsAreExact) {
+  auto& [mpi, be, nccl, host, buf, all] = *rig_;
   CommRequest r = nccl->start_reduce_scatter_sum(all);
   nccl->wait(r);
   be->download(buf->data(), host);
