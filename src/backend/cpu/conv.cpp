@@ -42,8 +42,9 @@ namespace {
 // (c, kh, kw, b) element is summed in the same order as before vectorising; the b loop is B
 // independent lanes (no FMA contraction in ISO C++ mode), so the bits do not depend on the ISA.
 template <int B>
-inline void image_weight_grad(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp, const float* __restrict xp,
-                              const float* __restrict dyp, float* __restrict part, float* __restrict bsum) {
+[[gnu::always_inline]] inline void image_weight_grad(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp,
+                                                     const float* __restrict xp, const float* __restrict dyp,
+                                                     float* __restrict part, float* __restrict bsum) {
   for (int h = 0; h < OH; ++h)
     for (int w = 0; w < OW; ++w) {
       const float* __restrict g = dyp + (static_cast<std::int64_t>(h) * OW + w) * B;
@@ -66,8 +67,9 @@ inline void image_weight_grad(int C, int KH, int KW, int s, int OH, int OW, int 
 // KH * KW accumulators of B lanes live in registers across all output positions instead of being
 // loaded and stored at each one. The same terms in the same order, so the same bits.
 template <int B, int KH, int KW>
-inline void image_weight_grad_k(int C, int s, int OH, int OW, int Hp, int Wp, const float* __restrict xp,
-                                const float* __restrict dyp, float* __restrict part, float* __restrict bsum) {
+[[gnu::always_inline]] inline void image_weight_grad_k(int C, int s, int OH, int OW, int Hp, int Wp,
+                                                       const float* __restrict xp, const float* __restrict dyp,
+                                                       float* __restrict part, float* __restrict bsum) {
   for (int c = 0; c < C; ++c) {
     float acc[KH * KW][B];
     float bacc[B];
@@ -105,8 +107,8 @@ inline void image_weight_grad_k(int C, int s, int OH, int OW, int Hp, int Wp, co
 }
 
 template <int B>
-inline void image_weight_grad_any(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp, const float* xp,
-                                  const float* dyp, float* part, float* bsum) {
+[[gnu::always_inline]] inline void image_weight_grad_any(int C, int KH, int KW, int s, int OH, int OW, int Hp, int Wp,
+                                                         const float* xp, const float* dyp, float* part, float* bsum) {
   if (KH == 3 && KW == 3)
     image_weight_grad_k<B, 3, 3>(C, s, OH, OW, Hp, Wp, xp, dyp, part, bsum);
   else if (KH == 5 && KW == 5)
@@ -131,8 +133,8 @@ void image_weight_grad16(int C, int KH, int KW, int s, int OH, int OW, int Hp, i
 // db[o] = the sum of dy (N, O/B, plane, B) over images and positions: per image in float, over
 // the batch in double (acc, O), B lanes at a time. Note [Bias gradient of a blocked convolution]
 template <int B>
-inline void bias_grad_blocked(int batch, int O, std::int64_t plane, const float* __restrict dy, double* __restrict acc,
-                              float* __restrict db) {
+[[gnu::always_inline]] inline void bias_grad_blocked(int batch, int O, std::int64_t plane, const float* __restrict dy,
+                                                     double* __restrict acc, float* __restrict db) {
   std::fill(acc, acc + O, 0.0);
   for (int n = 0; n < batch; ++n)
     for (int ob = 0; ob < O / B; ++ob) {

@@ -40,81 +40,81 @@ struct PoolShape {
   bool y_blocked;
 };
 
-// x blocked (N, C/B, H, W, B); y blocked the same way or plain; arg (may be null) as in MaxPool.
-// K > 0: a K x K window with stride K known at compile time (the common 2 x 2 pool: the window
-// loops unroll); K = 0: the shape's own window and stride.
+// Sample n: x blocked (N, C/B, H, W, B); y blocked the same way or plain; arg (may be null) as in
+// MaxPool. K > 0: a K x K window with stride K known at compile time (the common 2 x 2 pool: the
+// window loops unroll); K = 0: the shape's own window and stride. Always inlined, and no OpenMP
+// region inside: both would leave the loop in a function of its own built for the baseline x86-64
+// instead of in the clones (Note [One build for every x86-64]).
 template <int B, int K>
-inline void pool_forward_blocked(const PoolShape& p, int batch, const float* __restrict xs, float* __restrict ys,
-                                 std::int32_t* __restrict args) {
+[[gnu::always_inline]] inline void pool_forward_blocked(const PoolShape& p, std::int64_t n, const float* __restrict xs,
+                                                        float* __restrict ys, std::int32_t* __restrict args) {
   const int ih = p.ih, iw = p.iw, oh = p.oh, ow = p.ow;
   const int k_h = K > 0 ? K : p.k_h, k_w = K > 0 ? K : p.k_w, s = K > 0 ? K : p.s;
-  // Samples are independent: with --threads > 1 they are shared out (same bits for any count).
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < batch; ++n)
-    for (int cb = 0; cb < p.cb_count; ++cb) {
-      const std::int64_t base = static_cast<std::int64_t>(cb) * ih * iw * B;  // within the sample
-      const float* x = xs + n * p.in_sample + base;                           // (H, W, B)
-      float* y = ys + n * p.out_sample;
-      std::int32_t* arg = args ? args + n * p.out_sample : nullptr;
-      for (int i = 0; i < oh; ++i)
-        for (int j = 0; j < ow; ++j) {
-          float best[B];
-          std::int32_t best_at[B];
-          const int first = (i * s * iw + j * s) * B;
+  for (int cb = 0; cb < p.cb_count; ++cb) {
+    const std::int64_t base = static_cast<std::int64_t>(cb) * ih * iw * B;  // within the sample
+    const float* x = xs + n * p.in_sample + base;                           // (H, W, B)
+    float* y = ys + n * p.out_sample;
+    std::int32_t* arg = args ? args + n * p.out_sample : nullptr;
+    for (int i = 0; i < oh; ++i)
+      for (int j = 0; j < ow; ++j) {
+        float best[B];
+        std::int32_t best_at[B];
+        const int first = (i * s * iw + j * s) * B;
 #pragma omp simd
-          for (int c = 0; c < B; ++c) {
-            best[c] = x[first + c];
-            best_at[c] = first + c;
-          }
-          for (int u = 0; u < k_h; ++u)
-            for (int v = 0; v < k_w; ++v) {
-              const int at = ((i * s + u) * iw + j * s + v) * B;
-              // Branch-free so that it vectorises B wide; the first maximum wins ties.
+        for (int c = 0; c < B; ++c) {
+          best[c] = x[first + c];
+          best_at[c] = first + c;
+        }
+        for (int u = 0; u < k_h; ++u)
+          for (int v = 0; v < k_w; ++v) {
+            const int at = ((i * s + u) * iw + j * s + v) * B;
+            // Branch-free so that it vectorises B wide; the first maximum wins ties.
 #pragma omp simd
-              for (int c = 0; c < B; ++c) {
-                const float xv = x[at + c];
-                const std::int32_t more = -static_cast<std::int32_t>(xv > best[c]);  // all ones or zero
-                best_at[c] = (best_at[c] & ~more) | ((at + c) & more);
-                best[c] = xv > best[c] ? xv : best[c];
-              }
-            }
-          if (p.y_blocked) {  // B contiguous outputs
-            const std::int64_t o = (static_cast<std::int64_t>(cb) * oh * ow + i * ow + j) * B;
-#pragma omp simd
-            for (int c = 0; c < B; ++c) y[o + c] = best[c];
-            if (arg) {
-#pragma omp simd
-              for (int c = 0; c < B; ++c) arg[o + c] = static_cast<std::int32_t>(base + best_at[c]);
-            }
-          } else {
             for (int c = 0; c < B; ++c) {
-              const std::int64_t o = (static_cast<std::int64_t>(cb * B + c) * oh + i) * ow + j;
-              y[o] = best[c];
-              if (arg) arg[o] = static_cast<std::int32_t>(base + best_at[c]);
+              const float xv = x[at + c];
+              const std::int32_t more = -static_cast<std::int32_t>(xv > best[c]);  // all ones or zero
+              best_at[c] = (best_at[c] & ~more) | ((at + c) & more);
+              best[c] = xv > best[c] ? xv : best[c];
             }
+          }
+        if (p.y_blocked) {  // B contiguous outputs
+          const std::int64_t o = (static_cast<std::int64_t>(cb) * oh * ow + i * ow + j) * B;
+#pragma omp simd
+          for (int c = 0; c < B; ++c) y[o + c] = best[c];
+          if (arg) {
+#pragma omp simd
+            for (int c = 0; c < B; ++c) arg[o + c] = static_cast<std::int32_t>(base + best_at[c]);
+          }
+        } else {
+          for (int c = 0; c < B; ++c) {
+            const std::int64_t o = (static_cast<std::int64_t>(cb * B + c) * oh + i) * ow + j;
+            y[o] = best[c];
+            if (arg) arg[o] = static_cast<std::int32_t>(base + best_at[c]);
           }
         }
-    }
+      }
+  }
 }
 
 template <int B>
-inline void pool_forward_blocked_any(const PoolShape& p, int batch, const float* x, float* y, std::int32_t* arg) {
+[[gnu::always_inline]] inline void pool_forward_blocked_any(const PoolShape& p, std::int64_t n, const float* x,
+                                                            float* y, std::int32_t* arg) {
   if (p.k_h == 2 && p.k_w == 2 && p.s == 2)
-    pool_forward_blocked<B, 2>(p, batch, x, y, arg);
+    pool_forward_blocked<B, 2>(p, n, x, y, arg);
   else
-    pool_forward_blocked<B, 0>(p, batch, x, y, arg);
+    pool_forward_blocked<B, 0>(p, n, x, y, arg);
 }
 
 // Built for AVX-512, AVX2 and the baseline, chosen by the CPU at load time (as the convolution's
 // own loop in src/backend/cpu/conv.cpp): the B-wide compare-and-select needs blends, which the
 // baseline x86-64 (SSE2) lacks. Comparisons and selects only: the same bits on every ISA.
 MNIST_MPI_CPU_CLONES
-void pool_forward_blocked8(const PoolShape& p, int batch, const float* x, float* y, std::int32_t* arg) {
-  pool_forward_blocked_any<8>(p, batch, x, y, arg);
+void pool_forward_blocked8(const PoolShape& p, std::int64_t n, const float* x, float* y, std::int32_t* arg) {
+  pool_forward_blocked_any<8>(p, n, x, y, arg);
 }
 MNIST_MPI_CPU_CLONES
-void pool_forward_blocked16(const PoolShape& p, int batch, const float* x, float* y, std::int32_t* arg) {
-  pool_forward_blocked_any<16>(p, batch, x, y, arg);
+void pool_forward_blocked16(const PoolShape& p, std::int64_t n, const float* x, float* y, std::int32_t* arg) {
+  pool_forward_blocked_any<16>(p, n, x, y, arg);
 }
 
 class MaxPool final : public LayerKernel {
@@ -191,10 +191,14 @@ class MaxPool final : public LayerKernel {
     const PoolShape p{l_.in.h,   l_.in.w,     l_.out.h,   l_.out.w,    l_.kernel_h, l_.kernel_w,
                       l_.stride, l_.in.c / B, in_sample_, out_sample_, by_ != 1};
     std::int32_t* arg = argmax_.empty() ? nullptr : argmax_.data();
-    if constexpr (B == 8)
-      pool_forward_blocked8(p, b_.batch, b_.x, b_.y, arg);
-    else
-      pool_forward_blocked16(p, b_.batch, b_.x, b_.y, arg);
+    // Samples are independent: with --threads > 1 they are shared out (same bits for any count).
+#pragma omp parallel for schedule(static)
+    for (std::int64_t n = 0; n < b_.batch; ++n) {
+      if constexpr (B == 8)
+        pool_forward_blocked8(p, n, b_.x, b_.y, arg);
+      else
+        pool_forward_blocked16(p, n, b_.x, b_.y, arg);
+    }
   }
 
   LayerSpec l_;
