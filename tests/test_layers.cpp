@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -663,6 +664,65 @@ TEST(BlockedLayouts, ModelMatchesThePlainOne) {
   const std::vector<float> lp(plain.logits(), plain.logits() + batch * 10);
   expect_close("logits", lb, to_double(lp), 1e-5, 1e-4);
   expect_close("gradients", g_blocked, to_double(g_plain), 1e-5, 1e-4);
+}
+
+// Note [The first convolution reads its pool's gradient] in src/backend/cpu/conv.cpp: the first
+// convolution rebuilding its dy from the pool's gradient gives the bits of the pool writing dx.
+TEST(BlockedLayouts, PoolGradientIntoFirstConvIsBitwiseTheSame) {
+  struct Case {
+    std::string model;
+    Shape input;
+    int batch, threads;
+    bool fused;  // whether the backend may hand the pool's gradient to the convolution
+  };
+  const std::vector<Case> cases{
+      {"conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 12, 12}, 4, 1, true},  // tiny's
+      {"conv:5x5:16:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 8, 8}, 3, 2, true},   // 2 threads
+      {"conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10",
+       {1, 13, 13},
+       2,
+       1,
+       false},                                                                                   // odd: no tiling
+      {"conv:3x3:8:same,maxpool:3:2,conv:3x3:16:same,flatten,fc:10", {1, 12, 12}, 2, 1, false},  // overlapping windows
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.model + " on " + std::to_string(k.input.h) + "x" + std::to_string(k.input.w));
+    auto fused_be = make_cpu_backend(k.threads);
+    auto apart_be = make_cpu_backend(k.threads, /*fuse=*/false);
+    const ModelSpec spec = parse_model_spec(k.model, k.input, 10);
+    ASSERT_NE(fused_be->activation_layouts(spec)[1], Layout::kPlain);
+    std::vector<float> params(static_cast<std::size_t>(spec.param_count));
+    init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 17, params.data());
+    std::vector<float> g_fused(params.size(), 7.0f), g_apart(params.size(), 3.0f);
+    Model fused(spec, k.batch, *fused_be, params.data(), g_fused.data());
+    Model apart(spec, k.batch, *apart_be, params.data(), g_apart.data());
+    const std::string said = "reading the max pool's gradient";
+    EXPECT_EQ(fused.describe().find(said) != std::string::npos, k.fused) << fused.describe();
+    EXPECT_EQ(apart.describe().find(said), std::string::npos) << apart.describe();
+    const std::vector<float> x = uniform(static_cast<std::size_t>(k.batch) * k.input.size(), 23);
+    std::vector<std::int32_t> labels(static_cast<std::size_t>(k.batch));
+    for (int n = 0; n < k.batch; ++n) labels[static_cast<std::size_t>(n)] = (3 * n + 1) % 10;
+    StepContext ctx;
+    for (int step = 0; step < 2; ++step) {  // twice: the second backward overwrites the first
+      for (Model* m : {&fused, &apart}) {
+        std::copy(x.begin(), x.end(), m->input());
+        m->forward(ctx);
+        fused_be->softmax_cross_entropy(m->logits(), labels.data(), k.batch, 10, m->dlogits(),
+                                        1.0f / static_cast<float>(k.batch));
+        m->backward(ctx);
+      }
+      ASSERT_EQ(g_fused.size(), g_apart.size());
+      for (std::size_t i = 0; i < g_fused.size(); ++i)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(g_fused[i]), std::bit_cast<std::uint32_t>(g_apart[i]))
+            << "gradient " << i << ": " << g_fused[i] << " against " << g_apart[i];
+      // Not vacuous: the first convolution's weight gradient is not zero.
+      const auto first = std::find_if(spec.params.begin(), spec.params.end(),
+                                      [](const ParamTensor& p) { return p.layer == 0 && !p.is_bias; });
+      ASSERT_NE(first, spec.params.end());
+      const auto w0 = g_fused.begin() + first->offset;
+      EXPECT_TRUE(std::any_of(w0, w0 + first->size, [](float v) { return v != 0.0f; }));
+    }
+  }
 }
 
 TEST(Model, GradientOfEveryParameterTensor) {

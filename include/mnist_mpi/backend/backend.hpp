@@ -299,8 +299,9 @@ class Backend {
                                                                    bool shared_device);
 };
 
-// --threads: the number of threads each rank's kernels use.
-std::unique_ptr<Backend> make_cpu_backend(int threads);
+// --threads: the number of threads each rank's kernels use. fuse = false keeps every layer's
+// backward separate (Note [The first convolution reads its pool's gradient]), for tests and A/B runs.
+std::unique_ptr<Backend> make_cpu_backend(int threads, bool fuse = true);
 
 // The CUDA backend on GPU `device` (already chosen, see include/mnist_mpi/backend/device.hpp);
 // tf32: let cuDNN and cuBLAS use TF32 tensor cores for float math. Only in builds with CUDA

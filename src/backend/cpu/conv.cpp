@@ -5,6 +5,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
@@ -156,6 +158,46 @@ void bias_grad_blocked16(int batch, int O, std::int64_t plane, const float* dy, 
   bias_grad_blocked<16>(batch, O, plane, dy, acc, db);
 }
 
+// Note [The first convolution reads its pool's gradient]
+// In tiny (conv 1 -> 8, then a 2 x 2 max pool) the pool's backward wrote the convolution's whole dy,
+// 128 x 8 x 28 x 28 floats per step (a memset and a scatter, dx[argmax] += dy), and the own
+// weight-gradient loop above read it back: two passes over 3.2 MB that the cache does not hold,
+// ~9 % of a tiny step. When a 2 x 2, stride-2 max pool with blocked input and output tiles the
+// output of a first convolution (plain input, own weight-gradient loop), the pool writes no dx:
+// it hands the convolution its dy and argmax (Context::pooled, keyed by the convolution's dy), and
+// the convolution rebuilds one image's dy block at a time in a per-thread scratch that stays in
+// L1 (expand_pooled_dy: 0 + dy where the window's argmax points, 0 + 0 elsewhere: exactly what
+// memset + scatter wrote, -0 turned into +0 included) and runs the same loop on it. Same terms in
+// the same order, so the same bits; make_cpu_backend(threads, fuse = false) keeps the layers apart
+// (BlockedLayouts.PoolGradientIntoFirstConvIsBitwiseTheSame compares the two).
+// One image's block: pdy and parg (OH / 2, OW / 2, B), base = the block's offset within the
+// convolution's output sample (argmax counts from the sample's start); g (OH, OW, B).
+template <int B>
+[[gnu::always_inline]] inline void expand_pooled_dy(int OH, int OW, std::int32_t base, const float* __restrict pdy,
+                                                    const std::int32_t* __restrict parg, float* __restrict g) {
+  const int PW = OW / 2;
+  for (int h = 0; h < OH; ++h)
+    for (int w = 0; w < OW; ++w) {
+      const int q = ((h / 2) * PW + w / 2) * B;
+      const std::int32_t at = base + (h * OW + w) * B;
+      float* __restrict gp = g + (h * OW + w) * B;
+      // Branch-free (a mask) so that it vectorises B wide.
+#pragma omp simd
+      for (int b = 0; b < B; ++b) {
+        const std::uint32_t hit = 0u - static_cast<std::uint32_t>(parg[q + b] == at + b);  // all ones or zero
+        gp[b] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(pdy[q + b]) & hit) + 0.0f;
+      }
+    }
+}
+MNIST_MPI_CPU_CLONES
+void expand_pooled_dy8(int OH, int OW, std::int32_t base, const float* pdy, const std::int32_t* parg, float* g) {
+  expand_pooled_dy<8>(OH, OW, base, pdy, parg, g);
+}
+MNIST_MPI_CPU_CLONES
+void expand_pooled_dy16(int OH, int OW, std::int32_t base, const float* pdy, const std::int32_t* parg, float* g) {
+  expand_pooled_dy<16>(OH, OW, base, pdy, parg, g);
+}
+
 // Per-thread scratch of the own weight-gradient loop, made at build for `threads` threads.
 struct OwnScratch {
   int threads = 1;
@@ -164,15 +206,18 @@ struct OwnScratch {
   std::vector<float> part;   // (threads, C, KH, KW, B): one image's sum for one channel block
   std::vector<double> acc;   // (threads, O/B, C, KH, KW, B): the thread's images, summed
   std::vector<double> bias;  // (threads, O)
+  std::vector<float> dy;     // (threads, OH, OW, B): one image's dy block, rebuilt from the pool's
 };
 
 // Images are shared out among the threads in fixed contiguous chunks (schedule static); each
 // thread sums its chunk in image order, and the chunks' sums are added in thread order. So the
 // bits depend on the thread count (not on timing), and one thread gives exactly the serial sum.
 // Hp = (OH - 1) * stride + KH, Wp likewise.
+// pooled (may be null or empty): read the pool's gradient instead of dy (Note [The first
+// convolution reads its pool's gradient]).
 template <int B>
-void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, const float* dy, OwnScratch& sc, float* dw,
-                             float* db) {
+void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, const float* dy,
+                             const PooledGradient* pooled, OwnScratch& sc, float* dw, float* db) {
   const int C = l.in.c, H = l.in.h, W = l.in.w, O = l.out.c, OH = l.out.h, OW = l.out.w, KH = l.kernel_h,
             KW = l.kernel_w, s = l.stride;
   const int Hp = (OH - 1) * s + KH, Wp = (OW - 1) * s + KW;
@@ -187,6 +232,9 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
     float* part = sc.part.data() + t * sc.part_size;
     double* acc = sc.acc.data() + t * acc_size;
     double* bias_sum = sc.bias.data() + static_cast<std::int64_t>(t) * O;
+    const bool from_pool = pooled != nullptr && pooled->dy != nullptr;
+    const std::int64_t block = static_cast<std::int64_t>(OH) * OW * B;  // one image's dy block
+    float* dy_block = from_pool ? sc.dy.data() + t * block : nullptr;
 #pragma omp for schedule(static)
     for (int n = 0; n < batch; ++n) {
       const float* xs = x + static_cast<std::int64_t>(n) * C * H * W;  // (C, H, W)
@@ -205,7 +253,16 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
         // One image's sum in float (OH * OW terms), added to the thread's sum in double.
         std::fill(part, part + per_block, 0.0f);
         float bsum[B] = {};
-        const float* dyp = dy + ((static_cast<std::int64_t>(n) * (O / B) + ob) * OH * OW) * B;  // (OH, OW, B)
+        const float* dyp = dy + (static_cast<std::int64_t>(n) * (O / B) + ob) * block;  // (OH, OW, B)
+        if (from_pool) {
+          const std::int64_t at = (static_cast<std::int64_t>(n) * (O / B) + ob) * (block / 4);  // (OH/2, OW/2, B)
+          const auto base = static_cast<std::int32_t>(ob * block);
+          if constexpr (B == 8)
+            expand_pooled_dy8(OH, OW, base, pooled->dy + at, pooled->argmax + at, dy_block);
+          else
+            expand_pooled_dy16(OH, OW, base, pooled->dy + at, pooled->argmax + at, dy_block);
+          dyp = dy_block;
+        }
         if constexpr (B == 8)
           image_weight_grad8(C, KH, KW, s, OH, OW, Hp, Wp, xpad, dyp, part, bsum);
         else
@@ -293,6 +350,10 @@ class Conv final : public LayerKernel {
       own_.part.assign(static_cast<std::size_t>(threads * own_.part_size), 0.0f);
       own_.acc.assign(static_cast<std::size_t>(threads) * l.channels * l.in.c * l.kernel_h * l.kernel_w, 0.0);
       own_.bias.assign(static_cast<std::size_t>(threads) * l.channels, 0.0);
+      if (c.fuse) {  // Note [The first convolution reads its pool's gradient]
+        pooled_ = &c.pooled[b.dy];
+        own_.dy.assign(static_cast<std::size_t>(threads) * l.out.h * l.out.w * 16, 0.0f);  // B <= 16
+      }
       return;
     }
     if (b.y_layout != Layout::kPlain) {
@@ -351,11 +412,18 @@ class Conv final : public LayerKernel {
     }
     float* db = b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w;
     if (b_.y_layout == Layout::kBlocked8)
-      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, own_, b_.dw, db);
+      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db);
     else
-      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, own_, b_.dw, db);
+      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db);
   }
-  std::string describe() const override { return desc_; }
+  std::string describe() const override {
+    return desc_ + (pooled_ && pooled_->dy ? " reading the max pool's gradient" : "");
+  }
+  ~Conv() override {
+    if (pooled_) c_.pooled.erase(b_.dy);
+  }
+  Conv(const Conv&) = delete;
+  Conv& operator=(const Conv&) = delete;
 
  private:
   Context& c_;
@@ -365,9 +433,10 @@ class Conv final : public LayerKernel {
   std::string desc_;
   LayerSpec l_;  // for the own weight-gradient loop, when used
   LayerBuffers b_;
-  OwnScratch own_;                // for the own weight-gradient loop, when used
-  bool own_bias_ = false;         // Note [Bias gradient of a blocked convolution]
-  std::vector<double> bias_acc_;  // (O)
+  OwnScratch own_;                    // for the own weight-gradient loop, when used
+  PooledGradient* pooled_ = nullptr;  // in c_.pooled, when the own loop may read a pool's gradient
+  bool own_bias_ = false;             // Note [Bias gradient of a blocked convolution]
+  std::vector<double> bias_acc_;      // (O)
 };
 
 }  // namespace

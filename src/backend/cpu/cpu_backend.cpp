@@ -165,7 +165,10 @@ class SameMemory final : public HostCopy {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) { omp_set_num_threads(std::max(1, threads)); }
+  CpuBackend(int threads, bool fuse) {
+    omp_set_num_threads(std::max(1, threads));
+    ctx_.fuse = fuse;
+  }
   std::string name() const override { return "cpu"; }
   std::unique_ptr<Buffer> allocate(std::int64_t count) override { return std::make_unique<HostBuffer>(count); }
 
@@ -223,7 +226,7 @@ class CpuBackend final : public Backend {
         case LayerKind::kFc:
           return cpu::make_fc(ctx_, l, b, training);
         case LayerKind::kMaxPool:
-          return cpu::make_maxpool(l, b, training);
+          return cpu::make_maxpool(ctx_, l, b, training);
         case LayerKind::kRelu:
           return cpu::make_relu(ctx_, l, b, training);
         case LayerKind::kDropout:
@@ -306,6 +309,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+std::unique_ptr<Backend> make_cpu_backend(int threads, bool fuse) {
+  return std::make_unique<CpuBackend>(threads, fuse);
+}
 
 }  // namespace mnist_mpi

@@ -6,15 +6,29 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <unordered_map>
 
 namespace mnist_mpi::cpu {
 
+// What a 2 x 2 max pool hands the convolution before it instead of writing that convolution's dy
+// (Note [The first convolution reads its pool's gradient] in src/backend/cpu/conv.cpp): the pool's
+// dy and argmax, (N, C/B, PH, PW, B) each, argmax the offset of each window's max within its
+// sample of the convolution's output. Null until a pool fills it in.
+struct PooledGradient {
+  const float* dy = nullptr;
+  const std::int32_t* argmax = nullptr;
+};
+
 struct Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
+  bool fuse = true;  // false: every layer writes its own dx (make_cpu_backend)
+  // Keyed by the dy buffer of a first convolution that can read its pool's gradient; entries are
+  // made by that convolution (node-based: a pointer to one stays valid) and erased when it goes.
+  std::unordered_map<const float*, PooledGradient> pooled;
 };
 
 using tag = dnnl::memory::format_tag;

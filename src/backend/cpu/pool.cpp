@@ -119,7 +119,7 @@ void pool_forward_blocked16(const PoolShape& p, std::int64_t n, const float* x, 
 
 class MaxPool final : public LayerKernel {
  public:
-  MaxPool(const LayerSpec& l, const LayerBuffers& b, bool training)
+  MaxPool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training)
       : l_(l),
         b_(b),
         in_sample_(l.in.size()),
@@ -129,6 +129,13 @@ class MaxPool final : public LayerKernel {
     MNIST_CHECK(l.in.c % bx_ == 0 && l.out.c % by_ == 0 && (bx_ == by_ || by_ == 1), ExitCode::kRuntime,
                 "maxpool: unsupported layouts for " + l.text);
     if (training) argmax_.assign(static_cast<std::size_t>(b.batch * out_sample_), 0);
+    // Note [The first convolution reads its pool's gradient] in src/backend/cpu/conv.cpp
+    const bool tiles = l.kernel_h == 2 && l.kernel_w == 2 && l.stride == 2 && l.in.h == 2 * l.out.h &&
+                       l.in.w == 2 * l.out.w && bx_ > 1 && by_ == bx_;
+    if (const auto it = c.pooled.find(b.dx); training && c.fuse && tiles && it != c.pooled.end()) {
+      it->second = PooledGradient{b.dy, argmax_.data()};
+      dx_left_to_conv_ = true;
+    }
   }
 
   void forward(const StepContext&) override {
@@ -141,7 +148,7 @@ class MaxPool final : public LayerKernel {
   }
 
   void backward(const StepContext&) override {
-    if (!b_.dx) return;
+    if (!b_.dx || dx_left_to_conv_) return;
 #pragma omp parallel for schedule(static)
     for (std::int64_t n = 0; n < b_.batch; ++n) {
       float* dx = b_.dx + n * in_sample_;  // one sample, in x's layout
@@ -153,7 +160,7 @@ class MaxPool final : public LayerKernel {
   }
   std::string describe() const override {
     return "maxpool (plain loops, argmax kept; x block " + std::to_string(bx_) + ", y block " + std::to_string(by_) +
-           ")";
+           (dx_left_to_conv_ ? "; dx left to the convolution" : "") + ")";
   }
 
  private:
@@ -205,13 +212,14 @@ class MaxPool final : public LayerKernel {
   LayerBuffers b_;
   std::int64_t in_sample_, out_sample_;
   int bx_, by_;
+  bool dx_left_to_conv_ = false;      // the convolution before reads dy and argmax_ instead of dx
   std::vector<std::int32_t> argmax_;  // in y's order: offset of the max within its sample's x
 };
 
 }  // namespace
 
-std::unique_ptr<LayerKernel> make_maxpool(const LayerSpec& l, const LayerBuffers& b, bool training) {
-  return std::make_unique<MaxPool>(l, b, training);
+std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) {
+  return std::make_unique<MaxPool>(c, l, b, training);
 }
 
 }  // namespace mnist_mpi::cpu
