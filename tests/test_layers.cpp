@@ -687,8 +687,9 @@ TEST(BlockedLayouts, PoolGradientIntoFirstConvIsBitwiseTheSame) {
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.model + " on " + std::to_string(k.input.h) + "x" + std::to_string(k.input.w));
-    auto fused_be = make_cpu_backend(k.threads);
-    auto apart_be = make_cpu_backend(k.threads, /*fuse=*/false);
+    // The forward pass oneDNN's either way, so that only the gradient's path differs.
+    auto fused_be = make_cpu_backend(k.threads, {.pool_gradient = true, .conv_pool_forward = false});
+    auto apart_be = make_cpu_backend(k.threads, {.pool_gradient = false, .conv_pool_forward = false});
     const ModelSpec spec = parse_model_spec(k.model, k.input, 10);
     ASSERT_NE(fused_be->activation_layouts(spec)[1], Layout::kPlain);
     std::vector<float> params(static_cast<std::size_t>(spec.param_count));
@@ -722,6 +723,62 @@ TEST(BlockedLayouts, PoolGradientIntoFirstConvIsBitwiseTheSame) {
       const auto w0 = g_fused.begin() + first->offset;
       EXPECT_TRUE(std::any_of(w0, w0 + first->size, [](float v) { return v != 0.0f; }));
     }
+  }
+}
+
+// Note [The first convolution and its pool in one pass] in src/backend/cpu/conv.cpp: the pool
+// computing the convolution before it gives oneDNN's outputs (the same fused multiply-adds in the
+// same order: bitwise on the CPUs measured, checked here to float rounding since oneDNN's kernel
+// differs per CPU), the same argmax (so the same gradients), in training and in inference.
+TEST(BlockedLayouts, FirstConvAndPoolInOnePass) {
+  struct Case {
+    std::string model;
+    Shape input;
+    int batch, threads;
+    bool fused;
+  };
+  const std::vector<Case> cases{
+      {"conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 12, 12}, 4, 1, true},   // tiny's
+      {"conv:5x5:16:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 8, 8}, 3, 2, true},    // 2 threads
+      {"conv:3x3:8:valid,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 10, 10}, 2, 1, true},  // no padding
+      {"conv:2x2:8:same,maxpool:2,conv:3x3:8:same,maxpool:2,flatten,fc:10", {1, 8, 6}, 2, 1, true},      // even kernel
+      {"conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 13, 13}, 2, 1, false},  // odd
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.model + " on " + std::to_string(k.input.h) + "x" + std::to_string(k.input.w));
+    auto fused_be = make_cpu_backend(k.threads);
+    auto apart_be = make_cpu_backend(k.threads, {.pool_gradient = false, .conv_pool_forward = false});
+    const ModelSpec spec = parse_model_spec(k.model, k.input, 10);
+    ASSERT_NE(fused_be->activation_layouts(spec)[1], Layout::kPlain);
+    std::vector<float> params(static_cast<std::size_t>(spec.param_count));
+    init_params(spec, parse_init_spec("he"), parse_init_spec("normal:0.1"), 29, params.data());
+    std::vector<float> g_fused(params.size(), 7.0f), g_apart(params.size(), 3.0f);
+    Model fused(spec, k.batch, *fused_be, params.data(), g_fused.data());
+    Model apart(spec, k.batch, *apart_be, params.data(), g_apart.data());
+    Model fused_eval(spec, k.batch, *fused_be, params.data(), nullptr);
+    const std::string said = "computes the convolution before it";
+    EXPECT_EQ(fused.describe().find(said) != std::string::npos, k.fused) << fused.describe();
+    EXPECT_EQ(fused_eval.describe().find(said) != std::string::npos, k.fused) << fused_eval.describe();
+    EXPECT_EQ(apart.describe().find(said), std::string::npos) << apart.describe();
+    const std::vector<float> x = uniform(static_cast<std::size_t>(k.batch) * k.input.size(), 31);
+    std::vector<std::int32_t> labels(static_cast<std::size_t>(k.batch));
+    for (int n = 0; n < k.batch; ++n) labels[static_cast<std::size_t>(n)] = (7 * n + 2) % 10;
+    StepContext ctx;
+    for (Model* m : {&fused, &apart, &fused_eval}) {
+      std::copy(x.begin(), x.end(), m->input());
+      m->forward(ctx);
+      if (m->training()) {
+        fused_be->softmax_cross_entropy(m->logits(), labels.data(), k.batch, 10, m->dlogits(),
+                                        1.0f / static_cast<float>(k.batch));
+        m->backward(ctx);
+      }
+    }
+    const std::size_t nl = static_cast<std::size_t>(k.batch) * 10;
+    const std::vector<float> lf(fused.logits(), fused.logits() + nl), la(apart.logits(), apart.logits() + nl),
+        le(fused_eval.logits(), fused_eval.logits() + nl);
+    expect_close("logits", lf, to_double(la), 1e-5, 1e-5);
+    expect_close("logits in inference", le, to_double(la), 1e-5, 1e-5);
+    expect_close("gradients", g_fused, to_double(g_apart), 1e-5, 1e-4);
   }
 }
 

@@ -299,9 +299,15 @@ class Backend {
                                                                    bool shared_device);
 };
 
-// --threads: the number of threads each rank's kernels use. fuse = false keeps every layer's
-// backward separate (Note [The first convolution reads its pool's gradient]), for tests and A/B runs.
-std::unique_ptr<Backend> make_cpu_backend(int threads, bool fuse = true);
+// The CPU backend's cross-layer fusions (src/backend/cpu/conv.cpp), all on by default; tests and
+// A/B runs turn them off to compare.
+struct CpuFusions {
+  bool pool_gradient = true;      // Note [The first convolution reads its pool's gradient]
+  bool conv_pool_forward = true;  // Note [The first convolution and its pool in one pass]
+};
+
+// --threads: the number of threads each rank's kernels use.
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuFusions fusions = {});
 
 // The CUDA backend on GPU `device` (already chosen, see include/mnist_mpi/backend/device.hpp);
 // tf32: let cuDNN and cuBLAS use TF32 tensor cores for float math. Only in builds with CUDA

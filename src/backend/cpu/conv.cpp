@@ -2,10 +2,12 @@
 // made once for the layer's shapes and buffers. Activations come in the layouts the backend chose
 // (Note [Activation layouts]); weights are OIHW in the flat buffers and the checkpoint, reordered
 // into the kernel's preferred layout once per step. See Note [Blocked convolutions].
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -168,7 +170,7 @@ void bias_grad_blocked16(int batch, int O, std::int64_t plane, const float* dy, 
 // the convolution rebuilds one image's dy block at a time in a per-thread scratch that stays in
 // L1 (expand_pooled_dy: 0 + dy where the window's argmax points, 0 + 0 elsewhere: exactly what
 // memset + scatter wrote, -0 turned into +0 included) and runs the same loop on it. Same terms in
-// the same order, so the same bits; make_cpu_backend(threads, fuse = false) keeps the layers apart
+// the same order, so the same bits; make_cpu_backend(threads, {.pool_gradient = false}) keeps the layers apart
 // (BlockedLayouts.PoolGradientIntoFirstConvIsBitwiseTheSame compares the two).
 // One image's block: pdy and parg (OH / 2, OW / 2, B), base = the block's offset within the
 // convolution's output sample (argmax counts from the sample's start); g (OH, OW, B).
@@ -284,6 +286,208 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
       dw[o * k_count + k] = static_cast<float>(sc.acc[((o / B) * k_count + k) * B + o % B]);
 }
 
+// Note [The first convolution and its pool in one pass]
+// tiny's first convolution (one input channel, 3x3, 8 outputs) wrote 128 x 8 x 28 x 28 floats
+// per step (3.2 MB, at 35 % of the sgemm rate: oneDNN's kernel for one input channel is mostly
+// driver and stores), and the 2 x 2 max pool after it read them all back to keep a quarter. When
+// such a pool (tiling its input, blocked in and out) follows a first convolution of one input
+// channel and stride 1 whose output is blocked, the pool computes the convolution itself, window by
+// window: the four positions of a window, B output channels wide, in registers, then their maximum
+// and argmax; the convolution's output is never written (nothing else reads it: its weight
+// gradient reads x and the pool's gradient). Each output is the sum oneDNN's direct kernels
+// form: the bias, then one fused multiply-add per tap in (kh, kw) order, taps outside the image
+// skipped. std::fma rounds once, the same on every CPU; the kernel is built with FMA for CPUs that
+// have it (chosen once, at build) and falls back to libm's fmaf, slower but the same bits.
+// make_cpu_backend(threads, {.conv_pool_forward = false}) keeps the two layers apart;
+// BlockedLayouts.FirstConvAndPoolInOnePass compares the two.
+// One sample: x (H, W); wt (O/B, KH, KW, B) and bias (O) from the layer's weights; y and arg
+// (may be null) the pool's, blocked (O/B, PH, PW, B), arg counting from the convolution output
+// sample's start as MaxPool's argmax does.
+template <int B>
+[[gnu::always_inline]] inline void conv_pool_sample(const LayerSpec& l, const float* __restrict x,
+                                                    const float* __restrict wt, const float* __restrict bias,
+                                                    float* __restrict y, std::int32_t* __restrict arg) {
+  const int H = l.in.h, W = l.in.w, OH = l.out.h, OW = l.out.w, KH = l.kernel_h, KW = l.kernel_w;
+  const int PH = OH / 2, PW = OW / 2;
+  for (int ob = 0; ob < l.channels / B; ++ob) {
+    const float* __restrict wb = wt + static_cast<std::int64_t>(ob) * KH * KW * B;
+    for (int i = 0; i < PH; ++i)
+      for (int j = 0; j < PW; ++j) {
+        float best[B];
+        std::int32_t best_at[B];
+        for (int q = 0; q < 4; ++q) {  // (0, 0), (0, 1), (1, 0), (1, 1): MaxPool's scan order
+          const int h = 2 * i + q / 2, w = 2 * j + q % 2;
+          float acc[B];
+#pragma omp simd
+          for (int b = 0; b < B; ++b) acc[b] = bias[ob * B + b];
+          for (int kh = 0; kh < KH; ++kh) {
+            const int ih = h + kh - l.pad_top;
+            if (ih < 0 || ih >= H) continue;
+            for (int kw = 0; kw < KW; ++kw) {
+              const int iw = w + kw - l.pad_left;
+              if (iw < 0 || iw >= W) continue;
+              const float v = x[ih * W + iw];
+              const float* __restrict wk = wb + (kh * KW + kw) * B;
+#pragma omp simd
+              for (int b = 0; b < B; ++b) acc[b] = std::fma(wk[b], v, acc[b]);
+            }
+          }
+          const std::int32_t at = ((ob * OH + h) * OW + w) * B;
+          if (q == 0) {
+#pragma omp simd
+            for (int b = 0; b < B; ++b) {
+              best[b] = acc[b];
+              best_at[b] = at + b;
+            }
+          } else {
+            // Branch-free, as MaxPool's scan: the first maximum wins ties.
+#pragma omp simd
+            for (int b = 0; b < B; ++b) {
+              const std::int32_t more = -static_cast<std::int32_t>(acc[b] > best[b]);
+              best_at[b] = (best_at[b] & ~more) | ((at + b) & more);
+              best[b] = acc[b] > best[b] ? acc[b] : best[b];
+            }
+          }
+        }
+        const std::int64_t o = ((static_cast<std::int64_t>(ob) * PH + i) * PW + j) * B;
+#pragma omp simd
+        for (int b = 0; b < B; ++b) y[o + b] = best[b];
+        if (arg) {
+#pragma omp simd
+          for (int b = 0; b < B; ++b) arg[o + b] = best_at[b];
+        }
+      }
+  }
+}
+
+template <int B>
+[[gnu::always_inline]] inline void conv_pool_samples(const LayerSpec& l, std::int64_t first, std::int64_t count,
+                                                     const float* x, const float* wt, const float* bias, float* y,
+                                                     std::int32_t* arg) {
+  const std::int64_t in = static_cast<std::int64_t>(l.in.h) * l.in.w, out = l.out.size() / 4;
+  for (std::int64_t n = first; n < first + count; ++n)
+    conv_pool_sample<B>(l, x + n * in, wt, bias, y + n * out, arg ? arg + n * out : nullptr);
+}
+
+using ConvPoolFn = void (*)(const LayerSpec&, int, std::int64_t, std::int64_t, const float*, const float*, const float*,
+                            float*, std::int32_t*);
+
+// The same with AVX2 + FMA intrinsics, 8 lanes at a time (B = 16: two halves): every tap is one
+// _mm256_fmadd_ps (one rounding, as std::fma), in the same order, the taps outside the image left
+// out by the loop bounds; KK = KH * KW when known at compile time (the weights stay in registers).
+template <int KK>
+__attribute__((target("avx2,fma"))) void conv_pool_avx2(const LayerSpec& l, int B, std::int64_t first,
+                                                        std::int64_t count, const float* xs, const float* wt,
+                                                        const float* bias, float* ys, std::int32_t* args) {
+  const int H = l.in.h, W = l.in.w, OH = l.out.h, OW = l.out.w, KH = l.kernel_h, KW = l.kernel_w;
+  const int PH = OH / 2, PW = OW / 2, pt = l.pad_top, pl = l.pad_left;
+  const std::int64_t in = static_cast<std::int64_t>(H) * W, out = l.out.size() / 4;
+  constexpr int kMax = KK > 0 ? KK : 49;
+  const int taps = KH * KW;
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (std::int64_t n = first; n < first + count; ++n) {
+    const float* x = xs + n * in;
+    for (int ob = 0; ob < l.channels / B; ++ob)
+      for (int half = 0; half < B / 8; ++half) {
+        __m256 wv[kMax];
+        for (int t = 0; t < (KK > 0 ? KK : taps); ++t)
+          wv[t] = _mm256_loadu_ps(wt + (static_cast<std::int64_t>(ob) * taps + t) * B + half * 8);
+        const __m256 bv = _mm256_loadu_ps(bias + ob * B + half * 8);
+        float* y = ys + n * out;
+        std::int32_t* arg = args ? args + n * out : nullptr;
+        for (int i = 0; i < PH; ++i)
+          for (int j = 0; j < PW; ++j) {
+            // The window's four sums: interleaved (four independent FMA chains) where every tap of
+            // the window is inside the image, one by one with clipped tap ranges at the border.
+            __m256 sums[4];
+            const bool inside = 2 * i - pt >= 0 && 2 * i + KH - pt < H && 2 * j - pl >= 0 && 2 * j + KW - pl < W;
+            if (inside) {
+              __m256 a0 = bv, a1 = bv, a2 = bv, a3 = bv;
+              const float* xr = x + (2 * i - pt) * W + (2 * j - pl);
+              for (int kh = 0; kh < KH; ++kh, xr += W)
+                for (int kw = 0; kw < KW; ++kw) {
+                  const __m256 wk = wv[kh * KW + kw];
+                  a0 = _mm256_fmadd_ps(wk, _mm256_broadcast_ss(xr + kw), a0);
+                  a1 = _mm256_fmadd_ps(wk, _mm256_broadcast_ss(xr + kw + 1), a1);
+                  a2 = _mm256_fmadd_ps(wk, _mm256_broadcast_ss(xr + W + kw), a2);
+                  a3 = _mm256_fmadd_ps(wk, _mm256_broadcast_ss(xr + W + kw + 1), a3);
+                }
+              sums[0] = a0;
+              sums[1] = a1;
+              sums[2] = a2;
+              sums[3] = a3;
+            } else {
+              for (int q = 0; q < 4; ++q) {
+                const int h = 2 * i + q / 2, w = 2 * j + q % 2;
+                const int kh0 = std::max(0, pt - h), kh1 = std::min(KH, H + pt - h);
+                const int kw0 = std::max(0, pl - w), kw1 = std::min(KW, W + pl - w);
+                __m256 acc = bv;
+                for (int kh = kh0; kh < kh1; ++kh) {
+                  const float* xr = x + (h + kh - pt) * W + (w - pl);
+                  for (int kw = kw0; kw < kw1; ++kw)
+                    acc = _mm256_fmadd_ps(wv[kh * KW + kw], _mm256_broadcast_ss(xr + kw), acc);
+                }
+                sums[q] = acc;
+              }
+            }
+            __m256 best = bv;
+            __m256i best_at = lane;
+            for (int q = 0; q < 4; ++q) {  // MaxPool's scan order
+              const int h = 2 * i + q / 2, w = 2 * j + q % 2;
+              const __m256 acc = sums[q];
+              const __m256i at = _mm256_add_epi32(lane, _mm256_set1_epi32(((ob * OH + h) * OW + w) * B + half * 8));
+              if (q == 0) {
+                best = acc;
+                best_at = at;
+              } else {  // the first maximum wins ties; a NaN never replaces the maximum
+                const __m256 more = _mm256_cmp_ps(acc, best, _CMP_GT_OQ);
+                best = _mm256_blendv_ps(best, acc, more);
+                best_at =
+                    _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_at), _mm256_castsi256_ps(at), more));
+              }
+            }
+            const std::int64_t o = ((static_cast<std::int64_t>(ob) * PH + i) * PW + j) * B + half * 8;
+            _mm256_storeu_ps(y + o, best);
+            if (arg) _mm256_storeu_si256(reinterpret_cast<__m256i*>(arg + o), best_at);
+          }
+      }
+  }
+}
+
+template <int B>
+void conv_pool_any(const LayerSpec& l, int, std::int64_t first, std::int64_t count, const float* x, const float* wt,
+                   const float* bias, float* y, std::int32_t* arg) {
+  conv_pool_samples<B>(l, first, count, x, wt, bias, y, arg);
+}
+
+}  // namespace
+
+bool first_conv_pool_fits(const LayerSpec& conv, Layout x_layout, Layout y_layout) {
+  // At most 7 x 7 taps: conv_pool_avx2 holds the weights in a fixed array.
+  return conv.in.c == 1 && conv.stride == 1 && conv.kernel_h * conv.kernel_w <= 49 && x_layout == Layout::kPlain &&
+         y_layout != Layout::kPlain && conv.out.h % 2 == 0 && conv.out.w % 2 == 0;
+}
+
+void first_conv_pool_forward(const FirstConvForward& f, int block, int batch, float* wt, float* y, std::int32_t* arg) {
+  const LayerSpec& l = f.l;
+  const int k = l.kernel_h * l.kernel_w;
+  for (int o = 0; o < l.channels; ++o)  // OIHW -> (O/B, KH, KW, B): 72 floats for tiny, each step
+    for (int t = 0; t < k; ++t) wt[((o / block) * k + t) * block + o % block] = f.w[o * k + t];
+  static const bool fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const int taps = l.kernel_h * l.kernel_w;
+  ConvPoolFn fn = block == 8 ? conv_pool_any<8> : conv_pool_any<16>;
+  if (fma) fn = taps == 9 ? conv_pool_avx2<9> : taps == 25 ? conv_pool_avx2<25> : conv_pool_avx2<0>;
+    // Samples are independent: shared out among --threads in fixed chunks (same bits for any count).
+#pragma omp parallel
+  {
+    const std::int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+    const std::int64_t first = batch * t / threads, last = batch * (t + 1) / threads;
+    fn(l, block, first, last - first, f.x, wt, f.bias, y, arg);
+  }
+}
+
+namespace {
+
 bool is_ref(const std::string& impl_name) { return impl_name.rfind("ref", 0) == 0; }
 
 class Conv final : public LayerKernel {
@@ -309,6 +513,12 @@ class Conv final : public LayerKernel {
             dnnl::algorithm::convolution_direct, src_md, wei_any, bia_md, dst_md, strides, pad_l, pad_r),
         user_scratchpad(), c.engine);
     desc_ = "conv fwd " + impl(fwd);
+    if (c.fuse.conv_pool_forward && first_conv_pool_fits(l, b.x_layout, b.y_layout)) {
+      // Note [The first convolution and its pool in one pass]: a pool after it may take it.
+      conv_pool_ = &c.first_conv[b.y];
+      *conv_pool_ = FirstConvForward{b.x, b.w, bias, l, false};
+      y_ = b.y;
+    }
     w_fwd_ = maybe_reorder(c, user_w, fwd.weights_desc(), true);
     fwd_ = bind<dnnl::convolution_forward>(c, fwd,
                                            {{DNNL_ARG_SRC, wrap(c, src, src_tag, b.x)},
@@ -350,7 +560,7 @@ class Conv final : public LayerKernel {
       own_.part.assign(static_cast<std::size_t>(threads * own_.part_size), 0.0f);
       own_.acc.assign(static_cast<std::size_t>(threads) * l.channels * l.in.c * l.kernel_h * l.kernel_w, 0.0);
       own_.bias.assign(static_cast<std::size_t>(threads) * l.channels, 0.0);
-      if (c.fuse) {  // Note [The first convolution reads its pool's gradient]
+      if (c.fuse.pool_gradient) {  // Note [The first convolution reads its pool's gradient]
         pooled_ = &c.pooled[b.dy];
         own_.dy.assign(static_cast<std::size_t>(threads) * l.out.h * l.out.w * 16, 0.0f);  // B <= 16
       }
@@ -389,6 +599,7 @@ class Conv final : public LayerKernel {
   }
 
   void forward(const StepContext&) override {
+    if (conv_pool_ && conv_pool_->taken) return;  // the pool computes it (Note [The first convolution ...])
     w_fwd_.run(c_);
     fwd_.run(c_);
   }
@@ -417,10 +628,12 @@ class Conv final : public LayerKernel {
       plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db);
   }
   std::string describe() const override {
-    return desc_ + (pooled_ && pooled_->dy ? " reading the max pool's gradient" : "");
+    return (conv_pool_ && conv_pool_->taken ? "forward in the max pool's pass; " : "") + desc_ +
+           (pooled_ && pooled_->dy ? " reading the max pool's gradient" : "");
   }
   ~Conv() override {
     if (pooled_) c_.pooled.erase(b_.dy);
+    if (conv_pool_) c_.first_conv.erase(y_);
   }
   Conv(const Conv&) = delete;
   Conv& operator=(const Conv&) = delete;
@@ -433,10 +646,12 @@ class Conv final : public LayerKernel {
   std::string desc_;
   LayerSpec l_;  // for the own weight-gradient loop, when used
   LayerBuffers b_;
-  OwnScratch own_;                    // for the own weight-gradient loop, when used
-  PooledGradient* pooled_ = nullptr;  // in c_.pooled, when the own loop may read a pool's gradient
-  bool own_bias_ = false;             // Note [Bias gradient of a blocked convolution]
-  std::vector<double> bias_acc_;      // (O)
+  OwnScratch own_;                         // for the own weight-gradient loop, when used
+  PooledGradient* pooled_ = nullptr;       // in c_.pooled, when the own loop may read a pool's gradient
+  FirstConvForward* conv_pool_ = nullptr;  // in c_.first_conv, when a pool may compute the forward
+  const float* y_ = nullptr;               // its key
+  bool own_bias_ = false;                  // Note [Bias gradient of a blocked convolution]
+  std::vector<double> bias_acc_;           // (O)
 };
 
 }  // namespace

@@ -165,7 +165,7 @@ class SameMemory final : public HostCopy {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, bool fuse) {
+  CpuBackend(int threads, CpuFusions fuse) {
     omp_set_num_threads(std::max(1, threads));
     ctx_.fuse = fuse;
   }
@@ -309,7 +309,7 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads, bool fuse) {
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuFusions fuse) {
   return std::make_unique<CpuBackend>(threads, fuse);
 }
 

@@ -22,13 +22,26 @@ struct PooledGradient {
   const std::int32_t* argmax = nullptr;
 };
 
+// A first convolution (plain input of one channel, stride 1, blocked output) that a following
+// 2 x 2 max pool may compute in its own pass (Note [The first convolution and its pool in one
+// pass] in src/backend/cpu/conv.cpp): its input, OIHW weights and bias, and whether a pool took it.
+struct FirstConvForward {
+  const float* x = nullptr;
+  const float* w = nullptr;
+  const float* bias = nullptr;
+  LayerSpec l;
+  bool taken = false;
+};
+
 struct Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  bool fuse = true;  // false: every layer writes its own dx (make_cpu_backend)
+  CpuFusions fuse;  // which cross-layer fusions may run (make_cpu_backend)
   // Keyed by the dy buffer of a first convolution that can read its pool's gradient; entries are
   // made by that convolution (node-based: a pointer to one stays valid) and erased when it goes.
   std::unordered_map<const float*, PooledGradient> pooled;
+  // Keyed by the y buffer of a first convolution that its pool may compute with itself; the same.
+  std::unordered_map<const float*, FirstConvForward> first_conv;
 };
 
 using tag = dnnl::memory::format_tag;

@@ -12,6 +12,11 @@ std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const Lay
 // Whether oneDNN has non-reference convolution kernels for these activation layouts (a probe for
 // Note [Which activations are blocked]; with_dx: backward-data too).
 bool conv_has_fast_kernels(const Context& c, const LayerSpec& l, Layout x_layout, Layout y_layout, bool with_dx);
+// Note [The first convolution and its pool in one pass] in conv.cpp: whether a convolution may be
+// computed by the max pool after it, and that pass (block: B of the blocked layouts; wt: scratch
+// of the layer's weight count; arg may be null).
+bool first_conv_pool_fits(const LayerSpec& conv, Layout x_layout, Layout y_layout);
+void first_conv_pool_forward(const FirstConvForward& f, int block, int batch, float* wt, float* y, std::int32_t* arg);
 std::unique_ptr<LayerKernel> make_fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);

@@ -129,16 +129,27 @@ class MaxPool final : public LayerKernel {
     MNIST_CHECK(l.in.c % bx_ == 0 && l.out.c % by_ == 0 && (bx_ == by_ || by_ == 1), ExitCode::kRuntime,
                 "maxpool: unsupported layouts for " + l.text);
     if (training) argmax_.assign(static_cast<std::size_t>(b.batch * out_sample_), 0);
-    // Note [The first convolution reads its pool's gradient] in src/backend/cpu/conv.cpp
+    // Notes [The first convolution reads its pool's gradient] and [The first convolution and its
+    // pool in one pass] in src/backend/cpu/conv.cpp
     const bool tiles = l.kernel_h == 2 && l.kernel_w == 2 && l.stride == 2 && l.in.h == 2 * l.out.h &&
                        l.in.w == 2 * l.out.w && bx_ > 1 && by_ == bx_;
-    if (const auto it = c.pooled.find(b.dx); training && c.fuse && tiles && it != c.pooled.end()) {
+    if (const auto it = c.pooled.find(b.dx); training && c.fuse.pool_gradient && tiles && it != c.pooled.end()) {
       it->second = PooledGradient{b.dy, argmax_.data()};
       dx_left_to_conv_ = true;
+    }
+    if (const auto it = c.first_conv.find(b.x); c.fuse.conv_pool_forward && tiles && it != c.first_conv.end()) {
+      it->second.taken = true;
+      conv_ = &it->second;
+      conv_weights_.assign(static_cast<std::size_t>(conv_->l.channels) * conv_->l.kernel_h * conv_->l.kernel_w, 0.0f);
     }
   }
 
   void forward(const StepContext&) override {
+    if (conv_) {
+      first_conv_pool_forward(*conv_, bx_, b_.batch, conv_weights_.data(), b_.y,
+                              argmax_.empty() ? nullptr : argmax_.data());
+      return;
+    }
     if (bx_ == 1)
       forward_plain();
     else if (bx_ == 8)
@@ -160,7 +171,8 @@ class MaxPool final : public LayerKernel {
   }
   std::string describe() const override {
     return "maxpool (plain loops, argmax kept; x block " + std::to_string(bx_) + ", y block " + std::to_string(by_) +
-           (dx_left_to_conv_ ? "; dx left to the convolution" : "") + ")";
+           (dx_left_to_conv_ ? "; dx left to the convolution" : "") +
+           (conv_ ? "; computes the convolution before it" : "") + ")";
   }
 
  private:
@@ -212,8 +224,10 @@ class MaxPool final : public LayerKernel {
   LayerBuffers b_;
   std::int64_t in_sample_, out_sample_;
   int bx_, by_;
-  bool dx_left_to_conv_ = false;      // the convolution before reads dy and argmax_ instead of dx
-  std::vector<std::int32_t> argmax_;  // in y's order: offset of the max within its sample's x
+  bool dx_left_to_conv_ = false;            // the convolution before reads dy and argmax_ instead of dx
+  const FirstConvForward* conv_ = nullptr;  // the convolution before, computed in this pool's forward
+  std::vector<float> conv_weights_;         // its weights rearranged, each forward
+  std::vector<std::int32_t> argmax_;        // in y's order: offset of the max within its sample's x
 };
 
 }  // namespace
