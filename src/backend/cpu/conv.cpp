@@ -373,83 +373,118 @@ using ConvPoolFn = void (*)(const LayerSpec&, int, std::int64_t, std::int64_t, c
                             float*, std::int32_t*);
 
 // The same with AVX2 + FMA intrinsics, 8 lanes at a time (B = 16: two halves): every tap is one
-// _mm256_fmadd_ps (one rounding, as std::fma), in the same order, the taps outside the image left
-// out by the loop bounds; KK = KH * KW when known at compile time (the weights stay in registers).
-template <int KK>
+// _mm256_fmadd_ps (one rounding, as std::fma) in the same (kh, kw) order. The loops run over input
+// pixels rather than over taps: one broadcast of a pixel feeds every sum of the block that reads it
+// (each sum still gets its taps in (kh, kw) order), and a pixel outside the image is skipped, which
+// skips exactly the taps oneDNN leaves out. Two windows side by side (eight sums, eight independent
+// FMA chains: Zen's FMA has a latency of 5 and a throughput of 1) where both lie inside the image;
+// one window (four chains) with the bounds checked elsewhere. KH, KW known at compile time (3 x 3,
+// 5 x 5) unroll everything; 0 reads them from the layer.
+// The sums of NW windows side by side at rows (r0 + pt, r0 + pt + 1), columns c0 + pl ...: acc[h][p]
+// for output row h and column p; x at (r0, c0) is the top-left tap of the first window.
+template <int KH, int KW, int NW, bool kCheck>
+__attribute__((target("avx2,fma"), always_inline)) inline void window_sums(const float* x, int H, int W, int kh_n,
+                                                                            int kw_n, int r0, int c0, const float* wk,
+                                                                            int B, __m256 bv, __m256 (&acc)[2][2 * NW]) {
+  constexpr int kRows = KH > 0 ? KH + 1 : 8, kCols = KW > 0 ? 2 * NW + KW - 1 : 2 * NW + 6;
+  const int rows = KH > 0 ? KH + 1 : kh_n + 1, cols = KW > 0 ? kCols : 2 * NW + kw_n - 1;
+#pragma GCC unroll 4
+  for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 4
+    for (int p = 0; p < 2 * NW; ++p) acc[h][p] = bv;
+#pragma GCC unroll 8
+  for (int r = 0; r < (KH > 0 ? kRows : rows); ++r) {
+    const int ir = r0 + r;
+    if (kCheck && (ir < 0 || ir >= H)) continue;
+#pragma GCC unroll 12
+    for (int c = 0; c < (KW > 0 ? kCols : cols); ++c) {
+      const int ic = c0 + c;
+      if (kCheck && (ic < 0 || ic >= W)) continue;
+      const __m256 xb = _mm256_broadcast_ss(x + ir * W + ic);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const int kh = r - h;
+        if (kh < 0 || kh >= kh_n) continue;
+#pragma GCC unroll 4
+        for (int p = 0; p < 2 * NW; ++p) {
+          const int kw = c - p;
+          if (kw < 0 || kw >= kw_n) continue;
+          acc[h][p] = _mm256_fmadd_ps(_mm256_loadu_ps(wk + (kh * kw_n + kw) * B), xb, acc[h][p]);
+        }
+      }
+    }
+  }
+}
+
+// The 2 x 2 maximum and its argmax of window w of a block (MaxPool's scan order: (0, 0), (0, 1),
+// (1, 0), (1, 1); the first maximum wins ties; a NaN never replaces the maximum); at0 = the index
+// of the window's top-left position in the convolution's output sample, plus the lane.
+template <int NW>
+__attribute__((target("avx2,fma"), always_inline)) inline void window_max(const __m256 (&acc)[2][2 * NW], int w,
+                                                                           __m256i at0, int row_step, float* y,
+                                                                           std::int32_t* arg, int B) {
+  __m256 best = acc[0][2 * w];
+  __m256i best_at = at0;
+  const int step[4] = {0, B, row_step, row_step + B};
+#pragma GCC unroll 4
+  for (int q = 1; q < 4; ++q) {
+    const __m256 v = acc[q / 2][2 * w + q % 2];
+    const __m256 more = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+    const __m256i at = _mm256_add_epi32(at0, _mm256_set1_epi32(step[q]));
+    best = _mm256_blendv_ps(best, v, more);
+    best_at = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_at), _mm256_castsi256_ps(at), more));
+  }
+  _mm256_storeu_ps(y, best);
+  if (arg) _mm256_storeu_si256(reinterpret_cast<__m256i*>(arg), best_at);
+}
+
+template <int KH, int KW>
 __attribute__((target("avx2,fma"))) void conv_pool_avx2(const LayerSpec& l, int B, std::int64_t first,
                                                         std::int64_t count, const float* xs, const float* wt,
                                                         const float* bias, float* ys, std::int32_t* args) {
-  const int H = l.in.h, W = l.in.w, OH = l.out.h, OW = l.out.w, KH = l.kernel_h, KW = l.kernel_w;
-  const int PH = OH / 2, PW = OW / 2, pt = l.pad_top, pl = l.pad_left;
+  const int H = l.in.h, W = l.in.w, OH = l.out.h, OW = l.out.w, kh_n = KH > 0 ? KH : l.kernel_h,
+            kw_n = KW > 0 ? KW : l.kernel_w;
+  const int PH = OH / 2, PW = OW / 2, pt = l.pad_top, pl = l.pad_left, taps = kh_n * kw_n;
   const std::int64_t in = static_cast<std::int64_t>(H) * W, out = l.out.size() / 4;
-  constexpr int kMax = KK > 0 ? KK : 49;
-  const int taps = KH * KW;
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  // Window j lies inside the image (no tap skipped) for j in [j0, j1); rows likewise.
+  const int jr = W - 1 + pl - kw_n, ir = H - 1 + pt - kh_n;  // the last window inside: 2 j <= jr
+  const int j0 = (pl + 1) / 2, j1 = jr < 0 ? j0 : std::clamp(jr / 2 + 1, j0, std::max(j0, PW));
+  const int i0 = (pt + 1) / 2, i1 = ir < 0 ? i0 : std::clamp(ir / 2 + 1, i0, std::max(i0, PH));
   for (std::int64_t n = first; n < first + count; ++n) {
     const float* x = xs + n * in;
+    float* y = ys + n * out;
+    std::int32_t* arg = args ? args + n * out : nullptr;
     for (int ob = 0; ob < l.channels / B; ++ob)
       for (int half = 0; half < B / 8; ++half) {
-        __m256 wv[kMax];
-        for (int t = 0; t < (KK > 0 ? KK : taps); ++t)
-          wv[t] = _mm256_loadu_ps(wt + (static_cast<std::int64_t>(ob) * taps + t) * B + half * 8);
+        const float* wk = wt + static_cast<std::int64_t>(ob) * taps * B + half * 8;  // (KH, KW, B), 8 lanes
         const __m256 bv = _mm256_loadu_ps(bias + ob * B + half * 8);
-        float* y = ys + n * out;
-        std::int32_t* arg = args ? args + n * out : nullptr;
-        for (int i = 0; i < PH; ++i)
-          for (int j = 0; j < PW; ++j) {
-            // The window's four sums: interleaved (four independent FMA chains) where every tap of
-            // the window is inside the image, one by one with clipped tap ranges at the border.
-            __m256 sums[4];
-            const bool inside = 2 * i - pt >= 0 && 2 * i + KH - pt < H && 2 * j - pl >= 0 && 2 * j + KW - pl < W;
-            if (inside) {
-              __m256 a0 = bv, a1 = bv, a2 = bv, a3 = bv;
-              const float* xr = x + (2 * i - pt) * W + (2 * j - pl);
-              for (int kh = 0; kh < KH; ++kh, xr += W)
-                for (int kw = 0; kw < KW; ++kw) {
-                  const __m256 wk = wv[kh * KW + kw];
-                  a0 = _mm256_fmadd_ps(wk, _mm256_broadcast_ss(xr + kw), a0);
-                  a1 = _mm256_fmadd_ps(wk, _mm256_broadcast_ss(xr + kw + 1), a1);
-                  a2 = _mm256_fmadd_ps(wk, _mm256_broadcast_ss(xr + W + kw), a2);
-                  a3 = _mm256_fmadd_ps(wk, _mm256_broadcast_ss(xr + W + kw + 1), a3);
-                }
-              sums[0] = a0;
-              sums[1] = a1;
-              sums[2] = a2;
-              sums[3] = a3;
+        for (int i = 0; i < PH; ++i) {
+          const bool row_inside = i >= i0 && i < i1;
+          const int r0 = 2 * i - pt;
+          const std::int64_t out_row = (static_cast<std::int64_t>(ob) * PH + i) * PW * B + half * 8;
+          const int at_row = (ob * OH + 2 * i) * OW * B + half * 8;
+          for (int j = 0; j < PW;) {
+            if (row_inside && j >= j0 && j + 1 < j1) {
+              __m256 acc[2][4];
+              window_sums<KH, KW, 2, false>(x, H, W, kh_n, kw_n, r0, 2 * j - pl, wk, B, bv, acc);
+#pragma GCC unroll 2
+              for (int w = 0; w < 2; ++w) {
+                const std::int64_t o = out_row + static_cast<std::int64_t>(j + w) * B;
+                const __m256i at0 = _mm256_add_epi32(lane, _mm256_set1_epi32(at_row + 2 * (j + w) * B));
+                window_max<2>(acc, w, at0, OW * B, y + o, arg ? arg + o : nullptr, B);
+              }
+              j += 2;
             } else {
-              for (int q = 0; q < 4; ++q) {
-                const int h = 2 * i + q / 2, w = 2 * j + q % 2;
-                const int kh0 = std::max(0, pt - h), kh1 = std::min(KH, H + pt - h);
-                const int kw0 = std::max(0, pl - w), kw1 = std::min(KW, W + pl - w);
-                __m256 acc = bv;
-                for (int kh = kh0; kh < kh1; ++kh) {
-                  const float* xr = x + (h + kh - pt) * W + (w - pl);
-                  for (int kw = kw0; kw < kw1; ++kw)
-                    acc = _mm256_fmadd_ps(wv[kh * KW + kw], _mm256_broadcast_ss(xr + kw), acc);
-                }
-                sums[q] = acc;
-              }
+              __m256 acc[2][2];
+              window_sums<KH, KW, 1, true>(x, H, W, kh_n, kw_n, r0, 2 * j - pl, wk, B, bv, acc);
+              const std::int64_t o = out_row + static_cast<std::int64_t>(j) * B;
+              const __m256i at0 = _mm256_add_epi32(lane, _mm256_set1_epi32(at_row + 2 * j * B));
+              window_max<1>(acc, 0, at0, OW * B, y + o, arg ? arg + o : nullptr, B);
+              j += 1;
             }
-            __m256 best = bv;
-            __m256i best_at = lane;
-            for (int q = 0; q < 4; ++q) {  // MaxPool's scan order
-              const int h = 2 * i + q / 2, w = 2 * j + q % 2;
-              const __m256 acc = sums[q];
-              const __m256i at = _mm256_add_epi32(lane, _mm256_set1_epi32(((ob * OH + h) * OW + w) * B + half * 8));
-              if (q == 0) {
-                best = acc;
-                best_at = at;
-              } else {  // the first maximum wins ties; a NaN never replaces the maximum
-                const __m256 more = _mm256_cmp_ps(acc, best, _CMP_GT_OQ);
-                best = _mm256_blendv_ps(best, acc, more);
-                best_at =
-                    _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_at), _mm256_castsi256_ps(at), more));
-              }
-            }
-            const std::int64_t o = ((static_cast<std::int64_t>(ob) * PH + i) * PW + j) * B + half * 8;
-            _mm256_storeu_ps(y + o, best);
-            if (arg) _mm256_storeu_si256(reinterpret_cast<__m256i*>(arg + o), best_at);
           }
+        }
       }
   }
 }
@@ -476,7 +511,9 @@ void first_conv_pool_forward(const FirstConvForward& f, int block, int batch, fl
   static const bool fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const int taps = l.kernel_h * l.kernel_w;
   ConvPoolFn fn = block == 8 ? conv_pool_any<8> : conv_pool_any<16>;
-  if (fma) fn = taps == 9 ? conv_pool_avx2<9> : taps == 25 ? conv_pool_avx2<25> : conv_pool_avx2<0>;
+  if (fma) fn = taps == 9 && l.kernel_h == 3 ? conv_pool_avx2<3, 3>
+             : taps == 25 && l.kernel_h == 5 ? conv_pool_avx2<5, 5>
+                                              : conv_pool_avx2<0, 0>;
     // Samples are independent: shared out among --threads in fixed chunks (same bits for any count).
 #pragma omp parallel
   {
