@@ -170,6 +170,8 @@ void bias_grad_blocked16(int batch, int O, std::int64_t plane, const float* dy, 
 // the convolution rebuilds one image's dy block at a time in a per-thread scratch that stays in
 // L1 (expand_pooled_dy: 0 + dy where the window's argmax points, 0 + 0 elsewhere: exactly what
 // memset + scatter wrote, -0 turned into +0 included) and runs the same loop on it. Same terms in
+// the same order, so the same bits. tiny's shape (3 x 3, stride 1, B = 8, on AVX2) skips the scratch too:
+// pooled_image_weight_grad_3x3 forms dy from the pool's gradient in registers.
 // the same order, so the same bits; make_cpu_backend(threads, {.pool_gradient = false}) keeps the layers apart
 // (BlockedLayouts.PoolGradientIntoFirstConvIsBitwiseTheSame compares the two).
 // One image's block: pdy and parg (OH / 2, OW / 2, B), base = the block's offset within the
@@ -200,6 +202,57 @@ void expand_pooled_dy16(int OH, int OW, std::int32_t base, const float* pdy, con
   expand_pooled_dy<16>(OH, OW, base, pdy, parg, g);
 }
 
+// The same terms for tiny's shape (3 x 3, stride 1, B = 8) read straight from the pool's gradient,
+// with AVX2: the dy block is never written (the two positions of a window row share one load of
+// the pool's dy and argmax, g = dy where the argmax points, +0 elsewhere, as expand_pooled_dy), and
+// the two positions share the broadcasts of the pixels both read. Each (c, kh, kw) accumulator
+// still gets x * g (a multiply, then an add: two roundings, as the loop above) position by
+// position in (h, w) order, so the same bits.
+__attribute__((target("avx2"))) void pooled_image_weight_grad_3x3(int C, int OH, int OW, int Hp, int Wp,
+                                                                  std::int32_t base, const float* xp, const float* pdy,
+                                                                  const std::int32_t* parg, float* part, float* bsum) {
+  constexpr int B = 8, K = 3;
+  const int PW = OW / 2;
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 zero = _mm256_setzero_ps();
+  for (int c = 0; c < C; ++c) {
+    float* t = part + static_cast<std::int64_t>(c) * K * K * B;
+    __m256 acc[K * K];
+#pragma GCC unroll 9
+    for (int k = 0; k < K * K; ++k) acc[k] = _mm256_loadu_ps(t + k * B);
+    __m256 bacc = _mm256_loadu_ps(bsum);
+    for (int h = 0; h < OH; ++h) {
+      const float* xr = xp + (static_cast<std::int64_t>(c) * Hp + h) * Wp;
+      const float* pd = pdy + static_cast<std::int64_t>(h / 2) * PW * B;
+      const std::int32_t* pa = parg + static_cast<std::int64_t>(h / 2) * PW * B;
+      __m256i at = _mm256_add_epi32(lane, _mm256_set1_epi32(base + h * OW * B));
+      const __m256i step = _mm256_set1_epi32(B);
+      for (int w = 0; w < OW; w += 2, pd += B, pa += B) {
+        const __m256 d = _mm256_loadu_ps(pd);
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pa));
+        const __m256 g0 = _mm256_add_ps(_mm256_and_ps(d, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, at))), zero);
+        at = _mm256_add_epi32(at, step);
+        const __m256 g1 = _mm256_add_ps(_mm256_and_ps(d, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, at))), zero);
+        at = _mm256_add_epi32(at, step);
+        if (c == 0) bacc = _mm256_add_ps(_mm256_add_ps(bacc, g0), g1);
+#pragma GCC unroll 3
+        for (int kh = 0; kh < K; ++kh) {
+          const float* xk = xr + kh * Wp + w;
+#pragma GCC unroll 4
+          for (int col = 0; col <= K; ++col) {  // pixel w + col: tap col of position w, col - 1 of w + 1
+            const __m256 xb = _mm256_broadcast_ss(xk + col);
+            if (col < K) acc[kh * K + col] = _mm256_add_ps(acc[kh * K + col], _mm256_mul_ps(xb, g0));
+            if (col > 0) acc[kh * K + col - 1] = _mm256_add_ps(acc[kh * K + col - 1], _mm256_mul_ps(xb, g1));
+          }
+        }
+      }
+    }
+#pragma GCC unroll 9
+    for (int k = 0; k < K * K; ++k) _mm256_storeu_ps(t + k * B, acc[k]);
+    if (c == 0) _mm256_storeu_ps(bsum, bacc);
+  }
+}
+
 // Per-thread scratch of the own weight-gradient loop, made at build for `threads` threads.
 struct OwnScratch {
   int threads = 1;
@@ -227,6 +280,8 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
   const std::int64_t acc_size = (O / B) * per_block;
   std::fill(sc.acc.begin(), sc.acc.end(), 0.0);
   std::fill(sc.bias.begin(), sc.bias.end(), 0.0);
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  const bool pooled_3x3 = B == 8 && KH == 3 && KW == 3 && s == 1 && avx2;  // pooled_image_weight_grad_3x3
 #pragma omp parallel num_threads(sc.threads)
   {
     const int t = omp_get_thread_num();
@@ -255,20 +310,24 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
         // One image's sum in float (OH * OW terms), added to the thread's sum in double.
         std::fill(part, part + per_block, 0.0f);
         float bsum[B] = {};
-        const float* dyp = dy + (static_cast<std::int64_t>(n) * (O / B) + ob) * block;  // (OH, OW, B)
-        if (from_pool) {
-          const std::int64_t at = (static_cast<std::int64_t>(n) * (O / B) + ob) * (block / 4);  // (OH/2, OW/2, B)
-          const auto base = static_cast<std::int32_t>(ob * block);
+        const float* dyp = dy + (static_cast<std::int64_t>(n) * (O / B) + ob) * block;        // (OH, OW, B)
+        const std::int64_t at = (static_cast<std::int64_t>(n) * (O / B) + ob) * (block / 4);  // (OH/2, OW/2, B)
+        const auto base = static_cast<std::int32_t>(ob * block);
+        if (from_pool && pooled_3x3) {
+          pooled_image_weight_grad_3x3(C, OH, OW, Hp, Wp, base, xpad, pooled->dy + at, pooled->argmax + at, part, bsum);
+        } else {
+          if (from_pool) {
+            if constexpr (B == 8)
+              expand_pooled_dy8(OH, OW, base, pooled->dy + at, pooled->argmax + at, dy_block);
+            else
+              expand_pooled_dy16(OH, OW, base, pooled->dy + at, pooled->argmax + at, dy_block);
+            dyp = dy_block;
+          }
           if constexpr (B == 8)
-            expand_pooled_dy8(OH, OW, base, pooled->dy + at, pooled->argmax + at, dy_block);
+            image_weight_grad8(C, KH, KW, s, OH, OW, Hp, Wp, xpad, dyp, part, bsum);
           else
-            expand_pooled_dy16(OH, OW, base, pooled->dy + at, pooled->argmax + at, dy_block);
-          dyp = dy_block;
+            image_weight_grad16(C, KH, KW, s, OH, OW, Hp, Wp, xpad, dyp, part, bsum);
         }
-        if constexpr (B == 8)
-          image_weight_grad8(C, KH, KW, s, OH, OW, Hp, Wp, xpad, dyp, part, bsum);
-        else
-          image_weight_grad16(C, KH, KW, s, OH, OW, Hp, Wp, xpad, dyp, part, bsum);
         double* a = acc + ob * per_block;
         for (std::int64_t k = 0; k < per_block; ++k) a[k] += part[k];
         for (int b = 0; b < B; ++b) bias_sum[ob * B + b] += bsum[b];
@@ -384,8 +443,8 @@ using ConvPoolFn = void (*)(const LayerSpec&, int, std::int64_t, std::int64_t, c
 // for output row h and column p; x at (r0, c0) is the top-left tap of the first window.
 template <int KH, int KW, int NW, bool kCheck>
 __attribute__((target("avx2,fma"), always_inline)) inline void window_sums(const float* x, int H, int W, int kh_n,
-                                                                            int kw_n, int r0, int c0, const float* wk,
-                                                                            int B, __m256 bv, __m256 (&acc)[2][2 * NW]) {
+                                                                           int kw_n, int r0, int c0, const float* wk,
+                                                                           int B, __m256 bv, __m256 (&acc)[2][2 * NW]) {
   constexpr int kRows = KH > 0 ? KH + 1 : 8, kCols = KW > 0 ? 2 * NW + KW - 1 : 2 * NW + 6;
   const int rows = KH > 0 ? KH + 1 : kh_n + 1, cols = KW > 0 ? kCols : 2 * NW + kw_n - 1;
 #pragma GCC unroll 4
@@ -421,8 +480,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline void window_sums(const
 // of the window's top-left position in the convolution's output sample, plus the lane.
 template <int NW>
 __attribute__((target("avx2,fma"), always_inline)) inline void window_max(const __m256 (&acc)[2][2 * NW], int w,
-                                                                           __m256i at0, int row_step, float* y,
-                                                                           std::int32_t* arg, int B) {
+                                                                          __m256i at0, int row_step, float* y,
+                                                                          std::int32_t* arg, int B) {
   __m256 best = acc[0][2 * w];
   __m256i best_at = at0;
   const int step[4] = {0, B, row_step, row_step + B};
@@ -511,9 +570,10 @@ void first_conv_pool_forward(const FirstConvForward& f, int block, int batch, fl
   static const bool fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const int taps = l.kernel_h * l.kernel_w;
   ConvPoolFn fn = block == 8 ? conv_pool_any<8> : conv_pool_any<16>;
-  if (fma) fn = taps == 9 && l.kernel_h == 3 ? conv_pool_avx2<3, 3>
-             : taps == 25 && l.kernel_h == 5 ? conv_pool_avx2<5, 5>
-                                              : conv_pool_avx2<0, 0>;
+  if (fma)
+    fn = taps == 9 && l.kernel_h == 3    ? conv_pool_avx2<3, 3>
+         : taps == 25 && l.kernel_h == 5 ? conv_pool_avx2<5, 5>
+                                         : conv_pool_avx2<0, 0>;
     // Samples are independent: shared out among --threads in fixed chunks (same bits for any count).
 #pragma omp parallel
   {
