@@ -292,19 +292,16 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
     const bool from_pool = pooled != nullptr && pooled->dy != nullptr;
     const std::int64_t block = static_cast<std::int64_t>(OH) * OW * B;  // one image's dy block
     float* dy_block = from_pool ? sc.dy.data() + t * block : nullptr;
+    const int j0 = std::max(0, -l.pad_left), j1 = std::min(W, Wp - l.pad_left);
 #pragma omp for schedule(static)
     for (int n = 0; n < batch; ++n) {
       const float* xs = x + static_cast<std::int64_t>(n) * C * H * W;  // (C, H, W)
       for (int c = 0; c < C; ++c)
-        for (int i = 0; i < H; ++i) {
+        for (int i = 0; i < H; ++i) {  // columns j0 <= j < j1 land inside the padded row
           const int ph = i + l.pad_top;
-          if (ph < 0 || ph >= Hp) continue;
-          for (int j = 0; j < W; ++j) {
-            const int pw = j + l.pad_left;
-            if (pw >= 0 && pw < Wp)
-              xpad[(static_cast<std::int64_t>(c) * Hp + ph) * Wp + pw] =
-                  xs[(static_cast<std::int64_t>(c) * H + i) * W + j];
-          }
+          if (ph < 0 || ph >= Hp || j0 >= j1) continue;
+          const float* from = xs + (static_cast<std::int64_t>(c) * H + i) * W;
+          std::copy(from + j0, from + j1, xpad + (static_cast<std::int64_t>(c) * Hp + ph) * Wp + j0 + l.pad_left);
         }
       for (int ob = 0; ob < O / B; ++ob) {
         // One image's sum in float (OH * OW terms), added to the thread's sum in double.
