@@ -13,7 +13,8 @@ trap 'rm -f "$dis"' EXIT
 objdump -d --no-show-raw-insn -C "$lib" >"$dis"
 
 # The hot kernels: every function whose name holds one of these must be one of the clones.
-kernels='image_weight_grad|pool_forward_blocked|bias_grad_blocked|expand_pooled_dy|adam_pass'
+# (Anchored at '::': pooled_image_weight_grad_3x3 and conv_pool_avx2 are AVX2 by hand, checked below.)
+kernels='::(image_weight_grad|pool_forward_blocked|bias_grad_blocked|expand_pooled_dy|adam_pass)'
 heads=$(grep -E '^[0-9a-f]+ <.*>:$' "$dis" | grep -E "$kernels" | grep -v -E '\[clone \.cold\]') || true
 [ -n "$heads" ] || { echo "check_clones: no hot kernel found in $lib" >&2; exit 1; }
 bad=$(grep -v -E '\[clone \.(avx2|avx512f|default|resolver)\]' <<<"$heads") || true
@@ -34,5 +35,13 @@ for k in image_weight_grad8 image_weight_grad16 pool_forward_blocked8 pool_forwa
     fail=1
   fi
 done
+# The kernels written with AVX2 intrinsics (a target attribute, no clones) hold ymm instructions.
+for k in 'pooled_image_weight_grad_3x3' 'conv_pool_avx2<3, 3>'; do
+  n=$(awk -v k="::$k(" 'index($0, k) && /^[0-9a-f]+ <.*>:$/ {f=1; next} f && /^$/ {exit} f' "$dis" | grep -c ymm) || true
+  if [ "$n" -eq 0 ]; then
+    echo "check_clones: the AVX2 kernel $k has no ymm instruction (or is missing)" >&2
+    fail=1
+  fi
+done
 [ "$fail" -eq 0 ] || exit 1
-echo "check_clones: $(wc -l <<<"$heads") hot-loop functions, all clones; every AVX2 clone 8 lanes wide"
+echo "check_clones: $(wc -l <<<"$heads") hot-loop functions, all clones; every AVX2 clone and kernel 8 lanes wide"

@@ -319,6 +319,8 @@ TEST(BlockedLayouts, Conv) {
     // Blocked to blocked, odd sizes and a stride.
     check_layer("conv:3x3:" + c + ":same,fc:10", {block_of(b), 5, 5}, 10, 1, 82, 1e-4, 1e-4, b, b);
     check_layer("conv:3x3:" + c + ":valid:s2,fc:10", {block_of(b), 5, 5}, 10, 2, 83, 1e-4, 1e-4, b, b);
+    // A first convolution with a stride whose padded image is narrower than the input (Wp 5 < W 6).
+    check_layer("conv:3x3:" + c + ":valid:s2,fc:10", {1, 6, 6}, 10, 2, 93, 1e-4, 1e-4, Layout::kPlain, b);
     // Blocked to plain, and plain to blocked.
     check_layer("conv:3x3:4:same,fc:10", {block_of(b), 4, 4}, 10, 1, 84, 1e-4, 1e-4, b, Layout::kPlain);
     check_layer("conv:3x3:" + c + ":same,fc:10", {4, 4, 4}, 10, 1, 85, 1e-4, 1e-4, Layout::kPlain, b);
@@ -676,8 +678,11 @@ TEST(BlockedLayouts, PoolGradientIntoFirstConvIsBitwiseTheSame) {
     bool fused;  // whether the backend may hand the pool's gradient to the convolution
   };
   const std::vector<Case> cases{
-      {"conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 12, 12}, 4, 1, true},  // tiny's
-      {"conv:5x5:16:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 8, 8}, 3, 2, true},   // 2 threads
+      {"conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 12, 12}, 4, 1, true},   // tiny's
+      {"conv:5x5:16:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 8, 8}, 3, 2, true},    // 2 threads
+      {"conv:3x3:8:valid,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 10, 10}, 2, 1, true},  // no padding
+      // 3 input channels: oneDNN has a weight-gradient kernel for that input, so no own loop.
+      {"conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {3, 12, 8}, 3, 2, false},
       {"conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10",
        {1, 13, 13},
        2,
@@ -742,19 +747,28 @@ TEST(BlockedLayouts, FirstConvAndPoolInOnePass) {
       {"conv:5x5:16:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 8, 8}, 3, 2, true},    // 2 threads
       {"conv:3x3:8:valid,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 10, 10}, 2, 1, true},  // no padding
       {"conv:2x2:8:same,maxpool:2,conv:3x3:8:same,maxpool:2,flatten,fc:10", {1, 8, 6}, 2, 1, true},      // even kernel
+      // Five interior windows per row (two pairs and a single), not square.
+      {"conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 12, 14}, 2, 1, true},
+      {"conv:5x5:8:same,maxpool:2,conv:3x3:8:same,maxpool:2,flatten,fc:10", {1, 8, 10}, 2, 1, true},
+      // Taps not known at compile time: 7 x 7 (pad 3), and 3 x 5 (kh != kw).
+      {"conv:7x7:8:same,maxpool:2,conv:3x3:8:same,maxpool:2,flatten,fc:10", {1, 16, 14}, 2, 2, true},
+      {"conv:3x5:8:same,maxpool:2,conv:3x3:8:same,maxpool:2,flatten,fc:10", {1, 10, 12}, 2, 1, true},
       {"conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 13, 13}, 2, 1, false},  // odd
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.model + " on " + std::to_string(k.input.h) + "x" + std::to_string(k.input.w));
     auto fused_be = make_cpu_backend(k.threads);
     auto apart_be = make_cpu_backend(k.threads, {.pool_gradient = false, .conv_pool_forward = false});
+    // The hand-written AVX2 kernels against their portable versions (std::fma): the same bits.
+    auto portable_be = make_cpu_backend(k.threads, {.avx2_kernels = false});
     const ModelSpec spec = parse_model_spec(k.model, k.input, 10);
     ASSERT_NE(fused_be->activation_layouts(spec)[1], Layout::kPlain);
     std::vector<float> params(static_cast<std::size_t>(spec.param_count));
     init_params(spec, parse_init_spec("he"), parse_init_spec("normal:0.1"), 29, params.data());
-    std::vector<float> g_fused(params.size(), 7.0f), g_apart(params.size(), 3.0f);
+    std::vector<float> g_fused(params.size(), 7.0f), g_apart(params.size(), 3.0f), g_portable(params.size(), 5.0f);
     Model fused(spec, k.batch, *fused_be, params.data(), g_fused.data());
     Model apart(spec, k.batch, *apart_be, params.data(), g_apart.data());
+    Model portable(spec, k.batch, *portable_be, params.data(), g_portable.data());
     Model fused_eval(spec, k.batch, *fused_be, params.data(), nullptr);
     const std::string said = "computes the convolution before it";
     EXPECT_EQ(fused.describe().find(said) != std::string::npos, k.fused) << fused.describe();
@@ -764,7 +778,7 @@ TEST(BlockedLayouts, FirstConvAndPoolInOnePass) {
     std::vector<std::int32_t> labels(static_cast<std::size_t>(k.batch));
     for (int n = 0; n < k.batch; ++n) labels[static_cast<std::size_t>(n)] = (7 * n + 2) % 10;
     StepContext ctx;
-    for (Model* m : {&fused, &apart, &fused_eval}) {
+    for (Model* m : {&fused, &apart, &fused_eval, &portable}) {
       std::copy(x.begin(), x.end(), m->input());
       m->forward(ctx);
       if (m->training()) {
@@ -779,6 +793,9 @@ TEST(BlockedLayouts, FirstConvAndPoolInOnePass) {
     expect_close("logits", lf, to_double(la), 1e-5, 1e-5);
     expect_close("logits in inference", le, to_double(la), 1e-5, 1e-5);
     expect_close("gradients", g_fused, to_double(g_apart), 1e-5, 1e-4);
+    const std::vector<float> lp(portable.logits(), portable.logits() + nl);
+    EXPECT_EQ(lf, lp) << "the AVX2 kernels and their portable versions gave other logits";
+    EXPECT_EQ(g_fused, g_portable) << "the AVX2 kernels and their portable versions gave other gradients";
   }
 }
 

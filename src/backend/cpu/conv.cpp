@@ -170,9 +170,9 @@ void bias_grad_blocked16(int batch, int O, std::int64_t plane, const float* dy, 
 // the convolution rebuilds one image's dy block at a time in a per-thread scratch that stays in
 // L1 (expand_pooled_dy: 0 + dy where the window's argmax points, 0 + 0 elsewhere: exactly what
 // memset + scatter wrote, -0 turned into +0 included) and runs the same loop on it. Same terms in
-// the same order, so the same bits. tiny's shape (3 x 3, stride 1, B = 8, on AVX2) skips the scratch too:
-// pooled_image_weight_grad_3x3 forms dy from the pool's gradient in registers.
-// the same order, so the same bits; make_cpu_backend(threads, {.pool_gradient = false}) keeps the layers apart
+// the same order, so the same bits. tiny's shape (3 x 3, stride 1, B = 8, on AVX2) skips the scratch
+// too: pooled_image_weight_grad_3x3 forms dy from the pool's gradient in registers.
+// make_cpu_backend(threads, {.pool_gradient = false}) keeps the layers apart
 // (BlockedLayouts.PoolGradientIntoFirstConvIsBitwiseTheSame compares the two).
 // One image's block: pdy and parg (OH / 2, OW / 2, B), base = the block's offset within the
 // convolution's output sample (argmax counts from the sample's start); g (OH, OW, B).
@@ -207,7 +207,7 @@ void expand_pooled_dy16(int OH, int OW, std::int32_t base, const float* pdy, con
 // the pool's dy and argmax, g = dy where the argmax points, +0 elsewhere, as expand_pooled_dy), and
 // the two positions share the broadcasts of the pixels both read. Each (c, kh, kw) accumulator
 // still gets x * g (a multiply, then an add: two roundings, as the loop above) position by
-// position in (h, w) order, so the same bits.
+// position in (h, w) order, so the same bits. OW is even (the pool tiles the convolution's output).
 __attribute__((target("avx2"))) void pooled_image_weight_grad_3x3(int C, int OH, int OW, int Hp, int Wp,
                                                                   std::int32_t base, const float* xp, const float* pdy,
                                                                   const std::int32_t* parg, float* part, float* bsum) {
@@ -269,10 +269,10 @@ struct OwnScratch {
 // bits depend on the thread count (not on timing), and one thread gives exactly the serial sum.
 // Hp = (OH - 1) * stride + KH, Wp likewise.
 // pooled (may be null or empty): read the pool's gradient instead of dy (Note [The first
-// convolution reads its pool's gradient]).
+// convolution reads its pool's gradient]). avx2_kernels: CpuFusions::avx2_kernels.
 template <int B>
 void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, const float* dy,
-                             const PooledGradient* pooled, OwnScratch& sc, float* dw, float* db) {
+                             const PooledGradient* pooled, bool avx2_kernels, OwnScratch& sc, float* dw, float* db) {
   const int C = l.in.c, H = l.in.h, W = l.in.w, O = l.out.c, OH = l.out.h, OW = l.out.w, KH = l.kernel_h,
             KW = l.kernel_w, s = l.stride;
   const int Hp = (OH - 1) * s + KH, Wp = (OW - 1) * s + KW;
@@ -281,7 +281,7 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
   std::fill(sc.acc.begin(), sc.acc.end(), 0.0);
   std::fill(sc.bias.begin(), sc.bias.end(), 0.0);
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  const bool pooled_3x3 = B == 8 && KH == 3 && KW == 3 && s == 1 && avx2;  // pooled_image_weight_grad_3x3
+  const bool pooled_3x3 = B == 8 && KH == 3 && KW == 3 && s == 1 && avx2 && avx2_kernels;
 #pragma omp parallel num_threads(sc.threads)
   {
     const int t = omp_get_thread_num();
@@ -292,16 +292,17 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
     const bool from_pool = pooled != nullptr && pooled->dy != nullptr;
     const std::int64_t block = static_cast<std::int64_t>(OH) * OW * B;  // one image's dy block
     float* dy_block = from_pool ? sc.dy.data() + t * block : nullptr;
-    const int j0 = std::max(0, -l.pad_left), j1 = std::min(W, Wp - l.pad_left);
+    const int copy_begin = std::max(0, -l.pad_left), copy_end = std::min(W, Wp - l.pad_left);  // columns
 #pragma omp for schedule(static)
     for (int n = 0; n < batch; ++n) {
       const float* xs = x + static_cast<std::int64_t>(n) * C * H * W;  // (C, H, W)
       for (int c = 0; c < C; ++c)
-        for (int i = 0; i < H; ++i) {  // columns j0 <= j < j1 land inside the padded row
+        for (int i = 0; i < H; ++i) {  // columns copy_begin <= j < copy_end land inside the padded row
           const int ph = i + l.pad_top;
-          if (ph < 0 || ph >= Hp || j0 >= j1) continue;
+          if (ph < 0 || ph >= Hp || copy_begin >= copy_end) continue;
           const float* from = xs + (static_cast<std::int64_t>(c) * H + i) * W;
-          std::copy(from + j0, from + j1, xpad + (static_cast<std::int64_t>(c) * Hp + ph) * Wp + j0 + l.pad_left);
+          std::copy(from + copy_begin, from + copy_end,
+                    xpad + (static_cast<std::int64_t>(c) * Hp + ph) * Wp + copy_begin + l.pad_left);
         }
       for (int ob = 0; ob < O / B; ++ob) {
         // One image's sum in float (OH * OW terms), added to the thread's sum in double.
@@ -434,26 +435,27 @@ using ConvPoolFn = void (*)(const LayerSpec&, int, std::int64_t, std::int64_t, c
 // (each sum still gets its taps in (kh, kw) order), and a pixel outside the image is skipped, which
 // skips exactly the taps oneDNN leaves out. Two windows side by side (eight sums, eight independent
 // FMA chains: Zen's FMA has a latency of 5 and a throughput of 1) where both lie inside the image;
-// one window (four chains) with the bounds checked elsewhere. KH, KW known at compile time (3 x 3,
-// 5 x 5) unroll everything; 0 reads them from the layer.
-// The sums of NW windows side by side at rows (r0 + pt, r0 + pt + 1), columns c0 + pl ...: acc[h][p]
-// for output row h and column p; x at (r0, c0) is the top-left tap of the first window.
+// otherwise (border windows, and the last interior window of a row when their count is odd) one
+// window (four chains) with every pixel checked. KH, KW known at compile time (3 x 3, 5 x 5) unroll
+// everything; 0 reads them from the layer (kh_n, kw_n).
+// window_sums: the sums of NW windows side by side, acc[h][p] for the window rows' output row h
+// (0, 1) and output column p (0 .. 2 NW - 1); (r0, c0) is the input pixel under the first window's
+// top-left tap (negative or past the image at the border: those pixels are skipped when kCheck).
 template <int KH, int KW, int NW, bool kCheck>
 __attribute__((target("avx2,fma"), always_inline)) inline void window_sums(const float* x, int H, int W, int kh_n,
                                                                            int kw_n, int r0, int c0, const float* wk,
                                                                            int B, __m256 bv, __m256 (&acc)[2][2 * NW]) {
-  constexpr int kRows = KH > 0 ? KH + 1 : 8, kCols = KW > 0 ? 2 * NW + KW - 1 : 2 * NW + 6;
-  const int rows = KH > 0 ? KH + 1 : kh_n + 1, cols = KW > 0 ? kCols : 2 * NW + kw_n - 1;
+  const int rows = kh_n + 1, cols = 2 * NW + kw_n - 1;  // the input pixels the windows read
 #pragma GCC unroll 4
   for (int h = 0; h < 2; ++h)
 #pragma GCC unroll 4
     for (int p = 0; p < 2 * NW; ++p) acc[h][p] = bv;
 #pragma GCC unroll 8
-  for (int r = 0; r < (KH > 0 ? kRows : rows); ++r) {
+  for (int r = 0; r < rows; ++r) {
     const int ir = r0 + r;
     if (kCheck && (ir < 0 || ir >= H)) continue;
 #pragma GCC unroll 12
-    for (int c = 0; c < (KW > 0 ? kCols : cols); ++c) {
+    for (int c = 0; c < cols; ++c) {
       const int ic = c0 + c;
       if (kCheck && (ic < 0 || ic >= W)) continue;
       const __m256 xb = _mm256_broadcast_ss(x + ir * W + ic);
@@ -472,19 +474,19 @@ __attribute__((target("avx2,fma"), always_inline)) inline void window_sums(const
   }
 }
 
-// The 2 x 2 maximum and its argmax of window w of a block (MaxPool's scan order: (0, 0), (0, 1),
-// (1, 0), (1, 1); the first maximum wins ties; a NaN never replaces the maximum); at0 = the index
-// of the window's top-left position in the convolution's output sample, plus the lane.
+// The 2 x 2 maximum and its argmax of window win (0 .. NW - 1) of window_sums' block (MaxPool's scan order: (0, 0), (0,
+// 1), (1, 0), (1, 1); the first maximum wins ties; a NaN never replaces the maximum); at0 = the index of the window's
+// top-left position in the convolution's output sample, plus the lane.
 template <int NW>
-__attribute__((target("avx2,fma"), always_inline)) inline void window_max(const __m256 (&acc)[2][2 * NW], int w,
+__attribute__((target("avx2,fma"), always_inline)) inline void window_max(const __m256 (&acc)[2][2 * NW], int win,
                                                                           __m256i at0, int row_step, float* y,
                                                                           std::int32_t* arg, int B) {
-  __m256 best = acc[0][2 * w];
+  __m256 best = acc[0][2 * win];
   __m256i best_at = at0;
   const int step[4] = {0, B, row_step, row_step + B};
 #pragma GCC unroll 4
   for (int q = 1; q < 4; ++q) {
-    const __m256 v = acc[q / 2][2 * w + q % 2];
+    const __m256 v = acc[q / 2][2 * win + q % 2];
     const __m256 more = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
     const __m256i at = _mm256_add_epi32(at0, _mm256_set1_epi32(step[q]));
     best = _mm256_blendv_ps(best, v, more);
@@ -503,10 +505,11 @@ __attribute__((target("avx2,fma"))) void conv_pool_avx2(const LayerSpec& l, int 
   const int PH = OH / 2, PW = OW / 2, pt = l.pad_top, pl = l.pad_left, taps = kh_n * kw_n;
   const std::int64_t in = static_cast<std::int64_t>(H) * W, out = l.out.size() / 4;
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  // Window j lies inside the image (no tap skipped) for j in [j0, j1); rows likewise.
-  const int jr = W - 1 + pl - kw_n, ir = H - 1 + pt - kh_n;  // the last window inside: 2 j <= jr
-  const int j0 = (pl + 1) / 2, j1 = jr < 0 ? j0 : std::clamp(jr / 2 + 1, j0, std::max(j0, PW));
-  const int i0 = (pt + 1) / 2, i1 = ir < 0 ? i0 : std::clamp(ir / 2 + 1, i0, std::max(i0, PH));
+  // Window j lies inside the image (no tap skipped) for j in [j0, j1): 2 j - pl >= 0 and
+  // 2 j <= last_col2 (its last pixel, 2 j + 1 + kw_n - 1 - pl, at most W - 1); rows likewise.
+  const int last_col2 = W - 1 + pl - kw_n, last_row2 = H - 1 + pt - kh_n;
+  const int j0 = (pl + 1) / 2, j1 = last_col2 < 0 ? j0 : std::clamp(last_col2 / 2 + 1, j0, std::max(j0, PW));
+  const int i0 = (pt + 1) / 2, i1 = last_row2 < 0 ? i0 : std::clamp(last_row2 / 2 + 1, i0, std::max(i0, PH));
   for (std::int64_t n = first; n < first + count; ++n) {
     const float* x = xs + n * in;
     float* y = ys + n * out;
@@ -525,10 +528,10 @@ __attribute__((target("avx2,fma"))) void conv_pool_avx2(const LayerSpec& l, int 
               __m256 acc[2][4];
               window_sums<KH, KW, 2, false>(x, H, W, kh_n, kw_n, r0, 2 * j - pl, wk, B, bv, acc);
 #pragma GCC unroll 2
-              for (int w = 0; w < 2; ++w) {
-                const std::int64_t o = out_row + static_cast<std::int64_t>(j + w) * B;
-                const __m256i at0 = _mm256_add_epi32(lane, _mm256_set1_epi32(at_row + 2 * (j + w) * B));
-                window_max<2>(acc, w, at0, OW * B, y + o, arg ? arg + o : nullptr, B);
+              for (int win = 0; win < 2; ++win) {
+                const std::int64_t o = out_row + static_cast<std::int64_t>(j + win) * B;
+                const __m256i at0 = _mm256_add_epi32(lane, _mm256_set1_epi32(at_row + 2 * (j + win) * B));
+                window_max<2>(acc, win, at0, OW * B, y + o, arg ? arg + o : nullptr, B);
               }
               j += 2;
             } else {
@@ -554,9 +557,8 @@ void conv_pool_any(const LayerSpec& l, int, std::int64_t first, std::int64_t cou
 }  // namespace
 
 bool first_conv_pool_fits(const LayerSpec& conv, Layout x_layout, Layout y_layout) {
-  // At most 7 x 7 taps: conv_pool_avx2 holds the weights in a fixed array.
-  return conv.in.c == 1 && conv.stride == 1 && conv.kernel_h * conv.kernel_w <= 49 && x_layout == Layout::kPlain &&
-         y_layout != Layout::kPlain && conv.out.h % 2 == 0 && conv.out.w % 2 == 0;
+  return conv.in.c == 1 && conv.stride == 1 && x_layout == Layout::kPlain && y_layout != Layout::kPlain &&
+         conv.out.h % 2 == 0 && conv.out.w % 2 == 0;
 }
 
 void first_conv_pool_forward(const FirstConvForward& f, int block, int batch, float* wt, float* y, std::int32_t* arg) {
@@ -567,7 +569,7 @@ void first_conv_pool_forward(const FirstConvForward& f, int block, int batch, fl
   static const bool fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const int taps = l.kernel_h * l.kernel_w;
   ConvPoolFn fn = block == 8 ? conv_pool_any<8> : conv_pool_any<16>;
-  if (fma)
+  if (fma && f.avx2)
     fn = taps == 9 && l.kernel_h == 3    ? conv_pool_avx2<3, 3>
          : taps == 25 && l.kernel_h == 5 ? conv_pool_avx2<5, 5>
                                          : conv_pool_avx2<0, 0>;
@@ -610,7 +612,7 @@ class Conv final : public LayerKernel {
     if (c.fuse.conv_pool_forward && first_conv_pool_fits(l, b.x_layout, b.y_layout)) {
       // Note [The first convolution and its pool in one pass]: a pool after it may take it.
       conv_pool_ = &c.first_conv[b.y];
-      *conv_pool_ = FirstConvForward{b.x, b.w, bias, l, false};
+      *conv_pool_ = FirstConvForward{b.x, b.w, bias, l, false, c.fuse.avx2_kernels};
       y_ = b.y;
     }
     w_fwd_ = maybe_reorder(c, user_w, fwd.weights_desc(), true);
@@ -717,9 +719,9 @@ class Conv final : public LayerKernel {
     }
     float* db = b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w;
     if (b_.y_layout == Layout::kBlocked8)
-      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db);
+      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, pooled_, c_.fuse.avx2_kernels, own_, b_.dw, db);
     else
-      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db);
+      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, pooled_, c_.fuse.avx2_kernels, own_, b_.dw, db);
   }
   std::string describe() const override {
     return (conv_pool_ && conv_pool_->taken ? "forward in the max pool's pass; " : "") + desc_ +

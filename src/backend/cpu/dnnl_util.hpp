@@ -31,6 +31,7 @@ struct FirstConvForward {
   const float* bias = nullptr;
   LayerSpec l;
   bool taken = false;
+  bool avx2 = true;  // CpuFusions::avx2_kernels
 };
 
 struct Context {
