@@ -12,6 +12,7 @@
 # training image from the layer shapes x images/s over the sgemm rate of the same cores, timed
 # by build/gemm_rate in this run), the time to reach --target-acc test accuracy, the test
 # accuracy, peak RSS per rank and start-up time. Raw per-run JSON lines: DIR/results.jsonl.
+# Each run is cut off after --timeout seconds (default 3600, 0 = no limit) and counted as failed.
 set -euo pipefail
 
 PY=/usr/bin/python3
@@ -28,11 +29,11 @@ TARGET_ACC=""
 SEED=""
 DATA_DIR=data/mnist
 OUT=""
-TIMEOUT=0
+TIMEOUT=3600  # a run that hangs is cut off and counted as failed; 0 = no limit
 RUN_OURS=1
 RUN_TORCH=1
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "compare.sh: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
