@@ -262,6 +262,7 @@ struct OwnScratch {
   std::vector<double> acc;   // (threads, O/B, C, KH, KW, B): the thread's images, summed
   std::vector<double> bias;  // (threads, O)
   std::vector<float> dy;     // (threads, OH, OW, B): one image's dy block, rebuilt from the pool's
+  bool pooled_3x3 = false;   // pooled_image_weight_grad_3x3 reads the pool's gradient instead (no dy)
 };
 
 // Images are shared out among the threads in fixed contiguous chunks (schedule static); each
@@ -269,10 +270,10 @@ struct OwnScratch {
 // bits depend on the thread count (not on timing), and one thread gives exactly the serial sum.
 // Hp = (OH - 1) * stride + KH, Wp likewise.
 // pooled (may be null or empty): read the pool's gradient instead of dy (Note [The first
-// convolution reads its pool's gradient]). avx2_kernels: CpuFusions::avx2_kernels.
+// convolution reads its pool's gradient]).
 template <int B>
 void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, const float* dy,
-                             const PooledGradient* pooled, bool avx2_kernels, OwnScratch& sc, float* dw, float* db) {
+                             const PooledGradient* pooled, OwnScratch& sc, float* dw, float* db) {
   const int C = l.in.c, H = l.in.h, W = l.in.w, O = l.out.c, OH = l.out.h, OW = l.out.w, KH = l.kernel_h,
             KW = l.kernel_w, s = l.stride;
   const int Hp = (OH - 1) * s + KH, Wp = (OW - 1) * s + KW;
@@ -280,8 +281,6 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
   const std::int64_t acc_size = (O / B) * per_block;
   std::fill(sc.acc.begin(), sc.acc.end(), 0.0);
   std::fill(sc.bias.begin(), sc.bias.end(), 0.0);
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  const bool pooled_3x3 = B == 8 && KH == 3 && KW == 3 && s == 1 && avx2 && avx2_kernels;
 #pragma omp parallel num_threads(sc.threads)
   {
     const int t = omp_get_thread_num();
@@ -291,7 +290,7 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
     double* bias_sum = sc.bias.data() + static_cast<std::int64_t>(t) * O;
     const bool from_pool = pooled != nullptr && pooled->dy != nullptr;
     const std::int64_t block = static_cast<std::int64_t>(OH) * OW * B;  // one image's dy block
-    float* dy_block = from_pool ? sc.dy.data() + t * block : nullptr;
+    float* dy_block = from_pool && !sc.pooled_3x3 ? sc.dy.data() + t * block : nullptr;
     const int copy_begin = std::max(0, -l.pad_left), copy_end = std::min(W, Wp - l.pad_left);  // columns
 #pragma omp for schedule(static)
     for (int n = 0; n < batch; ++n) {
@@ -311,7 +310,7 @@ void plain_input_weight_grad(const LayerSpec& l, int batch, const float* x, cons
         const float* dyp = dy + (static_cast<std::int64_t>(n) * (O / B) + ob) * block;        // (OH, OW, B)
         const std::int64_t at = (static_cast<std::int64_t>(n) * (O / B) + ob) * (block / 4);  // (OH/2, OW/2, B)
         const auto base = static_cast<std::int32_t>(ob * block);
-        if (from_pool && pooled_3x3) {
+        if (from_pool && sc.pooled_3x3) {
           pooled_image_weight_grad_3x3(C, OH, OW, Hp, Wp, base, xpad, pooled->dy + at, pooled->argmax + at, part, bsum);
         } else {
           if (from_pool) {
@@ -417,17 +416,14 @@ template <int B>
   }
 }
 
+// A ConvPoolKernel (src/backend/cpu/dnnl_util.hpp).
 template <int B>
-[[gnu::always_inline]] inline void conv_pool_samples(const LayerSpec& l, std::int64_t first, std::int64_t count,
-                                                     const float* x, const float* wt, const float* bias, float* y,
-                                                     std::int32_t* arg) {
+void conv_pool_any(const LayerSpec& l, int, std::int64_t first, std::int64_t count, const float* x, const float* wt,
+                   const float* bias, float* y, std::int32_t* arg) {
   const std::int64_t in = static_cast<std::int64_t>(l.in.h) * l.in.w, out = l.out.size() / 4;
   for (std::int64_t n = first; n < first + count; ++n)
     conv_pool_sample<B>(l, x + n * in, wt, bias, y + n * out, arg ? arg + n * out : nullptr);
 }
-
-using ConvPoolFn = void (*)(const LayerSpec&, int, std::int64_t, std::int64_t, const float*, const float*, const float*,
-                            float*, std::int32_t*);
 
 // The same with AVX2 + FMA intrinsics, 8 lanes at a time (B = 16: two halves): every tap is one
 // _mm256_fmadd_ps (one rounding, as std::fma) in the same (kh, kw) order. The loops run over input
@@ -548,10 +544,13 @@ __attribute__((target("avx2,fma"))) void conv_pool_avx2(const LayerSpec& l, int 
   }
 }
 
-template <int B>
-void conv_pool_any(const LayerSpec& l, int, std::int64_t first, std::int64_t count, const float* x, const float* wt,
-                   const float* bias, float* y, std::int32_t* arg) {
-  conv_pool_samples<B>(l, first, count, x, wt, bias, y, arg);
+// The pass's kernel for this layer, block and CPU (CpuFusions::avx2_kernels = false: the portable one).
+ConvPoolKernel choose_conv_pool_kernel(const LayerSpec& l, int block, bool avx2_kernels) {
+  if (!avx2_kernels || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    return block == 8 ? conv_pool_any<8> : conv_pool_any<16>;
+  if (l.kernel_h == 3 && l.kernel_w == 3) return conv_pool_avx2<3, 3>;
+  if (l.kernel_h == 5 && l.kernel_w == 5) return conv_pool_avx2<5, 5>;
+  return conv_pool_avx2<0, 0>;
 }
 
 }  // namespace
@@ -564,21 +563,15 @@ bool first_conv_pool_fits(const LayerSpec& conv, Layout x_layout, Layout y_layou
 void first_conv_pool_forward(const FirstConvForward& f, int block, int batch, float* wt, float* y, std::int32_t* arg) {
   const LayerSpec& l = f.l;
   const int k = l.kernel_h * l.kernel_w;
-  for (int o = 0; o < l.channels; ++o)  // OIHW -> (O/B, KH, KW, B): 72 floats for tiny, each step
+  for (int o = 0; o < l.channels; ++o) {  // OIHW -> (O/B, KH, KW, B): 72 floats for tiny, each step
     for (int t = 0; t < k; ++t) wt[((o / block) * k + t) * block + o % block] = f.w[o * k + t];
-  static const bool fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const int taps = l.kernel_h * l.kernel_w;
-  ConvPoolFn fn = block == 8 ? conv_pool_any<8> : conv_pool_any<16>;
-  if (fma && f.avx2)
-    fn = taps == 9 && l.kernel_h == 3    ? conv_pool_avx2<3, 3>
-         : taps == 25 && l.kernel_h == 5 ? conv_pool_avx2<5, 5>
-                                         : conv_pool_avx2<0, 0>;
-    // Samples are independent: shared out among --threads in fixed chunks (same bits for any count).
+  }
+  // Samples are independent: shared out among --threads in fixed chunks (same bits for any count).
 #pragma omp parallel
   {
     const std::int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
     const std::int64_t first = batch * t / threads, last = batch * (t + 1) / threads;
-    fn(l, block, first, last - first, f.x, wt, f.bias, y, arg);
+    f.kernel(l, block, first, last - first, f.x, wt, f.bias, y, arg);
   }
 }
 
@@ -612,7 +605,8 @@ class Conv final : public LayerKernel {
     if (c.fuse.conv_pool_forward && first_conv_pool_fits(l, b.x_layout, b.y_layout)) {
       // Note [The first convolution and its pool in one pass]: a pool after it may take it.
       conv_pool_ = &c.first_conv[b.y];
-      *conv_pool_ = FirstConvForward{b.x, b.w, bias, l, false, c.fuse.avx2_kernels};
+      const int block = b.y_layout == Layout::kBlocked8 ? 8 : 16;
+      *conv_pool_ = FirstConvForward{b.x, b.w, bias, l, false, choose_conv_pool_kernel(l, block, c.fuse.avx2_kernels)};
       y_ = b.y;
     }
     w_fwd_ = maybe_reorder(c, user_w, fwd.weights_desc(), true);
@@ -658,7 +652,10 @@ class Conv final : public LayerKernel {
       own_.bias.assign(static_cast<std::size_t>(threads) * l.channels, 0.0);
       if (c.fuse.pool_gradient) {  // Note [The first convolution reads its pool's gradient]
         pooled_ = &c.pooled[b.dy];
-        own_.dy.assign(static_cast<std::size_t>(threads) * l.out.h * l.out.w * 16, 0.0f);  // B <= 16
+        own_.pooled_3x3 = c.fuse.avx2_kernels && __builtin_cpu_supports("avx2") && b.y_layout == Layout::kBlocked8 &&
+                          l.kernel_h == 3 && l.kernel_w == 3 && l.stride == 1;
+        if (!own_.pooled_3x3)
+          own_.dy.assign(static_cast<std::size_t>(threads) * l.out.h * l.out.w * 16, 0.0f);  // B <= 16
       }
       return;
     }
@@ -719,9 +716,9 @@ class Conv final : public LayerKernel {
     }
     float* db = b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w;
     if (b_.y_layout == Layout::kBlocked8)
-      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, pooled_, c_.fuse.avx2_kernels, own_, b_.dw, db);
+      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db);
     else
-      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, pooled_, c_.fuse.avx2_kernels, own_, b_.dw, db);
+      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db);
   }
   std::string describe() const override {
     return (conv_pool_ && conv_pool_->taken ? "forward in the max pool's pass; " : "") + desc_ +

@@ -25,13 +25,17 @@ struct PooledGradient {
 // A first convolution (plain input of one channel, stride 1, blocked output) that a following
 // 2 x 2 max pool may compute in its own pass (Note [The first convolution and its pool in one
 // pass] in src/backend/cpu/conv.cpp): its input, OIHW weights and bias, and whether a pool took it.
+// kernel: samples [first, first + count) of that pass, chosen once when the convolution is built
+// (the AVX2 one or the portable one; block: B of the blocked layouts).
+using ConvPoolKernel = void (*)(const LayerSpec& l, int block, std::int64_t first, std::int64_t count, const float* x,
+                                const float* wt, const float* bias, float* y, std::int32_t* arg);
 struct FirstConvForward {
   const float* x = nullptr;
   const float* w = nullptr;
   const float* bias = nullptr;
   LayerSpec l;
   bool taken = false;
-  bool avx2 = true;  // CpuFusions::avx2_kernels
+  ConvPoolKernel kernel = nullptr;
 };
 
 struct Context {
