@@ -366,6 +366,21 @@ TEST(BlockedLayouts, BackendKeepsInnerActivationsBlocked) {
 
 TEST(Layers, Fc) { check_layer("fc:12,fc:10", {18, 1, 1}, 10, 3, 41); }
 
+TEST(Layers, WideFcForwardMatchesTheReference) {
+  // lenet's fc1 (3136 -> 1024) at the training and the evaluation batch: on AVX-512 its forward is a
+  // oneDNN matmul reading the (O, I) weights as an (I, O) matrix in `ba` order (Note [The fc
+  // forward as a matmul] in src/backend/cpu/fc.cpp), elsewhere the inner product.
+  auto be = make_cpu_backend(1);
+  const LayerSpec l = layer_of("fc:1024,fc:10", {64, 7, 7}, 10);
+  for (const auto& [batch, training] : {std::pair{50, true}, std::pair{7, false}}) {
+    SCOPED_TRACE("batch " + std::to_string(batch) + (training ? ", training" : ", inference"));
+    Rig rig(*be, l, batch, 44, true, training);
+    StepContext ctx;
+    rig.k->forward(ctx);
+    expect_close("forward", rig.y, ref::fc(l, batch, to_double(rig.x), to_double(rig.w)), 1e-4, 1e-4);
+  }
+}
+
 TEST(Layers, FcOnChwInputReadsCHWOrder) {
   // No flatten: the fc reads (C, H, W) as C*H*W values, in C, H, W order.
   const LayerSpec l = layer_of("fc:10", {2, 3, 3}, 10);
