@@ -38,6 +38,15 @@ struct FirstConvForward {
   ConvPoolKernel kernel = nullptr;
 };
 
+// A ReLU that the max pool after it may take over (Note [A ReLU taken over by its max pool] in
+// src/backend/cpu/pool.cpp): the ReLU's input and input gradient (null without one), and whether
+// a pool took it (then the ReLU's own passes do nothing).
+struct ReluBeforePool {
+  const float* x = nullptr;
+  float* dx = nullptr;
+  bool taken = false;
+};
+
 struct Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
@@ -47,6 +56,8 @@ struct Context {
   std::unordered_map<const float*, PooledGradient> pooled;
   // Keyed by the y buffer of a first convolution that its pool may compute with itself; the same.
   std::unordered_map<const float*, FirstConvForward> first_conv;
+  // Keyed by the y buffer of a ReLU; made by the ReLU and erased when it goes.
+  std::unordered_map<const float*, ReluBeforePool> relu_before_pool;
 };
 
 using tag = dnnl::memory::format_tag;

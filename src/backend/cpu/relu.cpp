@@ -17,6 +17,11 @@ class Relu final : public BoundLayer {
         dnnl::eltwise_forward::desc(training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference,
                                     dnnl::algorithm::eltwise_relu, md, 0.0f),
         user_scratchpad(), c.engine);
+    if (c.fuse.relu_into_pool) {  // Note [A ReLU taken over by its max pool] in src/backend/cpu/pool.cpp
+      fused_ = &c.relu_before_pool[b.y];
+      *fused_ = ReluBeforePool{b.x, training ? b.dx : nullptr, false};
+      y_ = b.y;
+    }
     desc_ = "relu fwd " + impl(fwd);
     fwd_ = bind<dnnl::eltwise_forward>(
         c, fwd, {{DNNL_ARG_SRC, wrap(c, d, tag::nc, b.x)}, {DNNL_ARG_DST, wrap(c, d, tag::nc, b.y)}});
@@ -29,6 +34,23 @@ class Relu final : public BoundLayer {
                                               {DNNL_ARG_DIFF_DST, wrap(c, d, tag::nc, b.dy)},
                                               {DNNL_ARG_DIFF_SRC, wrap(c, d, tag::nc, b.dx)}});
   }
+  ~Relu() override {
+    if (fused_) c_.relu_before_pool.erase(y_);
+  }
+  void forward(const StepContext& ctx) override {
+    if (!taken()) BoundLayer::forward(ctx);
+  }
+  void backward(const StepContext& ctx) override {
+    if (!taken()) BoundLayer::backward(ctx);
+  }
+  std::string describe() const override {
+    return taken() ? "relu (applied by the max pool after it, both ways)" : BoundLayer::describe();
+  }
+
+ private:
+  bool taken() const { return fused_ && fused_->taken; }
+  ReluBeforePool* fused_ = nullptr;  // in c_.relu_before_pool, when a pool after it may take it over
+  const float* y_ = nullptr;
 };
 
 }  // namespace
