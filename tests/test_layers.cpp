@@ -17,6 +17,8 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/model/model.hpp"
+#include <oneapi/dnnl/dnnl.hpp>
+
 #include "mnist_mpi/model/spec.hpp"
 #include "reference.hpp"
 #include "test_util.hpp"  // world_rank, world_size, all_ranks, uniform
@@ -356,12 +358,22 @@ TEST(BlockedLayouts, BackendKeepsInnerActivationsBlocked) {
   const ModelSpec odd =
       parse_model_spec("conv:3x3:6:same,relu,maxpool:2,conv:3x3:16:same,relu,flatten,fc:10", {1, 8, 8}, 10);
   for (Layout x : be->activation_layouts(odd)) EXPECT_EQ(x, Layout::kPlain);
-  // tiny: 8 channels, then 16; one block size for the whole model, so 8.
+  // tiny: 8 channels, then 16. Where oneDNN runs AVX-512 each activation is one block of its
+  // channels (NHWC, Note [A block size per activation] in src/backend/cpu/cpu_backend.cpp),
+  // elsewhere blocks of 8 throughout.
+  const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
   const ModelSpec tiny =
       parse_model_spec("conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 28, 28}, 10);
   EXPECT_EQ(be->activation_layouts(tiny),
-            (std::vector<Layout>{Layout::kPlain, Layout::kBlocked8, Layout::kBlocked8, Layout::kBlocked8,
-                                 Layout::kPlain, Layout::kPlain, Layout::kPlain}));
+            (std::vector<Layout>{Layout::kPlain, Layout::kBlocked8, Layout::kBlocked8,
+                                 avx512 ? Layout::kBlocked16 : Layout::kBlocked8, Layout::kPlain, Layout::kPlain,
+                                 Layout::kPlain}));
+  // 24 channels, then 32: blocks of 8 and 16 would be three and two blocks, not NHWC, and oneDNN
+  // has no fast kernels from nChw8c into nChw16c, so blocks of 8 throughout on every CPU.
+  const ModelSpec wide = parse_model_spec(
+      "conv:3x3:24:same,relu,maxpool:2,conv:3x3:32:same,relu,maxpool:2,flatten,fc:10", {1, 12, 12}, 10);
+  const std::vector<Layout> w = be->activation_layouts(wide);
+  for (std::size_t i = 1; i <= 5; ++i) EXPECT_EQ(w[i], Layout::kBlocked8) << i;
 }
 
 TEST(Layers, Fc) { check_layer("fc:12,fc:10", {18, 1, 1}, 10, 3, 41); }
@@ -654,33 +666,35 @@ class PlainLayouts final : public Backend {
   std::unique_ptr<Backend> be_ = make_cpu_backend(1);
 };
 
+void step_on(Model& m, Backend& be, const std::vector<float>& x, const std::vector<std::int32_t>& labels, int batch);
+
 TEST(BlockedLayouts, ModelMatchesThePlainOne) {
   // Two convs, ReLUs and pools with blocked activations between them (the last pool writes plain
-  // for flatten), against the same model with every activation plain.
-  auto be = make_cpu_backend(1);
-  PlainLayouts plain_be;
-  const ModelSpec spec = parse_model_spec(
-      "conv:3x3:16:same,relu,maxpool:2,conv:3x3:16:same,relu,maxpool:2,flatten,fc:10", {1, 12, 12}, 10);
-  ASSERT_NE(be->activation_layouts(spec)[1], Layout::kPlain);
-  const int batch = 4;
-  std::vector<float> params(static_cast<std::size_t>(spec.param_count));
-  init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 5, params.data());
-  std::vector<float> g_blocked(params.size(), 7.0f), g_plain(params.size(), 7.0f);
-  Model blocked(spec, batch, *be, params.data(), g_blocked.data());
-  Model plain(spec, batch, plain_be, params.data(), g_plain.data());
-  const std::vector<float> x = uniform(static_cast<std::size_t>(batch * 144), 6);
-  const std::vector<std::int32_t> labels{1, 4, 9, 0};
-  StepContext ctx;
-  for (Model* m : {&blocked, &plain}) {
-    std::copy(x.begin(), x.end(), m->input());
-    m->forward(ctx);
-    be->softmax_cross_entropy(m->logits(), labels.data(), batch, 10, m->dlogits(), 1.0f / batch);
-    m->backward(ctx);
+  // for flatten), against the same model with every activation plain; and tiny's shape, whose
+  // activations on AVX-512 are one block each of two sizes, 8 then 16 (Notes [A block size per
+  // activation] and [One block is NHWC]).
+  for (const char* text : {"conv:3x3:16:same,relu,maxpool:2,conv:3x3:16:same,relu,maxpool:2,flatten,fc:10",
+                           "conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10"}) {
+    SCOPED_TRACE(text);
+    auto be = make_cpu_backend(1);
+    PlainLayouts plain_be;
+    const ModelSpec spec = parse_model_spec(text, {1, 12, 12}, 10);
+    ASSERT_NE(be->activation_layouts(spec)[1], Layout::kPlain);
+    ASSERT_NE(be->activation_layouts(spec)[3], Layout::kPlain);
+    const int batch = 4;
+    std::vector<float> params(static_cast<std::size_t>(spec.param_count));
+    init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 5, params.data());
+    std::vector<float> g_blocked(params.size(), 7.0f), g_plain(params.size(), 7.0f);
+    Model blocked(spec, batch, *be, params.data(), g_blocked.data());
+    Model plain(spec, batch, plain_be, params.data(), g_plain.data());
+    const std::vector<float> x = uniform(static_cast<std::size_t>(batch * 144), 6);
+    const std::vector<std::int32_t> labels{1, 4, 9, 0};
+    for (Model* m : {&blocked, &plain}) step_on(*m, *be, x, labels, batch);
+    const std::vector<float> lb(blocked.logits(), blocked.logits() + batch * 10);
+    const std::vector<float> lp(plain.logits(), plain.logits() + batch * 10);
+    expect_close("logits", lb, to_double(lp), 1e-5, 1e-4);
+    expect_close("gradients", g_blocked, to_double(g_plain), 1e-5, 1e-4);
   }
-  const std::vector<float> lb(blocked.logits(), blocked.logits() + batch * 10);
-  const std::vector<float> lp(plain.logits(), plain.logits() + batch * 10);
-  expect_close("logits", lb, to_double(lp), 1e-5, 1e-4);
-  expect_close("gradients", g_blocked, to_double(g_plain), 1e-5, 1e-4);
 }
 
 // Note [The first convolution reads its pool's gradient] in src/backend/cpu/conv.cpp: the first

@@ -590,7 +590,7 @@ class Conv final : public LayerKernel {
     const dims bia{l.channels};                                  // (O)
     const dims dst{b.batch, l.out.c, l.out.h, l.out.w};          // (N, O, OH, OW)
     const dims strides{l.stride, l.stride}, pad_l{l.pad_top, l.pad_left}, pad_r{l.pad_bottom, l.pad_right};
-    const tag src_tag = tag_of(b.x_layout), dst_tag = tag_of(b.y_layout);
+    const auto [src_tag, dst_tag] = conv_tags(b.x_layout, l.in.c, b.y_layout, l.out.c);  // Note [One block is NHWC]
     const dnnl::memory::desc src_md(src, dt::f32, src_tag), wei_any(wei, dt::f32, tag::any),
         bia_md(bia, dt::f32, tag::x), dst_md(dst, dt::f32, dst_tag);
     const float* bias = b.w + l.channels * l.in.c * l.kernel_h * l.kernel_w;
@@ -755,8 +755,9 @@ bool conv_has_fast_kernels(const Context& c, const LayerSpec& l, Layout x_layout
   const dims src{batch, l.in.c, l.in.h, l.in.w}, wei{l.channels, l.in.c, l.kernel_h, l.kernel_w}, bia{l.channels},
       dst{batch, l.out.c, l.out.h, l.out.w};
   const dims strides{l.stride, l.stride}, pad_l{l.pad_top, l.pad_left}, pad_r{l.pad_bottom, l.pad_right};
-  const dnnl::memory::desc src_md(src, dt::f32, tag_of(x_layout)), wei_any(wei, dt::f32, tag::any),
-      bia_md(bia, dt::f32, tag::x), dst_md(dst, dt::f32, tag_of(y_layout));
+  const auto [src_tag, dst_tag] = conv_tags(x_layout, l.in.c, y_layout, l.out.c);  // Note [One block is NHWC]
+  const dnnl::memory::desc src_md(src, dt::f32, src_tag), wei_any(wei, dt::f32, tag::any),
+      bia_md(bia, dt::f32, tag::x), dst_md(dst, dt::f32, dst_tag);
   const auto fast = [](const std::string& name) { return !is_ref(name); };
   try {
     dnnl::convolution_forward::primitive_desc fwd(

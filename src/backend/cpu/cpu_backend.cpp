@@ -179,20 +179,46 @@ class CpuBackend final : public Backend {
   // tensors, ReLU is elementwise (any layout, as long as its input and output agree), and the
   // pooling loops read blocked and write either (src/backend/cpu/pool.cpp). So the last pool
   // before flatten turns blocked into plain, and no layer reorders an activation.
+  // Note [A block size per activation]
+  // One block size for the whole model was the rule: 16 on AVX-512 where every blocked activation
+  // has a multiple of 16 channels, else 8. tiny (8 channels, then 16) got 8 everywhere, and
+  // oneDNN has only AVX2 kernels for its second convolution in nChw8c (0.63 + 0.53 + 0.64 ms per
+  // pass at batch 128 on an AVX-512 host). With 8 channels in blocks of 8 and 16 in blocks of 16,
+  // both activations are one block of all their channels, which is NHWC byte for byte, and
+  // oneDNN's AVX-512 kernels for NHWC take 0.37 + 0.46 + 0.32 ms (Note [One block is NHWC] in
+  // src/backend/cpu/dnnl_util.hpp). So on AVX-512 each activation takes 16 where 16 divides its
+  // channels and 8 otherwise; that assignment is kept only where no convolution loses its blocked
+  // layouts by it (mixed blocks of several each have no fast kernels), else the old rule stands.
   std::vector<Layout> activation_layouts(const ModelSpec& spec) const override {
     const std::size_t L = spec.layers.size();
-    std::vector<bool> blocked(L + 1, false);
+    const auto shape = [&](std::size_t i) { return i == 0 ? spec.input : spec.layers[i - 1].out; };
+    std::vector<bool> candidate(L + 1, false);
     const auto speaks_blocked = [](LayerKind k) {
       return k == LayerKind::kConv || k == LayerKind::kRelu || k == LayerKind::kMaxPool;
     };
-    const auto shape = [&](std::size_t i) { return i == 0 ? spec.input : spec.layers[i - 1].out; };
     for (std::size_t i = 1; i < L; ++i)
-      blocked[i] = speaks_blocked(spec.layers[i - 1].kind) && speaks_blocked(spec.layers[i].kind) &&
-                   shape(i).c % 8 == 0 && shape(i).h * shape(i).w > 1;
-    bool all16 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
-    for (std::size_t i = 0; i <= L; ++i) all16 = all16 && (!blocked[i] || shape(i).c % 16 == 0);
-    const Layout block = all16 ? Layout::kBlocked16 : Layout::kBlocked8;
-    const auto layout = [&](std::size_t i) { return blocked[i] ? block : Layout::kPlain; };
+      candidate[i] = speaks_blocked(spec.layers[i - 1].kind) && speaks_blocked(spec.layers[i].kind) &&
+                     shape(i).c % 8 == 0 && shape(i).h * shape(i).w > 1;
+    const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
+    bool all16 = avx512;
+    for (std::size_t i = 0; i <= L; ++i) all16 = all16 && (!candidate[i] || shape(i).c % 16 == 0);
+    const auto uniform = [&](std::size_t) { return all16 ? Layout::kBlocked16 : Layout::kBlocked8; };
+    const auto per_activation = [&](std::size_t i) {
+      return shape(i).c % 16 == 0 ? Layout::kBlocked16 : Layout::kBlocked8;
+    };
+    const std::vector<Layout> base = settle(spec, candidate, uniform);
+    if (!avx512 || all16) return base;
+    const std::vector<Layout> mixed = settle(spec, candidate, per_activation);
+    for (std::size_t i = 0; i <= L; ++i)
+      if ((mixed[i] == Layout::kPlain) != (base[i] == Layout::kPlain)) return base;
+    return mixed;
+  }
+
+  // The candidates for a blocked layout, each in block(i), less those a layer cannot keep.
+  template <typename Block>
+  std::vector<Layout> settle(const ModelSpec& spec, std::vector<bool> blocked, Block block) const {
+    const std::size_t L = spec.layers.size();
+    const auto layout = [&](std::size_t i) { return blocked[i] ? block(i) : Layout::kPlain; };
     for (bool changed = true; changed;) {
       changed = false;
       for (std::size_t i = 0; i < L; ++i) {

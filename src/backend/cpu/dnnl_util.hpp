@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 namespace mnist_mpi::cpu {
 
@@ -78,6 +79,24 @@ inline tag tag_of(Layout layout) {
       break;
   }
   return tag::nchw;
+}
+
+inline int block_size(Layout layout) {
+  return layout == Layout::kBlocked8 ? 8 : layout == Layout::kBlocked16 ? 16 : 1;
+}
+
+// Note [One block is NHWC]
+// A blocked activation whose channels are one block, (N, 1, H, W, B) with B = C, is NHWC byte for
+// byte. A convolution between two such activations of different block sizes (tiny on AVX-512: 8
+// channels in nChw8c into 16 in nChw16c, Note [A block size per activation] in
+// src/backend/cpu/cpu_backend.cpp) describes both to oneDNN as nhwc: for nChw8c into nChw16c
+// oneDNN 2.6 has only reference kernels, for nhwc into nhwc its AVX-512 ones. Anywhere else the
+// tags are the layouts' own.
+inline std::pair<tag, tag> conv_tags(Layout x, int x_channels, Layout y, int y_channels) {
+  if (x != y && x != Layout::kPlain && y != Layout::kPlain && block_size(x) == x_channels &&
+      block_size(y) == y_channels)
+    return {tag::nhwc, tag::nhwc};
+  return {tag_of(x), tag_of(y)};
 }
 
 inline dnnl::primitive_attr user_scratchpad() {
