@@ -452,9 +452,17 @@ TEST(Sharding, ParametersAreBitwiseTheUnshardedOnes) {
       o.no_overlap = true;
     }
     if (variant == 4) o.skip_nonfinite_steps = true;
+    o.shard_optimizer = Options::Sharding::kOff;  // auto would shard it too on the CPU
     const Trained plain = train(MPI_COMM_WORLD, o);
-    o.shard_optimizer = true;
+    o.shard_optimizer = Options::Sharding::kOn;
     const Trained sharded = train(MPI_COMM_WORLD, o);
+    if (variant == 0) {  // the default, auto, shards on the CPU with 2 or more ranks
+      o.shard_optimizer = Options::Sharding::kAuto;
+      const Trained automatic = train(MPI_COMM_WORLD, o);
+      EXPECT_EQ(automatic.state_size, sharded.state_size);
+      EXPECT_LT(automatic.state_size, plain.state_size);
+      ok = ok && automatic.state_size == sharded.state_size;
+    }
     ASSERT_EQ(plain.spec.param_count, 12839);
     const std::uint64_t a = hash_floats(plain.params.data(), std::int64_t(plain.params.size()));
     const std::uint64_t b = hash_floats(sharded.params.data(), std::int64_t(sharded.params.size()));
@@ -516,8 +524,9 @@ TEST(Sharding, ANonFiniteShardSkipsOrStopsTheStepOnEveryRank) {
   o.skip_nonfinite_steps = true;
   std::int64_t skipped[2] = {-1, -1}, steps[2] = {-1, -1};
   int code[2] = {0, 0};
+  o.shard_optimizer = Options::Sharding::kOff;
   const std::vector<float> plain = run(o, skipped[0], steps[0], code[0]);
-  o.shard_optimizer = true;
+  o.shard_optimizer = Options::Sharding::kOn;
   const std::vector<float> sharded = run(o, skipped[1], steps[1], code[1]);
   EXPECT_EQ(skipped[1], 1);
   EXPECT_EQ(steps[1], 5) << "Adam counted the skipped step";

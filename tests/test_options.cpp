@@ -242,6 +242,38 @@ TEST(Options, AConfigThatIsNotARegularFileIsRefusedSayingWhatItIs) {
 // and the command line wins over the file. The resolved text (it goes into checkpoints and is
 // compared on resume) is unchanged for configs/tiny.ini: the expected text below was printed by
 // the parser before it read --config itself.
+// --shard-optimizer: auto unless given; alone it means on (as the switch it was); on / off / true /
+// false in a config file; anything else is refused naming the values.
+TEST(Options, ShardOptimizerIsAutoOnOrOff) {
+  const auto parse = [](std::vector<std::string> args, Options& o) {
+    args.insert(args.begin(), {"mnist_mpi", "--batch-size", "8"});
+    std::vector<const char*> argv;
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    std::string text;
+    return parse_options(static_cast<int>(argv.size()), argv.data(), o, text);
+  };
+  struct Case {
+    std::vector<std::string> args;
+    Options::Sharding want;
+  };
+  for (const Case& k : std::vector<Case>{{{}, Options::Sharding::kAuto},
+                                         {{"--shard-optimizer"}, Options::Sharding::kOn},
+                                         {{"--shard-optimizer", "on"}, Options::Sharding::kOn},
+                                         {{"--shard-optimizer", "off"}, Options::Sharding::kOff},
+                                         {{"--shard-optimizer=auto"}, Options::Sharding::kAuto}}) {
+    Options o;
+    ASSERT_EQ(parse(k.args, o), ParseOutcome::kRun);
+    EXPECT_EQ(o.shard_optimizer, k.want) << (k.args.empty() ? "(none)" : k.args.back());
+  }
+  const TempFile ini("shard-optimizer = false\n");
+  Options o;
+  ASSERT_EQ(parse({"--config", ini.str()}, o), ParseOutcome::kRun);
+  EXPECT_EQ(o.shard_optimizer, Options::Sharding::kOff);
+  const auto [code, msg] = parse_within_10s({"--batch-size", "8", "--shard-optimizer", "sometimes"});
+  EXPECT_EQ(code, ExitCode::kUsage);
+  EXPECT_NE(msg.find("--shard-optimizer must be auto, on or off, got 'sometimes'"), std::string::npos) << msg;
+}
+
 TEST(Options, ConfigFilesParseAsBeforeAndTheCommandLineWins) {
   const TempFile tiny(
       "# The blog post's network: two small convolutions without activations and one fc layer.\r\n"
@@ -280,7 +312,7 @@ TEST(Options, ConfigFilesParseAsBeforeAndTheCommandLineWins) {
       "lr-schedule = step\nlr-step-epochs = 1\nmax-steps = 0\nmodel = "
       "conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10\nmomentum = 0\n"
       "nesterov = false\nno-overlap = false\noptimizer = adam\nprecision = fp32\nprogress = auto\n"
-      "quiet = false\nseed = 42\nshard-optimizer = false\nskip-nonfinite-steps = false\ntarget-accuracy = 0\n"
+      "quiet = false\nseed = 42\nshard-optimizer = auto\nskip-nonfinite-steps = false\ntarget-accuracy = 0\n"
       "threads = 0\n"
       "train-limit = 0\n"
       "validation-size = 5000\nwarmup-steps = 0\nweight-decay = 0\nweight-init = xavier\n");

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -113,7 +114,9 @@ namespace {
 // Forwards to the inner communicator; marks each blocking call with a literal naming it.
 class WatchedCommunicator final : public Communicator {
  public:
-  WatchedCommunicator(std::unique_ptr<Communicator> inner, CollectiveWatch& watch) : in_(std::move(inner)), w_(watch) {}
+  WatchedCommunicator(std::unique_ptr<Communicator> inner, CollectiveWatch& watch) : in_(std::move(inner)), w_(watch) {
+    names_.fill("wait for a collective");
+  }
 
   int rank() const override { return in_->rank(); }
   int size() const override { return in_->size(); }
@@ -138,12 +141,18 @@ class WatchedCommunicator final : public Communicator {
     WatchScope s(&w_, "allreduce_min");
     in_->allreduce_min(d);
   }
-  CommRequest start_allreduce_sum(std::span<float> d) override { return in_->start_allreduce_sum(d); }
-  CommRequest start_reduce_scatter_sum(std::span<float> d) override { return in_->start_reduce_scatter_sum(d); }
-  CommRequest start_allgather_shards(std::span<float> d) override { return in_->start_allgather_shards(d); }
+  CommRequest start_allreduce_sum(std::span<float> d) override {
+    return named(in_->start_allreduce_sum(d), "wait for allreduce_sum");
+  }
+  CommRequest start_reduce_scatter_sum(std::span<float> d) override {
+    return named(in_->start_reduce_scatter_sum(d), "wait for reduce_scatter_sum");
+  }
+  CommRequest start_allgather_shards(std::span<float> d) override {
+    return named(in_->start_allgather_shards(d), "wait for allgather_shards");
+  }
   bool test(CommRequest& r) override { return in_->test(r); }
   void wait(CommRequest& r, std::chrono::steady_clock::time_point* completed) override {
-    WatchScope s(&w_, "wait for allreduce_sum");
+    WatchScope s(&w_, r.active() ? names_[static_cast<std::size_t>(r.id) % names_.size()] : "wait");
     in_->wait(r, completed);
   }
   void broadcast(std::span<float> d, int root) override {
@@ -171,8 +180,15 @@ class WatchedCommunicator final : public Communicator {
   bool device_buffers() const override { return in_->device_buffers(); }
 
  private:
+  // What a started request is, for the watchdog's message, by id: a fixed ring (no allocation per
+  // step); more than its size outstanding at once would only mislabel a message.
+  CommRequest named(CommRequest r, const char* what) {
+    if (r.active()) names_[static_cast<std::size_t>(r.id) % names_.size()] = what;
+    return r;
+  }
   std::unique_ptr<Communicator> in_;
   CollectiveWatch& w_;
+  std::array<const char*, 1024> names_{};
 };
 
 }  // namespace

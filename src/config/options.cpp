@@ -303,9 +303,11 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       "micro-batches per step, summed locally and reduced once (like DDP's no_sync)")(
       "no-overlap", po::bool_switch(&o.no_overlap),
       "one blocking sum of all gradients after backward, no overlap (for comparison)")(
-      "shard-optimizer", po::bool_switch(&o.shard_optimizer),
-      "each rank keeps and updates only its 1/N shard of the optimiser state (like ZeRO stage 1): gradients "
-      "reduce-scattered, updated parameters all-gathered; the same bits as without it (docs/reduction.md)");
+      "shard-optimizer",
+      po::value(&o.shard_optimizer_text)->default_value(d.shard_optimizer_text)->implicit_value("on"),
+      "on: each rank keeps and updates only its 1/N shard of the optimiser state (like ZeRO stage 1): gradients "
+      "reduce-scattered, updated parameters all-gathered; the same bits as without it (docs/reduction.md). "
+      "auto: on for the CPU with 2 or more ranks, off on a GPU; off: every rank updates everything");
   po::options_description ck("Checkpoints (docs/checkpoint.md)");
   ck.add_options()("checkpoint-dir", po::value(&o.checkpoint_dir),
                    "directory where rank 0 writes checkpoints (created if missing); none: no checkpoints")(
@@ -457,6 +459,15 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   check_real_options(o);  // Note [One check for every floating-point option]
   if (o.device != "cpu" && o.device != "auto" && o.device != "cuda")
     throw_error(ExitCode::kUsage, "--device must be cpu, cuda or auto, got " + quote_input(o.device));
+  if (o.shard_optimizer_text == "auto")
+    o.shard_optimizer = Options::Sharding::kAuto;
+  else if (o.shard_optimizer_text == "on" || o.shard_optimizer_text == "true")
+    o.shard_optimizer = Options::Sharding::kOn;
+  else if (o.shard_optimizer_text == "off" || o.shard_optimizer_text == "false")
+    o.shard_optimizer = Options::Sharding::kOff;
+  else
+    throw_error(ExitCode::kUsage,
+                "--shard-optimizer must be auto, on or off, got " + quote_input(o.shard_optimizer_text));
   if (o.precision != "fp32" && o.precision != "tf32")
     throw_error(ExitCode::kUsage, "--precision must be fp32 or tf32, got " + quote_input(o.precision));
   if (o.cuda_graph && o.device == "cpu")

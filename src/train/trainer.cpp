@@ -38,6 +38,11 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   MNIST_CHECK(!opt_.cuda_graph || device_.cuda, ExitCode::kUsage,
               "--cuda-graph needs a GPU, and --device auto found none on " + comm_.host() + ": drop --cuda-graph");
   const std::int64_t world = comm_.size();
+  // --shard-optimizer auto: sharded on the CPU with 2 or more ranks (Note [Sharded optimiser state]
+  // in include/mnist_mpi/train/optimizer.hpp); the CUDA path shards only when asked, until it has
+  // run on a GPU.
+  sharded_ = opt_.shard_optimizer == Options::Sharding::kOn ||
+             (opt_.shard_optimizer == Options::Sharding::kAuto && !device_.cuda && world > 1);
   launch_ = read_launch_env();
   launch_.check_world_size(static_cast<int>(world));
   fault_ = fault_from_env();
@@ -144,9 +149,9 @@ void Trainer::make_training_state() {
   const auto flat = [&](Buffer& b) { return std::span<float>(b.data(), static_cast<std::size_t>(spec_.param_count)); };
   reducer_ = std::make_unique<Reducer>(
       *grad_comm_, flat(*grads_), plan_buckets(spec_, mb_to_elems(opt_.bucket_mb), mb_to_elems(opt_.first_bucket_mb)),
-      !opt_.no_overlap, opt_.shard_optimizer ? flat(*params_) : std::span<float>());
+      !opt_.no_overlap, sharded_ ? flat(*params_) : std::span<float>());
   // Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp)
-  optimizer_ = opt_.shard_optimizer
+  optimizer_ = sharded_
                    ? std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_, reducer_->owned())
                    : std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_);
   train_data_ = backend_->make_data_source(data_.train, static_cast<int>(batch_));
@@ -158,7 +163,7 @@ void Trainer::make_training_state() {
   // written. Sharded, only this rank's moments (gather_state() collects them on rank 0); the
   // parameters are params_copy_'s.
   std::vector<float*> state{optimizer_->first_moment().data()};
-  if (!opt_.shard_optimizer) state.insert(state.begin(), params_->data());
+  if (!sharded_) state.insert(state.begin(), params_->data());
   if (opt_.optimizer.kind == "adam") state.push_back(optimizer_->second_moment().data());
   state_copy_ = backend_->make_host_copy(std::move(state), optimizer_->state_size());
 }
@@ -205,7 +210,7 @@ StartFacts Trainer::start_facts(int threads, const GpuProbe& gpus) const {
       .gradient_progress = grad_comm_->progress_mode(),
       .optimizer_state_bytes = largest_state * moments * static_cast<std::int64_t>(sizeof(float)),
       .optimizer_state_total_bytes = spec_.param_count * moments * static_cast<std::int64_t>(sizeof(float)),
-      .shard_optimizer = opt_.shard_optimizer};
+      .shard_optimizer = sharded_};
 }
 
 std::string Trainer::job_description() const {
@@ -228,7 +233,7 @@ std::vector<float> Trainer::params_to_host() {
 
 TrainingState Trainer::state() {
   const bool adam = opt_.optimizer.kind == "adam";
-  if (opt_.shard_optimizer)  // the moments gather_state() collected
+  if (sharded_)  // the moments gather_state() collected
     return {host_params(), full_moments_[0].data(), adam ? full_moments_[1].data() : nullptr, optimizer_.get()};
   state_copy_->to_host();
   return {state_copy_->host(0), state_copy_->host(1), adam ? state_copy_->host(2) : nullptr, optimizer_.get()};
@@ -238,7 +243,7 @@ TrainingState Trainer::state() {
 // rank's ranges where they belong in full-size buffers, the checkpoint's layout. One moment at a
 // time, through one byte buffer that is kept for the next checkpoint.
 void Trainer::gather_state() {
-  if (!opt_.shard_optimizer) return;
+  if (!sharded_) return;
   state_copy_->to_host();
   const std::size_t moments = opt_.optimizer.kind == "adam" ? 2 : 1;
   const std::size_t mine = static_cast<std::size_t>(optimizer_->state_size()) * sizeof(float);

@@ -43,7 +43,12 @@ struct Options {
   double bucket_mb = 4.0;
   double first_bucket_mb = 1.0;
   bool no_overlap = false;
-  bool shard_optimizer = false;  // ZeRO stage 1: each rank keeps and updates 1/N of the optimiser state
+  // --shard-optimizer, ZeRO stage 1: each rank keeps and updates 1/N of the optimiser state. auto:
+  // on for the CPU with 2 or more ranks (the same bits, faster, less memory; docs/reduction.md),
+  // off on a GPU until that path has been run on one.
+  enum class Sharding { kAuto, kOn, kOff };
+  Sharding shard_optimizer = Sharding::kAuto;
+  std::string shard_optimizer_text = "auto";  // as given (the parser turns it into shard_optimizer)
   std::int64_t accumulation_steps = 1;
   // checkpoints (docs/checkpoint.md)
   std::string checkpoint_dir;         // empty: no checkpoints

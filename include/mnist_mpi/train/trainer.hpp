@@ -129,6 +129,7 @@ class Trainer final : private CheckpointSource {
   TrainingState state() override;
 
   Options opt_;
+  bool sharded_ = false;  // --shard-optimizer, resolved (auto: on for the CPU with 2 or more ranks)
   Communicator& comm_;
   std::chrono::steady_clock::time_point start_;
   DeviceChoice device_;
