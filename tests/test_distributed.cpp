@@ -386,14 +386,16 @@ TEST(Communicator, SumsProgressWhileTheCallerMakesNoMpiCall) {
   EXPECT_TRUE(all_ranks(early_ms > 0.0 && wrong == 0));
 }
 
-// Bitwise-equal final parameters for tiny buckets, the default, one bucket, and --no-overlap.
+// Bitwise-equal final parameters for tiny buckets, the default, one bucket, and --no-overlap, each
+// with the optimiser sharded and not.
 TEST(Reducer, FinalParametersAreBitwiseEqualForAnyBucketing) {
   std::vector<std::uint64_t> hashes;
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int variant = 0; variant < 8; ++variant) {
     Options o = base_options(kSmall, 6 * world_size(), 12);
-    if (variant == 0) o.bucket_mb = o.first_bucket_mb = 0.0001;  // 26 elements
-    if (variant == 2) o.bucket_mb = o.first_bucket_mb = 1000.0;
-    if (variant == 3) o.no_overlap = true;
+    o.shard_optimizer = variant < 4 ? Options::Sharding::kOff : Options::Sharding::kOn;
+    if (variant % 4 == 0) o.bucket_mb = o.first_bucket_mb = 0.0001;  // 26 elements
+    if (variant % 4 == 2) o.bucket_mb = o.first_bucket_mb = 1000.0;
+    if (variant % 4 == 3) o.no_overlap = true;
     Trained t = train(MPI_COMM_WORLD, o);
     hashes.push_back(hash_floats(t.params.data(), std::int64_t(t.params.size())));
   }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <memory>
 #include <numeric>
@@ -895,6 +896,29 @@ TEST(BlockedLayouts, ReluTakenOverByThePoolIsBitwiseTheSame) {
       EXPECT_TRUE(std::any_of(w0, w0 + first->size, [](float v) { return v != 0.0f; }));
     }
   }
+}
+
+// A NaN into a ReLU and its pool: oneDNN's ReLU makes it 0, so a window [NaN, 5] pools to 5. The
+// pool applying the ReLU must give the same, though a max over the raw values would keep the NaN
+// (it comes first, and nothing compares greater than a NaN) and a ReLU after it would give 0.
+TEST(BlockedLayouts, ANaNThroughAReluTakenOverByItsPool) {
+  const ModelSpec spec = parse_model_spec("relu,maxpool:2,flatten,fc:10", {1, 4, 4}, 10);
+  std::vector<float> params(static_cast<std::size_t>(spec.param_count));
+  init_params(spec, parse_init_spec("he"), parse_init_spec("zeros"), 3, params.data());
+  std::vector<float> x = uniform(2 * 16, 5);
+  x[0] = std::numeric_limits<float>::quiet_NaN();  // sample 0: the first element of window (0, 0)
+  x[1] = 5.0f;
+  std::vector<std::vector<float>> logits;
+  for (bool fuse : {true, false}) {
+    auto be = make_cpu_backend(1, {.relu_into_pool = fuse});
+    Model m(spec, 2, *be, params.data(), nullptr);
+    EXPECT_EQ(m.describe().find("applies the ReLU before it") != std::string::npos, fuse) << m.describe();
+    step_on(m, *be, x, {0, 1}, 2);
+    logits.emplace_back(m.logits(), m.logits() + 20);
+  }
+  EXPECT_TRUE(same_bits(logits[0], logits[1]));
+  EXPECT_TRUE(std::all_of(logits[1].begin(), logits[1].end(), [](float v) { return std::isfinite(v); }))
+      << "oneDNN's ReLU no longer makes a NaN 0: the pool's ReLU must follow it";
 }
 
 TEST(Model, GradientOfEveryParameterTensor) {

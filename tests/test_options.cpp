@@ -238,12 +238,8 @@ TEST(Options, AConfigThatIsNotARegularFileIsRefusedSayingWhatItIs) {
   EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
 }
 
-// The INI forms Boost's parser took still parse the same: comments, blank lines, CRLF line ends,
-// and the command line wins over the file. The resolved text (it goes into checkpoints and is
-// compared on resume) is unchanged for configs/tiny.ini: the expected text below was printed by
-// the parser before it read --config itself.
-// --shard-optimizer: auto unless given; alone it means on (as the switch it was); on / off / true /
-// false in a config file; anything else is refused naming the values.
+// --shard-optimizer: auto unless given; alone it means on (as the switch it was); on / off (and the
+// true / false / yes / no / 1 / 0 the switch took) in a config file; anything else is refused.
 TEST(Options, ShardOptimizerIsAutoOnOrOff) {
   const auto parse = [](std::vector<std::string> args, Options& o) {
     args.insert(args.begin(), {"mnist_mpi", "--batch-size", "8"});
@@ -274,6 +270,10 @@ TEST(Options, ShardOptimizerIsAutoOnOrOff) {
   EXPECT_NE(msg.find("--shard-optimizer must be auto, on or off, got 'sometimes'"), std::string::npos) << msg;
 }
 
+// The INI forms Boost's parser took still parse the same: comments, blank lines, CRLF line ends,
+// and the command line wins over the file. The resolved text (it goes into checkpoints and is
+// compared on resume) is unchanged for configs/tiny.ini: the expected text below was printed by
+// the parser before it read --config itself (but for shard-optimizer, a switch then, auto since).
 TEST(Options, ConfigFilesParseAsBeforeAndTheCommandLineWins) {
   const TempFile tiny(
       "# The blog post's network: two small convolutions without activations and one fc layer.\r\n"

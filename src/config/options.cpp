@@ -302,7 +302,8 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       "accumulation-steps", po::value(&o.accumulation_steps)->default_value(d.accumulation_steps),
       "micro-batches per step, summed locally and reduced once (like DDP's no_sync)")(
       "no-overlap", po::bool_switch(&o.no_overlap),
-      "one blocking sum of all gradients after backward, no overlap (for comparison)")(
+      "one blocking sum of all gradients after backward (sharded: one blocking reduce-scatter per bucket), "
+      "no overlap (for comparison)")(
       "shard-optimizer",
       po::value(&o.shard_optimizer_text)->default_value(d.shard_optimizer_text)->implicit_value("on"),
       "on: each rank keeps and updates only its 1/N shard of the optimiser state (like ZeRO stage 1): gradients "
@@ -461,9 +462,11 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
     throw_error(ExitCode::kUsage, "--device must be cpu, cuda or auto, got " + quote_input(o.device));
   if (o.shard_optimizer_text == "auto")
     o.shard_optimizer = Options::Sharding::kAuto;
-  else if (o.shard_optimizer_text == "on" || o.shard_optimizer_text == "true")
+  else if (o.shard_optimizer_text == "on" || o.shard_optimizer_text == "true" || o.shard_optimizer_text == "yes" ||
+           o.shard_optimizer_text == "1")  // what the switch it was took in a config file
     o.shard_optimizer = Options::Sharding::kOn;
-  else if (o.shard_optimizer_text == "off" || o.shard_optimizer_text == "false")
+  else if (o.shard_optimizer_text == "off" || o.shard_optimizer_text == "false" || o.shard_optimizer_text == "no" ||
+           o.shard_optimizer_text == "0")
     o.shard_optimizer = Options::Sharding::kOff;
   else
     throw_error(ExitCode::kUsage,

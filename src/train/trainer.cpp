@@ -218,7 +218,8 @@ std::string Trainer::job_description() const {
          std::to_string(spec_.param_count) + " parameters)\n" + "data = " + std::to_string(data_.train.count) +
          " train, " + std::to_string(data_.validation.count) + " validation, " + std::to_string(data_.test.count) +
          " test images of " + std::to_string(data_.train.rows) + "x" + std::to_string(data_.train.cols) + "\n" +
-         "world size = " + std::to_string(comm_.size()) + "\n";
+         "world size = " + std::to_string(comm_.size()) + "\n" +
+         "optimizer sharded = " + (sharded_ ? "yes" : "no") + "\n";  // --shard-optimizer auto, resolved here
 }
 
 const float* Trainer::host_params() {

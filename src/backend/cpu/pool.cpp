@@ -39,14 +39,16 @@ int block_of(Layout layout) {
 // ReLU's output, the pool read it, and backward wrote the pool's dx and read it again to mask it
 // (0.7 ms of a 20 ms lenet step on one rank, measured on an AVX-512 host). A max commutes with a
 // ReLU, max(relu(a), relu(b)) = relu(max(a, b)), so a pool after a ReLU (Context::relu_before_pool,
-// keyed by the ReLU's y) reads the ReLU's input and applies the ReLU to each window's max; the
-// ReLU's own passes then do nothing and its y is never written. Backward writes the ReLU's dx
+// keyed by the ReLU's y) reads the ReLU's input and starts each window's max at the ReLU of its
+// first element: later elements replace it only where they are greater, so the max is the ReLU's
+// max, NaN included (oneDNN's ReLU makes a NaN 0, and a NaN never compares greater), and the
+// argmax is the one over the ReLU's output (the first maximum, ties at 0 included). The ReLU's own
+// passes then do nothing and its y is never written. Backward writes the ReLU's dx
 // directly: dy at the argmax where the pooled y > 0, and 0 elsewhere; y > 0 exactly when the input
 // at the argmax is > 0, which is the mask the ReLU's backward applies.
-// The argmax is now taken over the ReLU's input, so among a window of non-positive values (tied
-// at 0 after the ReLU) it points at another element; the gradient there is 0 either way. Where the
-// max is positive the two agree. BlockedLayouts.ReluTakenOverByThePoolIsBitwiseTheSame checks
-// logits and gradients against the unfused layers bit for bit.
+// BlockedLayouts.ReluTakenOverByThePoolIsBitwiseTheSame checks logits and gradients against the
+// unfused layers bit for bit.
+// NaN -> 0, as oneDNN's ReLU does (checked by BlockedLayouts.ANaNThroughAReluTakenOverByItsPool).
 inline float relu(float v) { return v > 0.0f ? v : 0.0f; }
 
 struct PoolShape {
@@ -78,7 +80,7 @@ template <int B, int K>
         const int first = (i * s * iw + j * s) * B;
 #pragma omp simd
         for (int c = 0; c < B; ++c) {
-          best[c] = x[first + c];
+          best[c] = p.relu ? relu(x[first + c]) : x[first + c];
           best_at[c] = first + c;
         }
         for (int u = 0; u < k_h; ++u)
@@ -93,10 +95,6 @@ template <int B, int K>
               best[c] = xv > best[c] ? xv : best[c];
             }
           }
-        if (p.relu) {
-#pragma omp simd
-          for (int c = 0; c < B; ++c) best[c] = relu(best[c]);
-        }
         if (p.y_blocked) {  // B contiguous outputs
           const std::int64_t o = (static_cast<std::int64_t>(cb) * oh * ow + i * ow + j) * B;
 #pragma omp simd
@@ -224,7 +222,7 @@ class MaxPool final : public LayerKernel {
       for (int i = 0; i < oh; ++i)
         for (int j = 0; j < ow; ++j) {
           int best_at = i * s * iw + j * s;
-          float best = x[best_at];
+          float best = relu_ ? relu(x[best_at]) : x[best_at];
           for (int u = 0; u < k_h; ++u)
             for (int v = 0; v < k_w; ++v) {
               const int at = (i * s + u) * iw + j * s + v;
@@ -233,7 +231,7 @@ class MaxPool final : public LayerKernel {
                 best_at = at;
               }
             }
-          y[i * ow + j] = relu_ ? relu(best) : best;
+          y[i * ow + j] = best;
           if (keep) arg[i * ow + j] = static_cast<std::int32_t>(base + best_at);
         }
     }
