@@ -388,6 +388,9 @@ TEST(Layers, WideFcForwardMatchesTheReference) {
   for (const auto& [batch, training] : {std::pair{50, true}, std::pair{7, false}}) {
     SCOPED_TRACE("batch " + std::to_string(batch) + (training ? ", training" : ", inference"));
     Rig rig(*be, l, batch, 44, true, training);
+    // Not only right but on the path meant: the matmul where oneDNN runs AVX-512 (its brgemm).
+    const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
+    EXPECT_EQ(rig.k->describe().find("fc fwd matmul brg") != std::string::npos, avx512) << rig.k->describe();
     StepContext ctx;
     rig.k->forward(ctx);
     expect_close("forward", rig.y, ref::fc(l, batch, to_double(rig.x), to_double(rig.w)), 1e-4, 1e-4);

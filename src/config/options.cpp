@@ -5,10 +5,12 @@
 #include <boost/program_options.hpp>
 
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -247,6 +249,7 @@ void check_real_options(const Options& o) {
 // in the order --help prints it; the checks that follow are in check_options() above.
 ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::string& text) {
   Options d;  // defaults
+  std::string sharding = "auto";  // --shard-optimizer as given; o.shard_optimizer once checked
   po::options_description general("General");
   general.add_options()("help,h", "print this help and exit")("version", "print the version and exit")(
       "config", po::value<std::string>(&o.config_file), "INI file of options (key = value); the command line wins");
@@ -305,7 +308,7 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       "one blocking sum of all gradients after backward (sharded: one blocking reduce-scatter per bucket), "
       "no overlap (for comparison)")(
       "shard-optimizer",
-      po::value(&o.shard_optimizer_text)->default_value(d.shard_optimizer_text)->implicit_value("on"),
+      po::value(&sharding)->default_value(sharding)->implicit_value("on"),
       "on: each rank keeps and updates only its 1/N shard of the optimiser state (like ZeRO stage 1): gradients "
       "reduce-scattered, updated parameters all-gathered; the same bits as without it (docs/reduction.md). "
       "auto: on for the CPU with 2 or more ranks, off on a GPU; off: every rank updates everything");
@@ -460,17 +463,17 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   check_real_options(o);  // Note [One check for every floating-point option]
   if (o.device != "cpu" && o.device != "auto" && o.device != "cuda")
     throw_error(ExitCode::kUsage, "--device must be cpu, cuda or auto, got " + quote_input(o.device));
-  if (o.shard_optimizer_text == "auto")
+  const auto one_of = [&](std::initializer_list<const char*> words) {
+    return std::any_of(words.begin(), words.end(), [&](const char* w) { return sharding == w; });
+  };
+  if (one_of({"auto"}))
     o.shard_optimizer = Options::Sharding::kAuto;
-  else if (o.shard_optimizer_text == "on" || o.shard_optimizer_text == "true" || o.shard_optimizer_text == "yes" ||
-           o.shard_optimizer_text == "1")  // what the switch it was took in a config file
+  else if (one_of({"on", "true", "yes", "1"}))  // and what the switch it was took in a config file
     o.shard_optimizer = Options::Sharding::kOn;
-  else if (o.shard_optimizer_text == "off" || o.shard_optimizer_text == "false" || o.shard_optimizer_text == "no" ||
-           o.shard_optimizer_text == "0")
+  else if (one_of({"off", "false", "no", "0"}))
     o.shard_optimizer = Options::Sharding::kOff;
   else
-    throw_error(ExitCode::kUsage,
-                "--shard-optimizer must be auto, on or off, got " + quote_input(o.shard_optimizer_text));
+    throw_error(ExitCode::kUsage, "--shard-optimizer must be auto, on or off, got " + quote_input(sharding));
   if (o.precision != "fp32" && o.precision != "tf32")
     throw_error(ExitCode::kUsage, "--precision must be fp32 or tf32, got " + quote_input(o.precision));
   if (o.cuda_graph && o.device == "cpu")

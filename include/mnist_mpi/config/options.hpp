@@ -48,7 +48,6 @@ struct Options {
   // off on a GPU until that path has been run on one.
   enum class Sharding { kAuto, kOn, kOff };
   Sharding shard_optimizer = Sharding::kAuto;
-  std::string shard_optimizer_text = "auto";  // as given (the parser turns it into shard_optimizer)
   std::int64_t accumulation_steps = 1;
   // checkpoints (docs/checkpoint.md)
   std::string checkpoint_dir;         // empty: no checkpoints

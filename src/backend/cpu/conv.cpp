@@ -605,7 +605,7 @@ class Conv final : public LayerKernel {
     if (c.fuse.conv_pool_forward && first_conv_pool_fits(l, b.x_layout, b.y_layout)) {
       // Note [The first convolution and its pool in one pass]: a pool after it may take it.
       conv_pool_ = &c.first_conv[b.y];
-      const int block = b.y_layout == Layout::kBlocked8 ? 8 : 16;
+      const int block = block_size(b.y_layout);
       *conv_pool_ = FirstConvForward{b.x, b.w, bias, l, false, choose_conv_pool_kernel(l, block, c.fuse.avx2_kernels)};
       y_ = b.y;
     }

@@ -81,6 +81,7 @@ inline tag tag_of(Layout layout) {
   return tag::nchw;
 }
 
+// B of a blocked layout (Note [Activation layouts]); 1 for plain.
 inline int block_size(Layout layout) {
   return layout == Layout::kBlocked8 ? 8 : layout == Layout::kBlocked16 ? 16 : 1;
 }

@@ -22,17 +22,6 @@ namespace {
 // kept per output element is the offset of the max within its sample's input, so backward is the
 // same scatter for every layout. The layer tests check every layout combination against the
 // double reference and finite differences like every other kernel.
-int block_of(Layout layout) {
-  switch (layout) {
-    case Layout::kBlocked8:
-      return 8;
-    case Layout::kBlocked16:
-      return 16;
-    case Layout::kPlain:
-      break;
-  }
-  return 1;
-}
 
 // Note [A ReLU taken over by its max pool]
 // lenet's ReLUs each sit between a convolution and a 2 x 2 max pool: a separate pass wrote the
@@ -55,7 +44,7 @@ struct PoolShape {
   int ih, iw, oh, ow, k_h, k_w, s, cb_count;
   std::int64_t in_sample, out_sample;
   bool y_blocked;
-  bool relu;  // y = max(window max, 0): Note [A ReLU taken over by its max pool]
+  bool relu;  // each window's max starts at relu(first): Note [A ReLU taken over by its max pool]
 };
 
 // Sample n: x blocked (N, C/B, H, W, B); y blocked the same way or plain; arg (may be null) as in
@@ -142,8 +131,8 @@ class MaxPool final : public LayerKernel {
         b_(b),
         in_sample_(l.in.size()),
         out_sample_(l.out.size()),
-        bx_(block_of(b.x_layout)),
-        by_(block_of(b.y_layout)),
+        bx_(block_size(b.x_layout)),
+        by_(block_size(b.y_layout)),
         x_(b.x),
         dx_(b.dx) {
     MNIST_CHECK(l.in.c % bx_ == 0 && l.out.c % by_ == 0 && (bx_ == by_ || by_ == 1), ExitCode::kRuntime,

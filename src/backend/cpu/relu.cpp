@@ -20,25 +20,21 @@ class Relu final : public BoundLayer {
     desc_ = "relu fwd " + impl(fwd);
     fwd_ = bind<dnnl::eltwise_forward>(
         c, fwd, {{DNNL_ARG_SRC, wrap(c, d, tag::nc, b.x)}, {DNNL_ARG_DST, wrap(c, d, tag::nc, b.y)}});
-    // Offered last, once nothing here can throw: an entry is erased only by a built ReLU.
-    const auto offer = [&] {
-      if (!c.fuse.relu_into_pool) return;  // Note [A ReLU taken over by its max pool] in src/backend/cpu/pool.cpp
-      fused_ = &c.relu_before_pool[b.y];
-      *fused_ = ReluBeforePool{b.x, training ? b.dx : nullptr, false};
-      y_ = b.y;
-    };
-    if (!training || !b.dx) {
-      offer();
-      return;
+    if (training && b.dx) {
+      dnnl::eltwise_backward::primitive_desc bd(
+          dnnl::eltwise_backward::desc(dnnl::algorithm::eltwise_relu, md, md, 0.0f), user_scratchpad(), c.engine, fwd);
+      desc_ += ", bwd " + impl(bd);
+      bwd_data_ = bind<dnnl::eltwise_backward>(c, bd,
+                                               {{DNNL_ARG_SRC, wrap(c, d, tag::nc, b.x)},
+                                                {DNNL_ARG_DIFF_DST, wrap(c, d, tag::nc, b.dy)},
+                                                {DNNL_ARG_DIFF_SRC, wrap(c, d, tag::nc, b.dx)}});
     }
-    dnnl::eltwise_backward::primitive_desc bd(dnnl::eltwise_backward::desc(dnnl::algorithm::eltwise_relu, md, md, 0.0f),
-                                              user_scratchpad(), c.engine, fwd);
-    desc_ += ", bwd " + impl(bd);
-    bwd_data_ = bind<dnnl::eltwise_backward>(c, bd,
-                                             {{DNNL_ARG_SRC, wrap(c, d, tag::nc, b.x)},
-                                              {DNNL_ARG_DIFF_DST, wrap(c, d, tag::nc, b.dy)},
-                                              {DNNL_ARG_DIFF_SRC, wrap(c, d, tag::nc, b.dx)}});
-    offer();
+    // Offered last, once nothing above can throw: an entry is erased only by a built ReLU.
+    if (c.fuse.relu_into_pool) {  // Note [A ReLU taken over by its max pool] in src/backend/cpu/pool.cpp
+      fused_ = &c.relu_before_pool[b.y];
+      *fused_ = ReluBeforePool{b.x, b.dx, false};  // b.dx: null in an inference model
+      y_ = b.y;
+    }
   }
   ~Relu() override {
     if (fused_) c_.relu_before_pool.erase(y_);
