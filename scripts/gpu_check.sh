@@ -24,18 +24,18 @@
 # end of the output) is printed whatever failed; the exit code is 0 only when every stage passed.
 # At most 8 files come back from $OUT: stages.tsv, summary.txt and the six logs.
 #
-# Budget: the table is the data `run` uses. It sums to 400 s; total_s = 420 leaves 20 s for the
+# Budget: the table is the data `run` uses. It sums to 390 s; total_s = 420 leaves 30 s for the
 # library search before the first stage, the kill grace and the summary. Before it had a budget
 # the check could take 1,260 s on one GPU (300 + 4 x 240), more than one command may.
 #
 # stage       timeout_s  what it runs
 read -r -d '' budget_table <<'EOF' || true
-smoke              60  unpack; GPU, driver, CUDA runtime and driver, cuDNN, cuBLAS, NCCL versions; the libraries ldd resolves; 20 steps of tiny, 1 rank, --device cuda, listing what it loaded at run time (new)
-gpu_tests          90  gpu_tests in one process (with the CUDA graph against the ungraphed step, bitwise); every test skipped, or none run, is a FAIL (was 300 s)
-gpu_np2            50  gpu_tests under mpirun -np 2: NCCL sums and shards, and world-size invariance with 2+ GPUs, with one GPU invariance, both ranks on it (was 300 s, 2+ GPUs only)
-lenet_fp32         70  lenet, 1 epoch, --precision fp32, 1 rank (2 with 2+ GPUs), without and with --cuda-graph: both rates, params_hash equal (was 240 s)
-lenet_tf32         55  the same with --precision tf32 (was 240 s)
-torch              85  PyTorch eager, same network and data: fp32 (at most 50 s), then tf32 (the rest); LD_LIBRARY_PATH unset (was 2 x 240 s)
+smoke              50  unpack; GPU, driver, CUDA runtime and driver, cuDNN, cuBLAS, NCCL versions; the libraries ldd resolves; 20 steps of tiny, 1 rank, --device cuda, listing what it loaded at run time (was 60 s)
+gpu_tests          60  gpu_tests in one process (with the CUDA graph against the ungraphed step, bitwise); every test skipped, or none run, is a FAIL (was 90 s; the first GPU run took 9 s)
+gpu_np2            40  gpu_tests under mpirun -np 2: NCCL sums and shards, and world-size invariance with 2+ GPUs, with one GPU invariance, both ranks on it (was 50 s)
+lenet             130  lenet, 1 epoch, 1 rank (2 with 2+ GPUs), --precision fp32 then tf32, each without and with --cuda-graph (the rates, params_hash equal), then with --cuda-graph --conv-algos measured; then build/cudnn_algos, cudnnFind's time for every convolution algorithm of lenet and tiny with the heuristics' pick marked, and the fc GEMMs (was lenet_fp32 70 s + lenet_tf32 55 s)
+sharded            40  lenet, 100 steps, --shard-optimizer off and on: 1 rank (NCCL), then 2 ranks (NCCL with 2+ GPUs, else both on the one GPU): params_hash equal each time (new)
+torch              70  PyTorch eager, same network and data: fp32 (at most 50 s), then tf32 (the rest); LD_LIBRARY_PATH unset (was 85 s)
 EOF
 total_s=420
 min_stage_s=10     # a stage with less left than this is not started
@@ -132,19 +132,25 @@ show_log() {
   fi
 }
 
+# LOG without terminal colour codes. Under mpirun a rank's stdout is a pseudo-terminal, so gtest
+# colours its result lines (ESC[0;32m[       OK ] ESC[m...) unless told not to; the first GPU
+# run counted "no test ran" for a run whose test had passed.
+uncoloured() { sed -E 's/\x1b\[[0-9;]*m//g' "$1"; }
+
 # gtest's per-test result lines in LOG: "passed failed skipped".
 gtest_counts() {
-  local p f s
-  p=$(grep -cE '^\[ +OK \] .*\([0-9]+ ms\)$' "$1")
-  f=$(grep -cE '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$1")
-  s=$(grep -cE '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$1")
+  local p f s text
+  text=$(uncoloured "$1")
+  p=$(grep -cE '^\[ +OK \] .*\([0-9]+ ms\)$' <<<"$text")
+  f=$(grep -cE '^\[  FAILED  \] .*\([0-9]+ ms\)$' <<<"$text")
+  s=$(grep -cE '^\[  SKIPPED \] .*\([0-9]+ ms\)$' <<<"$text")
   echo "$p $f $s"
 }
 
 # The reasons given for skipped tests in LOG (the line after gtest's "file:line: Skipped"), each
 # once.
 gtest_skip_reasons() {
-  grep -A1 -E ': Skipped$' "$1" | grep -vE ': Skipped$|^--$' | sed '/^$/d' | sort | uniq -c |
+  uncoloured "$1" | grep -A1 -E ': Skipped$' | grep -vE ': Skipped$|^--$' | sed '/^$/d' | sort | uniq -c |
     sed -E 's/^ *([0-9]+) /\1 x /'
 }
 
@@ -182,6 +188,7 @@ gpu_env() {
   export OMPI_MCA_ess_singleton_isolated=1 OMPI_MCA_mca_base_component_show_load_errors=0
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
   export PYTHONUNBUFFERED=1
+  export PMIX_MCA_pcompress_base_silence_warning=1  # the bundle's PMIx has no zlib: a warning per mpirun
 }
 
 gpu_count() { cat "$work/gpus" 2>/dev/null || echo 0; }
@@ -338,47 +345,98 @@ stage_smoke() {
 
 stage_gpu_tests() {
   [ -x "$b/bin/gpu_tests" ] || { note "no $b/bin/gpu_tests (smoke did not unpack the bundle)"; return 1; }
-  "$b/bin/gpu_tests" 2>&1 | tee "$work/gpu_tests.txt"
+  "$b/bin/gpu_tests" --gtest_color=no 2>&1 | tee "$work/gpu_tests.txt"
   gtest_verdict "$work/gpu_tests.txt" "${PIPESTATUS[0]}"
 }
 
 stage_gpu_np2() {
-  local filter=Gpu.TrajectoryDoesNotDependOnTheNumberOfRanks
+  local filter=Gpu.TrajectoryDoesNotDependOnTheNumberOfRanks:Gpu.MeasuredConvolutionAlgorithmsTrainTheSameModel
   [ -x "$b/bin/gpu_tests" ] || { note "no $b/bin/gpu_tests (smoke did not unpack the bundle)"; return 1; }
   if (($(gpu_count) >= 2)); then
-    filter=GpuNccl.*:$filter
+    filter="GpuNccl.*:$filter"
     echo "-- 2 ranks, one GPU each: NCCL sums and shards"
   else
     echo "-- 2 ranks sharing the one GPU: gradients summed through host memory (NCCL needs a GPU per rank)"
   fi
-  mpirun -np 2 "$b/bin/gpu_tests" --gtest_filter="$filter" 2>&1 | tee "$work/gpu_np2.txt"
+  mpirun -np 2 "$b/bin/gpu_tests" --gtest_color=no --gtest_filter="$filter" 2>&1 | tee "$work/gpu_np2.txt"
   gtest_verdict "$work/gpu_np2.txt" "${PIPESTATUS[0]}"
 }
 
-stage_lenet() {  # PRECISION: the ungraphed step, then --cuda-graph (Note [A step as one CUDA graph])
-  local prec=$1 ranks=1 run=("$b/bin/mnist_mpi") rc graph tag hashes=() rates=()
+# PRECISION: the ungraphed step, then --cuda-graph (Note [A step as one CUDA graph]), both with the
+# heuristics' convolution algorithms (their params_hash must be equal), then --cuda-graph with
+# --conv-algos measured (Note [Choosing cuDNN algorithms]: other algorithms, other bits).
+lenet_precision() {
+  local prec=$1 ranks=1 run=("$b/bin/mnist_mpi") rc how tag hashes=() rates=()
   [ -x "$b/bin/mnist_mpi" ] || { note "no $b/bin/mnist_mpi (smoke did not unpack the bundle)"; return 1; }
   if (($(gpu_count) >= 2)); then ranks=2 run=(mpirun -np 2 "$b/bin/mnist_mpi"); fi
-  for graph in "" --cuda-graph; do
-    tag=$prec${graph:+_graph}
-    echo "-- mnist_mpi lenet, 1 epoch, $ranks rank(s) on $(gpu_count) GPU(s), --precision $prec ${graph:-(no graph)}"
-    "${run[@]}" --config "$b/lenet.ini" --data-dir "$b/data" --device cuda --precision "$prec" --epochs 1 $graph \
+  for how in eager graph measured; do
+    tag=${prec}_$how
+    local extra=()
+    [ "$how" = eager ] || extra+=(--cuda-graph)
+    [ "$how" = measured ] && extra+=(--conv-algos measured)
+    echo "-- mnist_mpi lenet, 1 epoch, $ranks rank(s) on $(gpu_count) GPU(s), --precision $prec ${extra[*]:-(no graph)}"
+    "${run[@]}" --config "$b/lenet.ini" --data-dir "$b/data" --device cuda --precision "$prec" --epochs 1 "${extra[@]}" \
       --log-every 110 --collective-timeout 30 --metrics-file "$work/lenet_$tag.jsonl" 2>&1 | tee "$work/lenet_$tag.txt"
     rc=${PIPESTATUS[0]}
     echo "-- the metrics file's last event"
     tail -n 1 "$work/lenet_$tag.jsonl" 2>/dev/null
-    if [ "$rc" != 0 ]; then note "${graph:-no graph}: exit code $rc${rates[*]:+; before it: ${rates[*]}}"; return 1; fi
+    if [ "$rc" != 0 ]; then note "$how: exit code $rc${rates[*]:+; before it: ${rates[*]}}"; return 1; fi
     hashes+=("$(grep -ohE '"params_hash":"[0-9a-f]+"' "$work/lenet_$tag.jsonl" | tail -n 1 | cut -d'"' -f4)")
-    rates+=("${graph:-eager}: $(grep -hE 'images/s steady' "$work/lenet_$tag.txt" | cut -d, -f1), $(grep -hE '^test accuracy' "$work/lenet_$tag.txt" | cut -d' ' -f1-3)")
+    rates+=("$how: $(grep -hE 'images/s steady' "$work/lenet_$tag.txt" | cut -d, -f1), $(grep -hE '^test accuracy' "$work/lenet_$tag.txt" | cut -d' ' -f1-3)")
   done
   if [ -z "${hashes[0]}" ] || [ "${hashes[0]}" != "${hashes[1]}" ]; then
     note "params_hash without the graph ${hashes[0]:-none}, with it ${hashes[1]:-none}: the graph changes the bits; ${rates[*]}"
     return 1
   fi
-  note "${rates[0]} | ${rates[1]} | params_hash ${hashes[0]} both"
+  note "${rates[0]} | ${rates[1]} | params_hash ${hashes[0]} both | ${rates[2]}, params_hash ${hashes[2]:-none}"
 }
-stage_lenet_fp32() { stage_lenet fp32; }
-stage_lenet_tf32() { stage_lenet tf32; }
+# Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp) on the device: the sharded
+# run's params_hash is the unsharded one's, on 1 rank and on 2.
+stage_sharded() {
+  local ranks mode rc hash verdict=() bad=0 launch
+  [ -x "$b/bin/mnist_mpi" ] || { note "no $b/bin/mnist_mpi (smoke did not unpack the bundle)"; return 1; }
+  for ranks in 1 2; do
+    launch=("$b/bin/mnist_mpi")
+    ((ranks == 2)) && launch=(mpirun -np 2 "$b/bin/mnist_mpi")
+    ((ranks == 2 && $(gpu_count) < 2)) && launch+=(--allow-gpu-sharing)
+    local hashes=()
+    for mode in off on; do
+      echo "-- lenet, 100 steps, $ranks rank(s), --shard-optimizer $mode"
+      "${launch[@]}" --config "$b/lenet.ini" --data-dir "$b/data" --device cuda --max-steps 100 --log-every 50 \
+        --shard-optimizer "$mode" --collective-timeout 30 --metrics-file "$work/sharded_${ranks}_$mode.jsonl" 2>&1 |
+        tee "$work/sharded_${ranks}_$mode.txt"
+      rc=${PIPESTATUS[0]}
+      hash=$(grep -ohE '"params_hash":"[0-9a-f]+"' "$work/sharded_${ranks}_$mode.jsonl" 2>/dev/null | tail -n 1 | cut -d'"' -f4)
+      [ "$rc" = 0 ] || { bad=1; hash="exit code $rc"; }
+      hashes+=("${hash:-none}")
+    done
+    if [ "${hashes[0]}" != "${hashes[1]}" ] || [[ "${hashes[0]}" != [0-9a-f]* ]]; then bad=1; fi
+    verdict+=("$ranks rank(s): off ${hashes[0]}, on ${hashes[1]}")
+  done
+  note "$(printf '%s; ' "${verdict[@]}" | sed 's/; $//')"
+  return "$bad"
+}
+
+# One lenet run per precision, the cuDNN algorithms' costs behind them (bench/cudnn_algos.cpp).
+stage_lenet() {
+  local rc=0 notes=() sink=${STAGE_NOTE:-/dev/null}
+  lenet_precision fp32 || rc=1
+  notes+=("fp32: $(tail -n 1 "$sink" 2>/dev/null)")
+  lenet_precision tf32 || rc=1
+  notes+=("tf32: $(tail -n 1 "$sink" 2>/dev/null)")
+  if [ -x "$b/bin/cudnn_algos" ]; then
+    echo "-- build/cudnn_algos"
+    "$b/bin/cudnn_algos" 2>&1 | tee "$work/algos.txt"
+    local arc=${PIPESTATUS[0]}
+    ((arc == 0)) || rc=1
+    notes+=("cudnn_algos: exit code $arc, $(grep -c '<- fastest' "$work/algos.txt") directions timed")
+  else
+    notes+=("cudnn_algos: not in the bundle")
+    rc=1
+  fi
+  note "$(printf '%s || ' "${notes[@]}" | sed 's/ || $//')"
+  return "$rc"
+}
 
 how_it_ended() { case $1 in 0) echo ok ;; 124 | 137) echo "timed out" ;; *) echo "exit code $1" ;; esac; }
 
@@ -498,6 +556,7 @@ pack() {
   local b=$tmp/mnist_gpu
   mkdir -p "$b/bin" "$b/lib" "$b/ompi/lib/openmpi3" "$b/ompi/share" "$b/data"
   cp "$bin" "$tests" "$b/bin/"
+  [ -x build/cudnn_algos ] && cp build/cudnn_algos "$b/bin/"  # for the lenet stage
   cp "$module" build/libmnist_mpi_core.so "$b/lib/"  # the loader looks for the module next to the core
   cp -L "$(command -v orterun || command -v mpirun)" "$b/bin/mpirun"
   cp -L "$(command -v orted)" "$b/bin/orted"

@@ -128,6 +128,11 @@ gtest_log "$tmp/some.txt" 2 0 1
 v=$(verdict "$tmp/some.txt" 0)
 check "2 passed, 1 skipped: PASS ($v)" test $? -eq 0
 check "... with the skip reason in the note" grep -qF "2 passed, 0 failed, 1 skipped (skipped: 1 x no usable GPU" <<<"$v"
+# As under mpirun, where stdout is a pseudo-terminal and gtest colours its result lines.
+sed -E 's/^\[/\x1b[0;32m[/; s/\] /] \x1b[m/' "$tmp/some.txt" >"$tmp/coloured.txt"
+check "the coloured log really has colour codes" grep -q $'\x1b\[0;32m\[       OK \] \x1b\[m' "$tmp/coloured.txt"
+v=$(verdict "$tmp/coloured.txt" 0)
+check "coloured: 2 passed, 1 skipped: PASS ($v)" test $? -eq 0 -a "${v%% (*}" = "2 passed, 0 failed, 1 skipped"
 gtest_log "$tmp/failed.txt" 3 1 0
 v=$(verdict "$tmp/failed.txt" 1)
 check "a failed test: FAIL ($v)" test $? -ne 0 -a "$v" = "3 passed, 1 failed, 0 skipped (exit code 1)"

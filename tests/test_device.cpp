@@ -171,6 +171,13 @@ TEST(DeviceOptions, PrecisionAndDeviceAreChecked) {
   EXPECT_EQ(parse({"--batch-size", "10"}).precision, "fp32");
   EXPECT_EQ(error_of([&] { parse({"--batch-size", "10", "--precision", "fp16"}); }).first, ExitCode::kUsage);
   EXPECT_EQ(error_of([&] { parse({"--batch-size", "10", "--device", "gpu"}); }).first, ExitCode::kUsage);
+  // Note [Choosing cuDNN algorithms] (src/backend/cuda/conv.cpp)
+  EXPECT_EQ(parse({"--batch-size", "10"}).conv_algos, "heuristic");
+  EXPECT_EQ(parse({"--batch-size", "10", "--conv-algos", "measured"}).conv_algos, "measured");
+  const auto bad = error_of([&] { parse({"--batch-size", "10", "--conv-algos", "fastest"}); });
+  EXPECT_EQ(bad.first, ExitCode::kUsage);
+  EXPECT_NE(bad.second.find("--conv-algos must be heuristic or measured, got 'fastest'"), std::string::npos)
+      << bad.second;
 }
 
 // The CPU dropout layer's mask is exactly rng::dropout_scale of rng::dropout_key, the functions the

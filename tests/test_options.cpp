@@ -301,21 +301,21 @@ TEST(Options, ConfigFilesParseAsBeforeAndTheCommandLineWins) {
   EXPECT_EQ(o.schedule.gamma, 0.7);
   EXPECT_EQ(o.bias_init, "zeros");
   EXPECT_EQ(o.optimizer.kind, "adam");
-  EXPECT_EQ(
-      o.resolved,
-      "accumulation-steps = 1\nallow-gpu-sharing = false\nbatch-size = 128\nbeta1 = 0.9\nbeta2 = "
-      "0.999\nbias-init = zeros\n"
-      "bucket-mb = 4\ncheck-replicas-every = 100\ncheckpoint-async = true\ncheckpoint-every = 0\n"
-      "collective-timeout = 300\ncuda-graph = false\ndata-dir = data/mnist\ndevice = cpu\nepochs = 3\neps = 1e-08\n"
-      "eval-batch-size = 100\neval-every = 0\nfirst-bucket-mb = 1\nglobal-batch-size = 0\n"
-      "keep-checkpoints = 3\nlog-every = 50\nlr = 0.01\nlr-gamma = 0.7\nlr-min = 1e-05\n"
-      "lr-schedule = step\nlr-step-epochs = 1\nmax-steps = 0\nmodel = "
-      "conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10\nmomentum = 0\n"
-      "nesterov = false\nno-overlap = false\noptimizer = adam\nprecision = fp32\nprogress = auto\n"
-      "quiet = false\nseed = 42\nshard-optimizer = auto\nskip-nonfinite-steps = false\ntarget-accuracy = 0\n"
-      "threads = 0\n"
-      "train-limit = 0\n"
-      "validation-size = 5000\nwarmup-steps = 0\nweight-decay = 0\nweight-init = xavier\n");
+  EXPECT_EQ(o.resolved,
+            "accumulation-steps = 1\nallow-gpu-sharing = false\nbatch-size = 128\nbeta1 = 0.9\nbeta2 = "
+            "0.999\nbias-init = zeros\n"
+            "bucket-mb = 4\ncheck-replicas-every = 100\ncheckpoint-async = true\ncheckpoint-every = 0\n"
+            "collective-timeout = 300\nconv-algos = heuristic\ncuda-graph = false\ndata-dir = data/mnist\ndevice = "
+            "cpu\nepochs = 3\neps = 1e-08\n"
+            "eval-batch-size = 100\neval-every = 0\nfirst-bucket-mb = 1\nglobal-batch-size = 0\n"
+            "keep-checkpoints = 3\nlog-every = 50\nlr = 0.01\nlr-gamma = 0.7\nlr-min = 1e-05\n"
+            "lr-schedule = step\nlr-step-epochs = 1\nmax-steps = 0\nmodel = "
+            "conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10\nmomentum = 0\n"
+            "nesterov = false\nno-overlap = false\noptimizer = adam\nprecision = fp32\nprogress = auto\n"
+            "quiet = false\nseed = 42\nshard-optimizer = auto\nskip-nonfinite-steps = false\ntarget-accuracy = 0\n"
+            "threads = 0\n"
+            "train-limit = 0\n"
+            "validation-size = 5000\nwarmup-steps = 0\nweight-decay = 0\nweight-init = xavier\n");
 }
 
 // A key given twice in one file was refused by Boost ("cannot be specified more than once"); it

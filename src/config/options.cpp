@@ -330,9 +330,13 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
                     "(node-local rank mod visible GPUs)")(
       "precision", po::value(&o.precision)->default_value(d.precision),
       "fp32 | tf32: float math of cuDNN and cuBLAS on the GPU (tf32: tensor cores, ~1e-3 relative error)")(
+      "conv-algos", po::value(&o.conv_algos)->default_value(d.conv_algos),
+      "heuristic | measured: how each cuDNN convolution algorithm is chosen (GPU). heuristic: cuDNN's heuristics, "
+      "the same bits on every run and resume; measured: rank 0 times them at start and every rank takes the "
+      "fastest deterministic one (faster, but a later run or resume may round differently)")(
       "cuda-graph", po::bool_switch(&o.cuda_graph),
-      "capture the training step once as a CUDA graph and replay it (GPU only; off until a GPU run shows the same "
-      "bits as without)")("allow-gpu-sharing", po::bool_switch(&o.allow_gpu_sharing),
+      "capture the training step once as a CUDA graph and replay it (GPU only; the ungraphed step's bits, shown on "
+      "one GPU; off by default until shown with NCCL across GPUs)")("allow-gpu-sharing", po::bool_switch(&o.allow_gpu_sharing),
                           "let more ranks than GPUs run on a node (they share GPUs round-robin)")(
       "threads", po::value(&o.threads)->default_value(d.threads),
       "threads per rank (0 = 1 when ranks share a node, else all cores)")(
@@ -476,6 +480,8 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
     throw_error(ExitCode::kUsage, "--shard-optimizer must be auto, on or off, got " + quote_input(sharding));
   if (o.precision != "fp32" && o.precision != "tf32")
     throw_error(ExitCode::kUsage, "--precision must be fp32 or tf32, got " + quote_input(o.precision));
+  if (o.conv_algos != "heuristic" && o.conv_algos != "measured")
+    throw_error(ExitCode::kUsage, "--conv-algos must be heuristic or measured, got " + quote_input(o.conv_algos));
   if (o.cuda_graph && o.device == "cpu")
     throw_error(ExitCode::kUsage, "--cuda-graph needs --device cuda (or auto on a machine with GPUs)");
   if (o.cuda_graph && !o.timeline_file.empty())

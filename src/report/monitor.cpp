@@ -157,6 +157,7 @@ void Monitor::on_start(const StartFacts& f) {
      << "gradients: " << setup_.buckets << " bucket(s) of at most " << opt_.bucket_mb << " MB (first "
      << opt_.first_bucket_mb << " MB), " << (opt_.no_overlap ? "one blocking sum after backward" : f.gradient_progress)
      << "\n";
+  if (!f.conv_algos.empty()) os << f.conv_algos << "\n";
   if (opt_.cuda_graph)
     os << "step: captured as one CUDA graph at its second run and replayed (--cuda-graph); the host does not time "
           "its parts\n";

@@ -142,6 +142,9 @@ void Trainer::make_training_state() {
   params_copy_ = backend_->make_host_copy({params_->data()}, spec_.param_count);
   init_params(spec_, wi, bi, opt_.seed, params_copy_->host(0));
   params_copy_->to_backend();
+  // Note [Choosing cuDNN algorithms] (src/backend/cuda/conv.cpp): a collective, on every rank.
+  if (opt_.conv_algos == "measured")
+    conv_algos_ = backend_->measure_convolutions(spec_, static_cast<int>(batch_), comm_);
   train_model_ = std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, params_->data(), grads_->data());
   const auto mb_to_elems = [](double mb) {
     return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * 1048576.0 / sizeof(float)));
@@ -208,6 +211,7 @@ StartFacts Trainer::start_facts(int threads, const GpuProbe& gpus) const {
       .layers = train_model_->describe(),
       .per_rank_batch = batch_,
       .gradient_progress = grad_comm_->progress_mode(),
+      .conv_algos = conv_algos_,
       .optimizer_state_bytes = largest_state * moments * static_cast<std::int64_t>(sizeof(float)),
       .optimizer_state_total_bytes = spec_.param_count * moments * static_cast<std::int64_t>(sizeof(float)),
       .shard_optimizer = sharded_};

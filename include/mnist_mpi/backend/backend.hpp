@@ -194,8 +194,9 @@ class HostStepCount final : public StepCount {
 // or not, so the ungraphed step runs the very same kernels on the very same values. What stays
 // fixed is fixed by the run: the buffers, each micro-batch's size and first sample, the buckets.
 // The epoch's order is uploaded between steps. Not captured: a step the testing hook poisons, and
-// the verdict's copy (StepGuard::end_step, whose slot changes). Off by default until a GPU run
-// shows the replay gives the ungraphed step's bits (scripts/gpu_check.sh compares params_hash).
+// the verdict's copy (StepGuard::end_step, whose slot changes). The replay gave the ungraphed
+// step's bits on an H200 with one rank (scripts/gpu_check.sh compares params_hash; docs/gpu.md);
+// off by default until a run with NCCL across two or more GPUs shows the same.
 class StepGraph {
  public:
   virtual ~StepGraph() = default;
@@ -290,6 +291,14 @@ class Backend {
   // Note [Device waits have a deadline] in include/mnist_mpi/comm/watchdog.hpp. The CPU has no
   // device waits; its blocking collectives have the watchdog.
   virtual void set_wait_timeout(double seconds) { (void)seconds; }
+  // --conv-algos measured (Note [Choosing cuDNN algorithms] in src/backend/cuda/conv.cpp): called
+  // on every rank, with `world`, before the training model (spec, batch images per rank) is built.
+  // Rank 0 times its convolutions' algorithms and every rank builds them with rank 0's choice.
+  // Returns a line for the banner; the default (the CPU, where oneDNN chooses) does nothing.
+  virtual std::string measure_convolutions(const ModelSpec& spec, int batch, Communicator& world) {
+    (void)spec, (void)batch, (void)world;
+    return {};
+  }
   // The communicator that sums this backend's gradients and broadcasts its parameters (buffers of
   // at most param_count elements), made from `world`, which must outlive it and which takes every
   // host collective; it must be destroyed before this backend. null: sum the gradients with

@@ -56,11 +56,12 @@ struct Options {
   std::string resume;                 // "", "auto" or a file
   bool checkpoint_async = true;       // rank 0 writes from a snapshot on a background thread
   // system
-  std::string device = "cpu";      // auto | cpu | cuda (resolved per rank: include/mnist_mpi/backend/device.hpp)
-  std::string precision = "fp32";  // fp32 | tf32 (CUDA: TF32 tensor cores in cuDNN and cuBLAS)
-  bool cuda_graph = false;         // the training step as one CUDA graph (Note [A step as one CUDA graph])
-  bool allow_gpu_sharing = false;  // more ranks on a node than GPUs
-  int threads = 0;                 // 0: auto
+  std::string device = "cpu";            // auto | cpu | cuda (resolved per rank: include/mnist_mpi/backend/device.hpp)
+  std::string precision = "fp32";        // fp32 | tf32 (CUDA: TF32 tensor cores in cuDNN and cuBLAS)
+  std::string conv_algos = "heuristic";  // heuristic | measured (Note [Choosing cuDNN algorithms])
+  bool cuda_graph = false;               // the training step as one CUDA graph (Note [A step as one CUDA graph])
+  bool allow_gpu_sharing = false;        // more ranks on a node than GPUs
+  int threads = 0;                       // 0: auto
   // fault tolerance (issue 8)
   double collective_timeout = 300.0;  // seconds one collective may take before the job is ended (0 = never)
   bool skip_nonfinite_steps = false;  // skip (and count) a step whose gradient is not finite, instead of stopping

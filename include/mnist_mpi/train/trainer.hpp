@@ -130,6 +130,7 @@ class Trainer final : private CheckpointSource {
 
   Options opt_;
   bool sharded_ = false;  // --shard-optimizer, resolved (auto: on for the CPU with 2 or more ranks)
+  std::string conv_algos_;  // the banner's line from Backend::measure_convolutions (--conv-algos measured)
   Communicator& comm_;
   std::chrono::steady_clock::time_point start_;
   DeviceChoice device_;

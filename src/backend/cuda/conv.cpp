@@ -1,6 +1,7 @@
 // 2-D convolution on cuDNN: forward, backward-data and backward-filter, with the algorithm of each
 // and one workspace chosen once at model build (Note [Choosing cuDNN algorithms]: cuDNN's
-// heuristics, the first deterministic one). Bias: cudnnAddTensor forward, our fixed-order kernel backward. TensorFlow's
+// heuristics, the first deterministic one, or with --conv-algos measured the fastest deterministic
+// one rank 0 timed). Bias: cudnnAddTensor forward, our fixed-order kernel backward. TensorFlow's
 // `same` padding can be asymmetric (the extra row / column at the end), which cuDNN can't express:
 // then the input is zero-padded into a buffer made at build and the convolution is `valid`.
 #include <algorithm>
@@ -77,9 +78,17 @@ const char* bwd_filter_name(cudnnConvolutionBwdFilterAlgo_t a) {
 // model, cuDNN version, shape and math type it answers the same list every time, on every rank.
 // Of that list (sorted by expected speed) we take the first that is supported, deterministic
 // and fits the workspace cap; runs must repeat bit for bit, so a faster non-deterministic one is
-// skipped. The choice is printed per layer in the banner (describe()). Ranks on different GPU
-// models could still choose differently; the replica check (--check-replicas-every) would stop
-// such a run, naming the ranks.
+// skipped. This is --conv-algos heuristic, the default: every run, and a resume, repeat the bits.
+// The heuristics can be far off. On an H200 with cuDNN 9.19 (bench/cudnn_algos.cpp, docs/gpu.md)
+// their tf32 picks for lenet took 1.14 ms per step where the fastest deterministic ones took
+// 0.43 ms, and lenet ran slower in tf32 than in fp32. --conv-algos measured: before the model is
+// built, rank 0 times each training convolution's algorithms (cudnnFind*) and every rank takes
+// its choice, the fastest deterministic one within the cap (Backend::measure_convolutions), so the
+// ranks still hold the same bits; a later run, or a resume, may measure differently and round
+// differently. A rank whose GPU cannot run rank 0's choice stops, naming it. The choice is printed
+// per layer in the banner (describe()). With heuristics, ranks on different GPU models could still
+// choose differently; the replica check (--check-replicas-every) would stop such a run, naming the
+// ranks.
 template <typename Perf>
 const Perf& pick(const std::vector<Perf>& perf, int returned, std::size_t cap, const char* what) {
   for (int i = 0; i < returned; ++i) {
@@ -93,50 +102,148 @@ const Perf& pick(const std::vector<Perf>& perf, int returned, std::size_t cap, c
 constexpr std::size_t kWorkspaceCap = std::size_t{256} << 20;  // per layer and direction
 constexpr int kMaxAlgos = 16;
 
+// A convolution as cuDNN sees it: x (N, C, PH, PW) with the asymmetric 'same' padding made
+// explicit (padded: PH, PW include it and cuDNN pads nothing), w (O, I, KH, KW), y (N, O, OH, OW).
+struct ConvDescs {
+  bool padded = false;
+  int ph = 0, pw = 0;
+  TensorDesc x, y, bias;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+
+  ConvDescs(const Context& c, const LayerSpec& l, int batch) {
+    padded = l.pad_top != l.pad_bottom || l.pad_left != l.pad_right;
+    ph = l.in.h + (padded ? l.pad_top + l.pad_bottom : 0);
+    pw = l.in.w + (padded ? l.pad_left + l.pad_right : 0);
+    x.set(batch, l.in.c, ph, pw);
+    y.set(batch, l.channels, l.out.h, l.out.w);
+    bias.set(1, l.channels, 1, 1);
+    CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+    CUDNN_CHECK(
+        cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, l.channels, l.in.c, l.kernel_h, l.kernel_w));
+    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+    const int pad_h = padded ? 0 : l.pad_top, pad_w = padded ? 0 : l.pad_left;
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, pad_h, pad_w, l.stride, l.stride, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                CUDNN_DATA_FLOAT));
+    // fp32: FMA kernels only, no TF32 tensor cores; tf32: cuDNN's default math, which on sm_80 and
+    // later lets float convolutions use TF32 tensor cores.
+    CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math(c)));
+    int n = 0, oc = 0, oh = 0, ow = 0;
+    CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv, x.d, w, &n, &oc, &oh, &ow));
+    MNIST_CHECK(n == batch && oc == l.channels && oh == l.out.h && ow == l.out.w, ExitCode::kRuntime,
+                "cuDNN's output shape for '" + l.text + "' differs from the spec's");
+  }
+  ~ConvDescs() {
+    cudnnDestroyConvolutionDescriptor(conv);
+    cudnnDestroyFilterDescriptor(w);
+  }
+  ConvDescs(const ConvDescs&) = delete;
+  ConvDescs& operator=(const ConvDescs&) = delete;
+  static cudnnMathType_t math(const Context& c) { return c.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH; }
+};
+
+// Of cudnnFind's results (sorted by measured time), the first that ran, is deterministic, fits
+// the cap and used the descriptor's math; -1 if none did.
+template <typename Perf>
+int fastest(const std::vector<Perf>& perf, int returned, cudnnMathType_t math, double& ms) {
+  for (int i = 0; i < returned; ++i) {
+    const Perf& p = perf[static_cast<std::size_t>(i)];
+    if (p.status == CUDNN_STATUS_SUCCESS && p.determinism == CUDNN_DETERMINISTIC && p.memory <= kWorkspaceCap &&
+        p.mathType == math) {
+      ms = static_cast<double>(p.time);
+      return static_cast<int>(p.algo);
+    }
+  }
+  return -1;
+}
+
+// The workspace that `what` (algorithm algo) of layer l needs, or a stop that names it when cuDNN
+// cannot run it here (a choice rank 0 measured on another GPU model).
+std::size_t measured_workspace(cudnnStatus_t status, std::size_t bytes, const LayerSpec& l, const char* what,
+                               const std::string& algo) {
+  MNIST_CHECK(status == CUDNN_STATUS_SUCCESS, ExitCode::kRuntime,
+              "cuDNN cannot run the " + std::string(what) + " algorithm " + algo + " of layer '" + l.text +
+                  "' on this rank's GPU (" + cudnnGetErrorString(status) +
+                  "); rank 0 measured it on its own GPU. Run with --conv-algos heuristic, or with the same GPU "
+                  "model on every rank");
+  MNIST_CHECK(bytes <= kWorkspaceCap, ExitCode::kRuntime,
+              "the " + std::string(what) + " algorithm " + algo + " of layer '" + l.text +
+                  "' needs more workspace here than the cap; run with --conv-algos heuristic");
+  return bytes;
+}
+
 class Conv final : public LayerKernel {
  public:
-  Conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : c_(c), l_(l), b_(b) {
-    padded_ = l.pad_top != l.pad_bottom || l.pad_left != l.pad_right;
-    ph_ = l.in.h + (padded_ ? l.pad_top + l.pad_bottom : 0);
-    pw_ = l.in.w + (padded_ ? l.pad_left + l.pad_right : 0);
+  Conv(Context& c, const LayerSpec& l, int index, const LayerBuffers& b, bool training)
+      : c_(c), l_(l), b_(b), d_(c, l, b.batch) {
+    padded_ = d_.padded;
+    ph_ = d_.ph;
+    pw_ = d_.pw;
     if (padded_) {
       xpad_ = DeviceArray<float>(static_cast<std::int64_t>(b.batch) * l.in.c * ph_ * pw_);
       if (training && b.dx) dxpad_ = DeviceArray<float>(xpad_.size());
     }
-    x_.set(b.batch, l.in.c, ph_, pw_);              // (N, C, H, W) as the convolution sees it
-    y_.set(b.batch, l.channels, l.out.h, l.out.w);  // (N, O, OH, OW)
-    bias_.set(1, l.channels, 1, 1);                 // (1, O, 1, 1)
-    CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, l.channels, l.in.c, l.kernel_h,
-                                           l.kernel_w));  // (O, I, KH, KW)
-    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
-    const int pad_h = padded_ ? 0 : l.pad_top, pad_w = padded_ ? 0 : l.pad_left;
-    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, pad_h, pad_w, l.stride, l.stride, 1, 1, CUDNN_CROSS_CORRELATION,
-                                                CUDNN_DATA_FLOAT));
-    // fp32: FMA kernels only, no TF32 tensor cores; tf32: cuDNN's default math, which on sm_80 and
-    // later lets float convolutions use TF32 tensor cores.
-    CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, c.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
-    int n = 0, oc = 0, oh = 0, ow = 0;
-    CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv_, x_.d, w_, &n, &oc, &oh, &ow));
-    MNIST_CHECK(n == b.batch && oc == l.channels && oh == l.out.h && ow == l.out.w, ExitCode::kRuntime,
-                "cuDNN's output shape for '" + l.text + "' differs from the spec's");
     bias_ptr_ = b.w + static_cast<std::int64_t>(l.channels) * l.in.c * l.kernel_h * l.kernel_w;
+    const auto planned = c.measured.find(index);
+    if (training && b.batch == c.measured_batch && planned != c.measured.end()) {
+      use_measured(planned->second, training);
+    } else {
+      use_heuristics(training);
+    }
+    if (padded_) desc_ += " (input padded into a buffer: asymmetric 'same')";
+    desc_ += (c.tf32 ? ", tf32" : ", fp32");
+  }
+  void forward(const StepContext&) override {
+    const float one = 1.0f, zero = 0.0f;
+    const float* xin = b_.x;
+    if (padded_) {
+      launch_pad(c_.stream, b_.x, xpad_.get(), b_.batch * l_.in.c, l_.in.h, l_.in.w, l_.pad_top, l_.pad_left, ph_, pw_);
+      xin = xpad_.get();
+    }
+    CUDNN_CHECK(cudnnConvolutionForward(c_.cudnn, &one, d_.x.d, xin, d_.w, b_.w, d_.conv, fwd_, workspace_.get(),
+                                        static_cast<std::size_t>(workspace_.size()), &zero, d_.y.d, b_.y));
+    CUDNN_CHECK(cudnnAddTensor(c_.cudnn, &one, d_.bias.d, bias_ptr_, &one, d_.y.d, b_.y));
+  }
 
+  void backward(const StepContext&) override {
+    const float one = 1.0f, zero = 0.0f;
+    const float* xin = padded_ ? xpad_.get() : b_.x;  // the padded input of this step's forward
+    if (b_.dx) {
+      float* dxout = padded_ ? dxpad_.get() : b_.dx;
+      CUDNN_CHECK(cudnnConvolutionBackwardData(c_.cudnn, &one, d_.w, b_.w, d_.y.d, b_.dy, d_.conv, bwd_data_,
+                                               workspace_.get(), static_cast<std::size_t>(workspace_.size()), &zero,
+                                               d_.x.d, dxout));
+      if (padded_)
+        launch_crop(c_.stream, dxpad_.get(), b_.dx, b_.batch * l_.in.c, l_.in.h, l_.in.w, l_.pad_top, l_.pad_left, ph_,
+                    pw_);
+    }
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(c_.cudnn, &one, d_.x.d, xin, d_.y.d, b_.dy, d_.conv, bwd_filter_,
+                                               workspace_.get(), static_cast<std::size_t>(workspace_.size()), &zero,
+                                               d_.w, b_.dw));
+    float* dbias = b_.dw + (bias_ptr_ - b_.w);
+    launch_bias_grad(c_.stream, b_.dy, b_.batch, l_.channels, static_cast<std::int64_t>(l_.out.h) * l_.out.w, dbias);
+  }
+  std::string describe() const override { return desc_; }
+
+ private:
+  // --conv-algos heuristic: the first deterministic algorithm of cuDNN's heuristics per direction.
+  void use_heuristics(bool training) {
     std::size_t ws = 0;
     {
       std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(kMaxAlgos);
       int got = 0;
-      CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(c.cudnn, x_.d, w_, conv_, y_.d, kMaxAlgos, &got, perf.data()));
+      CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(c_.cudnn, d_.x.d, d_.w, d_.conv, d_.y.d, kMaxAlgos, &got,
+                                                         perf.data()));
       const auto& p = pick(perf, got, kWorkspaceCap, "forward");
       fwd_ = p.algo;
       ws = std::max(ws, p.memory);
       desc_ = std::string("cudnn conv fwd ") + fwd_name(fwd_);
     }
-    if (training && b.dx) {
+    if (training && b_.dx) {
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(kMaxAlgos);
       int got = 0;
-      CUDNN_CHECK(
-          cudnnGetConvolutionBackwardDataAlgorithm_v7(c.cudnn, w_, y_.d, conv_, x_.d, kMaxAlgos, &got, perf.data()));
+      CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(c_.cudnn, d_.w, d_.y.d, d_.conv, d_.x.d, kMaxAlgos, &got,
+                                                              perf.data()));
       const auto& p = pick(perf, got, kWorkspaceCap, "backward-data");
       bwd_data_ = p.algo;
       ws = std::max(ws, p.memory);
@@ -145,64 +252,48 @@ class Conv final : public LayerKernel {
     if (training) {
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(kMaxAlgos);
       int got = 0;
-      CUDNN_CHECK(
-          cudnnGetConvolutionBackwardFilterAlgorithm_v7(c.cudnn, x_.d, y_.d, conv_, w_, kMaxAlgos, &got, perf.data()));
+      CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(c_.cudnn, d_.x.d, d_.y.d, d_.conv, d_.w, kMaxAlgos,
+                                                                &got, perf.data()));
       const auto& p = pick(perf, got, kWorkspaceCap, "backward-filter");
       bwd_filter_ = p.algo;
       ws = std::max(ws, p.memory);
       desc_ += std::string(", bwd-filter ") + bwd_filter_name(bwd_filter_);
     }
     workspace_ = DeviceArray<std::uint8_t>(static_cast<std::int64_t>(ws));
-    if (padded_) desc_ += " (input padded into a buffer: asymmetric 'same')";
-    desc_ += (c.tf32 ? ", tf32" : ", fp32");
-  }
-  ~Conv() override {
-    cudnnDestroyConvolutionDescriptor(conv_);
-    cudnnDestroyFilterDescriptor(w_);
   }
 
-  void forward(const StepContext&) override {
-    const float one = 1.0f, zero = 0.0f;
-    const float* xin = b_.x;
-    if (padded_) {
-      launch_pad(c_.stream, b_.x, xpad_.get(), b_.batch * l_.in.c, l_.in.h, l_.in.w, l_.pad_top, l_.pad_left, ph_, pw_);
-      xin = xpad_.get();
+  // --conv-algos measured: rank 0's choice (a training model: every direction it needs).
+  void use_measured(const MeasuredConv& m, bool training) {
+    MNIST_CHECK(
+        m.fwd >= 0 && m.bwd_filter >= 0 && (!b_.dx || m.bwd_data >= 0), ExitCode::kRuntime,
+        "--conv-algos measured: no deterministic algorithm was measured for a direction of layer '" + l_.text + "'");
+    std::size_t ws = 0, bytes = 0;
+    fwd_ = static_cast<cudnnConvolutionFwdAlgo_t>(m.fwd);
+    // Each size is asked for first, then read: as one call's arguments, `bytes` could be read
+    // before the call that writes it (the first GPU run did, and ran with too small a workspace).
+    cudnnStatus_t st = cudnnGetConvolutionForwardWorkspaceSize(c_.cudnn, d_.x.d, d_.w, d_.conv, d_.y.d, fwd_, &bytes);
+    ws = std::max(ws, measured_workspace(st, bytes, l_, "forward", fwd_name(fwd_)));
+    desc_ = std::string("cudnn conv fwd ") + fwd_name(fwd_);
+    if (training && b_.dx) {
+      bwd_data_ = static_cast<cudnnConvolutionBwdDataAlgo_t>(m.bwd_data);
+      st = cudnnGetConvolutionBackwardDataWorkspaceSize(c_.cudnn, d_.w, d_.y.d, d_.conv, d_.x.d, bwd_data_, &bytes);
+      ws = std::max(ws, measured_workspace(st, bytes, l_, "backward-data", bwd_data_name(bwd_data_)));
+      desc_ += std::string(", bwd-data ") + bwd_data_name(bwd_data_);
     }
-    CUDNN_CHECK(cudnnConvolutionForward(c_.cudnn, &one, x_.d, xin, w_, b_.w, conv_, fwd_, workspace_.get(),
-                                        static_cast<std::size_t>(workspace_.size()), &zero, y_.d, b_.y));
-    CUDNN_CHECK(cudnnAddTensor(c_.cudnn, &one, bias_.d, bias_ptr_, &one, y_.d, b_.y));
+    bwd_filter_ = static_cast<cudnnConvolutionBwdFilterAlgo_t>(m.bwd_filter);
+    st = cudnnGetConvolutionBackwardFilterWorkspaceSize(c_.cudnn, d_.x.d, d_.y.d, d_.conv, d_.w, bwd_filter_, &bytes);
+    ws = std::max(ws, measured_workspace(st, bytes, l_, "backward-filter", bwd_filter_name(bwd_filter_)));
+    desc_ += std::string(", bwd-filter ") + bwd_filter_name(bwd_filter_) + " (measured)";
+    workspace_ = DeviceArray<std::uint8_t>(static_cast<std::int64_t>(ws));
   }
 
-  void backward(const StepContext&) override {
-    const float one = 1.0f, zero = 0.0f;
-    const float* xin = padded_ ? xpad_.get() : b_.x;  // the padded input of this step's forward
-    if (b_.dx) {
-      float* dxout = padded_ ? dxpad_.get() : b_.dx;
-      CUDNN_CHECK(cudnnConvolutionBackwardData(c_.cudnn, &one, w_, b_.w, y_.d, b_.dy, conv_, bwd_data_,
-                                               workspace_.get(), static_cast<std::size_t>(workspace_.size()), &zero,
-                                               x_.d, dxout));
-      if (padded_)
-        launch_crop(c_.stream, dxpad_.get(), b_.dx, b_.batch * l_.in.c, l_.in.h, l_.in.w, l_.pad_top, l_.pad_left, ph_,
-                    pw_);
-    }
-    CUDNN_CHECK(cudnnConvolutionBackwardFilter(c_.cudnn, &one, x_.d, xin, y_.d, b_.dy, conv_, bwd_filter_,
-                                               workspace_.get(), static_cast<std::size_t>(workspace_.size()), &zero, w_,
-                                               b_.dw));
-    float* dbias = b_.dw + (bias_ptr_ - b_.w);
-    launch_bias_grad(c_.stream, b_.dy, b_.batch, l_.channels, static_cast<std::int64_t>(l_.out.h) * l_.out.w, dbias);
-  }
-  std::string describe() const override { return desc_; }
-
- private:
   Context& c_;
   LayerSpec l_;
   LayerBuffers b_;
+  ConvDescs d_;
   bool padded_ = false;
   int ph_ = 0, pw_ = 0;
   DeviceArray<float> xpad_, dxpad_;  // (N, C, PH, PW) when padded_
-  TensorDesc x_, y_, bias_;
-  cudnnFilterDescriptor_t w_ = nullptr;
-  cudnnConvolutionDescriptor_t conv_ = nullptr;
   cudnnConvolutionFwdAlgo_t fwd_{};
   cudnnConvolutionBwdDataAlgo_t bwd_data_{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter_{};
@@ -213,8 +304,35 @@ class Conv final : public LayerKernel {
 
 }  // namespace
 
-std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) {
-  return std::make_unique<Conv>(c, l, b, training);
+std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, int index, const LayerBuffers& b,
+                                       bool training) {
+  return std::make_unique<Conv>(c, l, index, b, training);
+}
+
+MeasuredConv measure_conv(Context& c, const LayerSpec& l, int batch, bool needs_dx, double ms[3]) {
+  const ConvDescs d(c, l, batch);
+  const cudnnMathType_t math = ConvDescs::math(c);
+  MeasuredConv m;
+  ms[0] = ms[1] = ms[2] = 0.0;
+  int got = 0;
+  {
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(kMaxAlgos);
+    CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(c.cudnn, d.x.d, d.w, d.conv, d.y.d, kMaxAlgos, &got, perf.data()));
+    m.fwd = fastest(perf, got, math, ms[0]);
+  }
+  if (needs_dx) {
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(kMaxAlgos);
+    CUDNN_CHECK(
+        cudnnFindConvolutionBackwardDataAlgorithm(c.cudnn, d.w, d.y.d, d.conv, d.x.d, kMaxAlgos, &got, perf.data()));
+    m.bwd_data = fastest(perf, got, math, ms[1]);
+  }
+  {
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(kMaxAlgos);
+    CUDNN_CHECK(
+        cudnnFindConvolutionBackwardFilterAlgorithm(c.cudnn, d.x.d, d.y.d, d.conv, d.w, kMaxAlgos, &got, perf.data()));
+    m.bwd_filter = fastest(perf, got, math, ms[2]);
+  }
+  return m;
 }
 
 }  // namespace mnist_mpi::cuda

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -39,9 +40,18 @@ struct DeviceStepArgs {
   double lr = 0.0;  // the optimiser's step count computes the step's scalars from it
 };
 
+// The algorithms of one convolution's three directions (cuDNN's enums; -1: none), as rank 0 timed
+// them for --conv-algos measured (Note [Choosing cuDNN algorithms] in conv.cpp).
+struct MeasuredConv {
+  int fwd = -1, bwd_data = -1, bwd_filter = -1;
+};
+
 struct Context {
   int device = 0;
   bool tf32 = false;
+  // --conv-algos measured: the training model's convolutions by layer index, at this batch.
+  std::map<int, MeasuredConv> measured;
+  int measured_batch = 0;
   cudaStream_t stream = nullptr;
   cudnnHandle_t cudnn = nullptr;
   cublasHandle_t cublas = nullptr;
@@ -111,7 +121,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Context
 std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, std::int64_t capacity);
 
 // Layer factories (one file each).
-std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
+std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, int index, const LayerBuffers& b, bool training);
+// Times every algorithm of each direction of layer l at this batch (cudnnFind*) and returns the
+// fastest deterministic one within the workspace cap; the time of each in ms (for the banner).
+MeasuredConv measure_conv(Context& c, const LayerSpec& l, int batch, bool needs_dx, double ms[3]);
 std::unique_ptr<LayerKernel> make_fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
@@ -165,5 +178,9 @@ void launch_dropout_forward(cudaStream_t s, const float* x, float* y, float* sca
                             std::uint64_t seed, const std::int64_t* step, std::int64_t first_sample, int layer,
                             float rate);
 void launch_mul(cudaStream_t s, const float* a, const float* b, float* out, std::int64_t n);
+// y = x > 0 ? x : 0 and dx = dy * (x <= 0 ? 0 : 1), oneDNN's bits (Note [The ReLU, bit for bit]
+// in kernels.cu).
+void launch_relu_forward(cudaStream_t s, const float* x, float* y, std::int64_t n);
+void launch_relu_backward(cudaStream_t s, const float* x, const float* dy, float* dx, std::int64_t n);
 
 }  // namespace mnist_mpi::cuda

@@ -192,6 +192,21 @@ __global__ void mul_kernel(const float* __restrict__ a, const float* __restrict_
   MNIST_GRID_LOOP(i, n) out[i] = __fmul_rn(a[i], b[i]);
 }
 
+// Note [The ReLU, bit for bit]
+// oneDNN's ReLU (on AVX2 and AVX-512 alike) is y = x > 0 ? x : +0 (a NaN gives +0, a denormal
+// passes) and dx = dy * (x <= 0 ? 0 : 1): a negative dy where x <= 0 gives -0, and a NaN x passes
+// dy. cuDNN's backward gives +0 there (the first GPU run found 77 of 300 elements differing in the
+// sign of a zero), so the GPU has its own kernels, with the CPU's bits for every input
+// (tests/test_gpu.cpp, ReluMatchesCpu and ReluEdgeCasesMatchCpu).
+__global__ void relu_forward_kernel(const float* __restrict__ x, float* __restrict__ y, std::int64_t n) {
+  MNIST_GRID_LOOP(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+__global__ void relu_backward_kernel(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ dx,
+                                     std::int64_t n) {
+  MNIST_GRID_LOOP(i, n) dx[i] = __fmul_rn(dy[i], x[i] <= 0.0f ? 0.0f : 1.0f);
+}
+
 __global__ void pad_kernel(const float* __restrict__ src, float* __restrict__ dst, std::int64_t nc, int h, int w,
                            int top, int left, int ph, int pw) {
   MNIST_GRID_LOOP(k, nc * ph * pw) {
@@ -304,6 +319,18 @@ void launch_fill(cudaStream_t s, float* dst, float value, std::int64_t n) {
 void launch_mul(cudaStream_t s, const float* a, const float* b, float* out, std::int64_t n) {
   mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(a, b, out, n);
   CUDA_CHECK_LAUNCH(mul_kernel);
+}
+
+void launch_relu_forward(cudaStream_t s, const float* x, float* y, std::int64_t n) {
+  if (n <= 0) return;
+  relu_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  CUDA_CHECK_LAUNCH(relu_forward_kernel);
+}
+
+void launch_relu_backward(cudaStream_t s, const float* x, const float* dy, float* dx, std::int64_t n) {
+  if (n <= 0) return;
+  relu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, dy, dx, n);
+  CUDA_CHECK_LAUNCH(relu_backward_kernel);
 }
 
 void launch_pad(cudaStream_t s, const float* src, float* dst, int nc, int h, int w, int top, int left, int ph, int pw) {

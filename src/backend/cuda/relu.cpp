@@ -1,5 +1,5 @@
-// ReLU on cuDNN's activation functions; backward reads the layer's input and output as cuDNN
-// asks (the gradient passes where the input is positive, as on the CPU).
+// ReLU: our own kernels, y = x > 0 ? x : 0 and dx = dy * (x <= 0 ? 0 : 1), the CPU's bits for every
+// input, signed zeros and NaNs included (Note [The ReLU, bit for bit] in kernels.cu).
 #include "src/backend/cuda/cuda_backend.hpp"
 
 namespace mnist_mpi::cuda {
@@ -7,29 +7,18 @@ namespace {
 
 class Relu final : public LayerKernel {
  public:
-  Relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool) : c_(c), b_(b) {
-    t_.set(b.batch, static_cast<int>(l.in.size()), 1, 1);  // (N, C*H*W, 1, 1)
-    CUDNN_CHECK(cudnnCreateActivationDescriptor(&act_));
-    CUDNN_CHECK(cudnnSetActivationDescriptor(act_, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
-  }
-  ~Relu() override { cudnnDestroyActivationDescriptor(act_); }
+  Relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool) : c_(c), b_(b), n_(b.batch * l.in.size()) {}
 
-  void forward(const StepContext&) override {
-    const float one = 1.0f, zero = 0.0f;
-    CUDNN_CHECK(cudnnActivationForward(c_.cudnn, act_, &one, t_.d, b_.x, &zero, t_.d, b_.y));
-  }
+  void forward(const StepContext&) override { launch_relu_forward(c_.stream, b_.x, b_.y, n_); }
   void backward(const StepContext&) override {
-    if (!b_.dx) return;
-    const float one = 1.0f, zero = 0.0f;
-    CUDNN_CHECK(cudnnActivationBackward(c_.cudnn, act_, &one, t_.d, b_.y, t_.d, b_.dy, t_.d, b_.x, &zero, t_.d, b_.dx));
+    if (b_.dx) launch_relu_backward(c_.stream, b_.x, b_.dy, b_.dx, n_);
   }
-  std::string describe() const override { return "cudnn relu"; }
+  std::string describe() const override { return "relu (own kernels, the CPU's bits)"; }
 
  private:
   Context& c_;
   LayerBuffers b_;
-  TensorDesc t_;
-  cudnnActivationDescriptor_t act_ = nullptr;
+  std::int64_t n_;  // elements of x in the batch
 };
 
 }  // namespace
