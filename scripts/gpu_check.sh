@@ -381,6 +381,10 @@ lenet_precision() {
     echo "-- the metrics file's last event"
     tail -n 1 "$work/lenet_$tag.jsonl" 2>/dev/null
     if [ "$rc" != 0 ]; then note "$how: exit code $rc${rates[*]:+; before it: ${rates[*]}}"; return 1; fi
+    if [ "$how" = measured ] && ! grep -q '(measured)' "$work/lenet_$tag.txt"; then
+      note "measured: the banner names no convolution built with measured algorithms"
+      return 1
+    fi
     hashes+=("$(grep -ohE '"params_hash":"[0-9a-f]+"' "$work/lenet_$tag.jsonl" | tail -n 1 | cut -d'"' -f4)")
     rates+=("$how: $(grep -hE 'images/s steady' "$work/lenet_$tag.txt" | cut -d, -f1), $(grep -hE '^test accuracy' "$work/lenet_$tag.txt" | cut -d' ' -f1-3)")
   done
@@ -410,7 +414,7 @@ stage_sharded() {
       [ "$rc" = 0 ] || { bad=1; hash="exit code $rc"; }
       hashes+=("${hash:-none}")
     done
-    if [ "${hashes[0]}" != "${hashes[1]}" ] || [[ "${hashes[0]}" != [0-9a-f]* ]]; then bad=1; fi
+    if [ "${hashes[0]}" != "${hashes[1]}" ] || ! [[ "${hashes[0]}" =~ ^[0-9a-f]{16}$ ]]; then bad=1; fi
     verdict+=("$ranks rank(s): off ${hashes[0]}, on ${hashes[1]}")
   done
   note "$(printf '%s; ' "${verdict[@]}" | sed 's/; $//')"

@@ -173,7 +173,11 @@ TEST(DeviceOptions, PrecisionAndDeviceAreChecked) {
   EXPECT_EQ(error_of([&] { parse({"--batch-size", "10", "--device", "gpu"}); }).first, ExitCode::kUsage);
   // Note [Choosing cuDNN algorithms] (src/backend/cuda/conv.cpp)
   EXPECT_EQ(parse({"--batch-size", "10"}).conv_algos, "heuristic");
-  EXPECT_EQ(parse({"--batch-size", "10", "--conv-algos", "measured"}).conv_algos, "measured");
+  EXPECT_EQ(parse({"--batch-size", "10", "--device", "cuda", "--conv-algos", "measured"}).conv_algos, "measured");
+  EXPECT_EQ(parse({"--batch-size", "10", "--device", "auto", "--conv-algos", "measured"}).conv_algos, "measured");
+  const auto cpu = error_of([&] { parse({"--batch-size", "10", "--conv-algos", "measured"}); });  // --device cpu
+  EXPECT_EQ(cpu.first, ExitCode::kUsage);
+  EXPECT_NE(cpu.second.find("--device cpu has none"), std::string::npos) << cpu.second;
   const auto bad = error_of([&] { parse({"--batch-size", "10", "--conv-algos", "fastest"}); });
   EXPECT_EQ(bad.first, ExitCode::kUsage);
   EXPECT_NE(bad.second.find("--conv-algos must be heuristic or measured, got 'fastest'"), std::string::npos)

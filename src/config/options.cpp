@@ -482,6 +482,10 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
     throw_error(ExitCode::kUsage, "--precision must be fp32 or tf32, got " + quote_input(o.precision));
   if (o.conv_algos != "heuristic" && o.conv_algos != "measured")
     throw_error(ExitCode::kUsage, "--conv-algos must be heuristic or measured, got " + quote_input(o.conv_algos));
+  if (o.conv_algos == "measured" && o.device == "cpu")
+    throw_error(ExitCode::kUsage,
+                "--conv-algos measured times cuDNN's algorithms, and --device cpu has none (oneDNN chooses its own): "
+                "drop it, or use --device cuda");
   if (o.cuda_graph && o.device == "cpu")
     throw_error(ExitCode::kUsage, "--cuda-graph needs --device cuda (or auto on a machine with GPUs)");
   if (o.cuda_graph && !o.timeline_file.empty())

@@ -142,9 +142,13 @@ void Trainer::make_training_state() {
   params_copy_ = backend_->make_host_copy({params_->data()}, spec_.param_count);
   init_params(spec_, wi, bi, opt_.seed, params_copy_->host(0));
   params_copy_->to_backend();
-  // Note [Choosing cuDNN algorithms] (src/backend/cuda/conv.cpp): a collective, on every rank.
-  if (opt_.conv_algos == "measured")
-    conv_algos_ = backend_->measure_convolutions(spec_, static_cast<int>(batch_), comm_);
+  // Note [Choosing cuDNN algorithms] (src/backend/cuda/conv.cpp): rank 0 times its convolutions
+  // here, local work; the others take its choice in run() (share_measured_convolutions).
+  if (opt_.conv_algos == "measured" && rank0_) {
+    Backend::ConvTiming t = backend_->time_convolutions(spec_, static_cast<int>(batch_));
+    conv_table_ = std::move(t.table);
+    conv_algos_ = std::move(t.banner);
+  }
   train_model_ = std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, params_->data(), grads_->data());
   const auto mb_to_elems = [](double mb) {
     return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * 1048576.0 / sizeof(float)));
@@ -352,6 +356,23 @@ void Trainer::check_replicas(std::int64_t step) {
                     " (every rank must hold identical parameters; this is a bug, please report it)");
 }
 
+// --conv-algos measured (Note [Choosing cuDNN algorithms] in src/backend/cuda/conv.cpp): rank 0's
+// table, three algorithms per convolution of the agreed model spec, broadcast to every rank (the
+// same collective on every backend; a CPU rank 0 sends -1s, which change nothing), and the
+// other ranks rebuild their training convolutions with it. A rank whose GPU cannot run rank 0's
+// choice stops, naming the layer and the algorithm.
+void Trainer::share_measured_convolutions() {
+  if (opt_.conv_algos != "measured") return;
+  const auto convs = std::count_if(spec_.layers.begin(), spec_.layers.end(),
+                                   [](const LayerSpec& l) { return l.kind == LayerKind::kConv; });
+  if (convs == 0) return;
+  std::vector<std::int32_t> table(static_cast<std::size_t>(3 * convs), -1);
+  if (rank0_ && conv_table_.size() == table.size()) table = conv_table_;
+  comm_.broadcast(
+      std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(table.data()), table.size() * sizeof(std::int32_t)), 0);
+  if (!rank0_) backend_->use_measured_convolutions(spec_, table);
+}
+
 // Note [Averaging is a scaled sum]
 // Each rank's loss gradient is scaled by 1 / GLOBAL batch (not by 1 / its own slice), so its
 // backward produces (sum of its slice's per-sample gradients) / B. The allreduce then SUMS these
@@ -361,6 +382,7 @@ void Trainer::check_replicas(std::int64_t step) {
 RunResult Trainer::run() {
   RunResult res;
   grad_comm_->connect();  // NCCL: the collective part of its set-up
+  share_measured_convolutions();
   // A checkpoint's parameters and optimiser state, on every rank (none: first_step 0).
   const std::int64_t first_step = checkpointer_->restore(params_copy_->host(0), *optimizer_);
   if (first_step > 0) params_copy_->to_backend();

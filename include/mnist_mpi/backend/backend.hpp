@@ -291,13 +291,24 @@ class Backend {
   // Note [Device waits have a deadline] in include/mnist_mpi/comm/watchdog.hpp. The CPU has no
   // device waits; its blocking collectives have the watchdog.
   virtual void set_wait_timeout(double seconds) { (void)seconds; }
-  // --conv-algos measured (Note [Choosing cuDNN algorithms] in src/backend/cuda/conv.cpp): called
-  // on every rank, with `world`, before the training model (spec, batch images per rank) is built.
-  // Rank 0 times its convolutions' algorithms and every rank builds them with rank 0's choice.
-  // Returns a line for the banner; the default (the CPU, where oneDNN chooses) does nothing.
-  virtual std::string measure_convolutions(const ModelSpec& spec, int batch, Communicator& world) {
-    (void)spec, (void)batch, (void)world;
+  // --conv-algos measured (Note [Choosing cuDNN algorithms] in src/backend/cuda/conv.cpp), in two
+  // halves, so that set-up stays local work (Note [Ending every rank] in src/main.cpp). Rank 0 calls
+  // time_convolutions before its training model (spec, batch images per rank) is built: it times
+  // each convolution's algorithms, builds that model with the fastest deterministic ones, and
+  // returns them, three per convolution in layer order (forward, backward-data, backward-filter;
+  // -1: none), with a line for the banner. The other ranks receive that table once training starts
+  // and use_measured_convolutions rebuilds their training model's convolutions with it (-1: that
+  // one stays as it is). The defaults (the CPU, where oneDNN chooses) time and change nothing.
+  struct ConvTiming {
+    std::vector<std::int32_t> table;
+    std::string banner;
+  };
+  virtual ConvTiming time_convolutions(const ModelSpec& spec, int batch) {
+    (void)spec, (void)batch;
     return {};
+  }
+  virtual void use_measured_convolutions(const ModelSpec& spec, std::span<const std::int32_t> table) {
+    (void)spec, (void)table;
   }
   // The communicator that sums this backend's gradients and broadcasts its parameters (buffers of
   // at most param_count elements), made from `world`, which must outlive it and which takes every

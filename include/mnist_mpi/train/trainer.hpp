@@ -68,6 +68,7 @@ class Trainer final : private CheckpointSource {
   EvalResult evaluate_alone(const Split& split);
   std::int64_t last_eval_images() const { return eval_images_; }  // this rank's images in the last evaluation
 
+  std::string layer_descriptions() const { return train_model_->describe(); }  // the banner's lines
   const ModelSpec& spec() const { return spec_; }
   const Mnist& data() const { return data_; }
   const Reducer& reducer() const { return *reducer_; }
@@ -111,6 +112,7 @@ class Trainer final : private CheckpointSource {
   StartFacts start_facts(int threads, const GpuProbe& gpus) const;
 
   const float* host_params();  // params_ in host memory (a copy on a device)
+  void share_measured_convolutions();  // rank 0's --conv-algos measured table, to every rank
   void check_replicas(std::int64_t step);
   void settle_verdicts(std::int64_t up_to);  // Note [Non-finite steps]
   void nonfinite_step(std::int64_t bad_step, bool own_loss_bad);
@@ -130,7 +132,8 @@ class Trainer final : private CheckpointSource {
 
   Options opt_;
   bool sharded_ = false;  // --shard-optimizer, resolved (auto: on for the CPU with 2 or more ranks)
-  std::string conv_algos_;  // the banner's line from Backend::measure_convolutions (--conv-algos measured)
+  std::string conv_algos_;                // the banner's line from Backend::time_convolutions (rank 0)
+  std::vector<std::int32_t> conv_table_;  // rank 0: the algorithms it timed (--conv-algos measured)
   Communicator& comm_;
   std::chrono::steady_clock::time_point start_;
   DeviceChoice device_;

@@ -81,14 +81,16 @@ const char* bwd_filter_name(cudnnConvolutionBwdFilterAlgo_t a) {
 // skipped. This is --conv-algos heuristic, the default: every run, and a resume, repeat the bits.
 // The heuristics can be far off. On an H200 with cuDNN 9.19 (bench/cudnn_algos.cpp, docs/gpu.md)
 // their tf32 picks for lenet took 1.14 ms per step where the fastest deterministic ones took
-// 0.43 ms, and lenet ran slower in tf32 than in fp32. --conv-algos measured: before the model is
-// built, rank 0 times each training convolution's algorithms (cudnnFind*) and every rank takes
-// its choice, the fastest deterministic one within the cap (Backend::measure_convolutions), so the
-// ranks still hold the same bits; a later run, or a resume, may measure differently and round
-// differently. A rank whose GPU cannot run rank 0's choice stops, naming it. The choice is printed
-// per layer in the banner (describe()). With heuristics, ranks on different GPU models could still
-// choose differently; the replica check (--check-replicas-every) would stop such a run, naming the
-// ranks.
+// 0.43 ms, and lenet ran slower in tf32 than in fp32. --conv-algos measured: rank 0 times each
+// training convolution's algorithms (cudnnFind*) before it builds its model, local work of its
+// set-up, and builds them with the fastest deterministic one within the cap; once training starts
+// (after the ranks agreed that set-up went well everywhere) it broadcasts its choice and the other
+// ranks rebuild their convolutions with it (Backend::time_convolutions and
+// use_measured_convolutions, Trainer::share_measured_convolutions), so the ranks still hold the
+// same bits. A later run, or a resume, may measure differently and round differently. A rank whose
+// GPU cannot run rank 0's choice stops, naming it. The choice is printed per layer in the banner
+// (describe()). With heuristics, ranks on different GPU models could still choose differently; the
+// replica check (--check-replicas-every) would stop such a run, naming the ranks.
 template <typename Perf>
 const Perf& pick(const std::vector<Perf>& perf, int returned, std::size_t cap, const char* what) {
   for (int i = 0; i < returned; ++i) {
@@ -186,13 +188,20 @@ class Conv final : public LayerKernel {
     bias_ptr_ = b.w + static_cast<std::int64_t>(l.channels) * l.in.c * l.kernel_h * l.kernel_w;
     const auto planned = c.measured.find(index);
     if (training && b.batch == c.measured_batch && planned != c.measured.end()) {
-      use_measured(planned->second, training);
+      use_measured(planned->second);
     } else {
       use_heuristics(training);
     }
-    if (padded_) desc_ += " (input padded into a buffer: asymmetric 'same')";
-    desc_ += (c.tf32 ? ", tf32" : ", fp32");
+    if (training) {  // rank 0's choice may come later (Backend::use_measured_convolutions)
+      index_ = index;
+      c.retune[index] = [this](const MeasuredConv& m) { use_measured(m); };
+    }
   }
+  ~Conv() override {
+    if (index_ >= 0) c_.retune.erase(index_);
+  }
+  Conv(const Conv&) = delete;
+  Conv& operator=(const Conv&) = delete;
   void forward(const StepContext&) override {
     const float one = 1.0f, zero = 0.0f;
     const float* xin = b_.x;
@@ -223,7 +232,10 @@ class Conv final : public LayerKernel {
     float* dbias = b_.dw + (bias_ptr_ - b_.w);
     launch_bias_grad(c_.stream, b_.dy, b_.batch, l_.channels, static_cast<std::int64_t>(l_.out.h) * l_.out.w, dbias);
   }
-  std::string describe() const override { return desc_; }
+  std::string describe() const override {
+    return desc_ + (padded_ ? " (input padded into a buffer: asymmetric 'same')" : "") +
+           (c_.tf32 ? ", tf32" : ", fp32");
+  }
 
  private:
   // --conv-algos heuristic: the first deterministic algorithm of cuDNN's heuristics per direction.
@@ -262,8 +274,9 @@ class Conv final : public LayerKernel {
     workspace_ = DeviceArray<std::uint8_t>(static_cast<std::int64_t>(ws));
   }
 
-  // --conv-algos measured: rank 0's choice (a training model: every direction it needs).
-  void use_measured(const MeasuredConv& m, bool training) {
+  // --conv-algos measured: rank 0's choice (a training model: every direction it needs). Called at
+  // build on rank 0, and on the other ranks before the first step: the workspace is made again.
+  void use_measured(const MeasuredConv& m) {
     MNIST_CHECK(
         m.fwd >= 0 && m.bwd_filter >= 0 && (!b_.dx || m.bwd_data >= 0), ExitCode::kRuntime,
         "--conv-algos measured: no deterministic algorithm was measured for a direction of layer '" + l_.text + "'");
@@ -274,7 +287,7 @@ class Conv final : public LayerKernel {
     cudnnStatus_t st = cudnnGetConvolutionForwardWorkspaceSize(c_.cudnn, d_.x.d, d_.w, d_.conv, d_.y.d, fwd_, &bytes);
     ws = std::max(ws, measured_workspace(st, bytes, l_, "forward", fwd_name(fwd_)));
     desc_ = std::string("cudnn conv fwd ") + fwd_name(fwd_);
-    if (training && b_.dx) {
+    if (b_.dx) {
       bwd_data_ = static_cast<cudnnConvolutionBwdDataAlgo_t>(m.bwd_data);
       st = cudnnGetConvolutionBackwardDataWorkspaceSize(c_.cudnn, d_.w, d_.y.d, d_.conv, d_.x.d, bwd_data_, &bytes);
       ws = std::max(ws, measured_workspace(st, bytes, l_, "backward-data", bwd_data_name(bwd_data_)));
@@ -300,6 +313,7 @@ class Conv final : public LayerKernel {
   DeviceArray<std::uint8_t> workspace_;
   const float* bias_ptr_ = nullptr;
   std::string desc_;
+  int index_ = -1;  // a training convolution's layer index (its entry in Context::retune)
 };
 
 }  // namespace

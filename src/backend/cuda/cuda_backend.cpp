@@ -199,51 +199,38 @@ class CudaBackend final : public Backend {
     throw_error(ExitCode::kRuntime, "unknown layer kind");
   }
 
-  // Rank 0's choice reaches every rank in one broadcast of int32s: a verdict (0: measured, 1: rank
-  // 0 failed and says why), then three algorithms per convolution in layer order. A rank 0 that
-  // fails still broadcasts, so that no rank waits for it.
-  std::string measure_convolutions(const ModelSpec& spec, int batch, Communicator& world) override {
-    std::vector<int> convs;
-    for (std::size_t i = 0; i < spec.layers.size(); ++i)
-      if (spec.layers[i].kind == LayerKind::kConv) convs.push_back(static_cast<int>(i));
-    if (convs.empty()) return {};
-    std::vector<std::int32_t> table(1 + 3 * convs.size(), -1);
-    std::string failure;
+  // Note [Choosing cuDNN algorithms] (conv.cpp), rank 0's half: local work, before its training
+  // model is built, which then takes these algorithms (Context::measured).
+  ConvTiming time_convolutions(const ModelSpec& spec, int batch) override {
+    ConvTiming t;
     double ms_total = 0.0, ms[3];
-    if (world.rank() == 0) {
-      try {
-        for (std::size_t k = 0; k < convs.size(); ++k) {
-          const int i = convs[k];
-          const cuda::MeasuredConv m =
-              cuda::measure_conv(c_, spec.layers[static_cast<std::size_t>(i)], batch, /*needs_dx=*/i > 0, ms);
-          table[1 + 3 * k] = m.fwd;
-          table[2 + 3 * k] = m.bwd_data;
-          table[3 + 3 * k] = m.bwd_filter;
-          ms_total += ms[0] + ms[1] + ms[2];
-        }
-        table[0] = 0;
-      } catch (const std::exception& e) {
-        failure = e.what();
-        table[0] = 1;
-      }
-    }
-    world.broadcast(
-        std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(table.data()), table.size() * sizeof(std::int32_t)), 0);
-    if (table[0] != 0)
-      throw_error(ExitCode::kRuntime, world.rank() == 0
-                                          ? "--conv-algos measured: timing the convolutions failed: " + failure
-                                          : "--conv-algos measured: rank 0 could not time the "
-                                            "convolutions (its message says why); or run with "
-                                            "--conv-algos heuristic");
     c_.measured.clear();
-    for (std::size_t k = 0; k < convs.size(); ++k)
-      c_.measured[convs[k]] = cuda::MeasuredConv{table[1 + 3 * k], table[2 + 3 * k], table[3 + 3 * k]};
+    for (std::size_t i = 0; i < spec.layers.size(); ++i) {
+      if (spec.layers[i].kind != LayerKind::kConv) continue;
+      const int index = static_cast<int>(i);
+      const cuda::MeasuredConv m = cuda::measure_conv(c_, spec.layers[i], batch, /*needs_dx=*/index > 0, ms);
+      c_.measured[index] = m;
+      t.table.insert(t.table.end(), {m.fwd, m.bwd_data, m.bwd_filter});
+      ms_total += ms[0] + ms[1] + ms[2];
+    }
     c_.measured_batch = batch;
     std::ostringstream line;
-    line << "convolutions: algorithms timed on rank 0 (--conv-algos measured), the fastest deterministic each";
-    if (world.rank() == 0)
-      line << ", " << std::fixed << std::setprecision(3) << ms_total << " ms per step by cudnnFind";
-    return line.str();
+    line << "convolutions: algorithms timed on rank 0 (--conv-algos measured), the fastest deterministic each, "
+         << std::fixed << std::setprecision(3) << ms_total << " ms per step by cudnnFind; every rank uses them";
+    t.banner = line.str();
+    return t;
+  }
+  // The other ranks' half: rank 0's table, once training starts (Trainer::share_measured_convolutions).
+  void use_measured_convolutions(const ModelSpec& spec, std::span<const std::int32_t> table) override {
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < spec.layers.size(); ++i) {
+      if (spec.layers[i].kind != LayerKind::kConv) continue;
+      MNIST_CHECK(k + 3 <= table.size(), ExitCode::kRuntime, "--conv-algos measured: rank 0's table is too short");
+      const cuda::MeasuredConv m{table[k], table[k + 1], table[k + 2]};
+      k += 3;
+      const auto conv = c_.retune.find(static_cast<int>(i));
+      if (m.fwd >= 0 && conv != c_.retune.end()) conv->second(m);
+    }
   }
 
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes, float* dlogits,
