@@ -39,8 +39,8 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
               "--cuda-graph needs a GPU, and --device auto found none on " + comm_.host() + ": drop --cuda-graph");
   const std::int64_t world = comm_.size();
   // --shard-optimizer auto: sharded on the CPU with 2 or more ranks (Note [Sharded optimiser state]
-  // in include/mnist_mpi/train/optimizer.hpp); the CUDA path shards only when asked, until it has
-  // run on a GPU.
+  // in include/mnist_mpi/train/optimizer.hpp); the CUDA path shards only when asked, until NCCL's
+  // reduce-scatter and all-gather have run across two GPUs (on one GPU: docs/gpu.md).
   sharded_ = opt_.shard_optimizer == Options::Sharding::kOn ||
              (opt_.shard_optimizer == Options::Sharding::kAuto && !device_.cuda && world > 1);
   launch_ = read_launch_env();

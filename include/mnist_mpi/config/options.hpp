@@ -45,7 +45,7 @@ struct Options {
   bool no_overlap = false;
   // --shard-optimizer, ZeRO stage 1: each rank keeps and updates 1/N of the optimiser state. auto:
   // on for the CPU with 2 or more ranks (the same bits, faster, less memory; docs/reduction.md),
-  // off on a GPU until that path has been run on one.
+  // off on a GPU until NCCL's path has run across two GPUs (one GPU: the same bits, docs/gpu.md).
   enum class Sharding { kAuto, kOn, kOff };
   Sharding shard_optimizer = Sharding::kAuto;
   std::int64_t accumulation_steps = 1;
