@@ -92,6 +92,20 @@ check cuda_graph_with_timeline 2 "--timeline records each layer's host times, wh
 if ! command -v nvidia-smi >/dev/null 2>&1; then  # a machine without GPUs: --device auto takes the CPU
   check cuda_graph_auto_without_gpu 2 "--cuda-graph needs a GPU, and --device auto found none" -- "${run2[@]}" "${base[@]}" --batch-size 10 --cuda-graph --device auto
 fi
+# Note [Choosing cuDNN algorithms] (src/backend/cuda/conv.cpp): refused with --device cpu; with
+# --device auto on the CPU rank 0's table (of -1s, nothing timed) still goes to every rank when
+# training starts (the same collective as on a GPU) and changes nothing: the heuristic run's bits.
+check conv_algos_on_cpu 2 "--conv-algos measured times cuDNN's algorithms, and --device cpu has none" -- "${run2[@]}" "${base[@]}" --batch-size 10 --conv-algos measured
+check conv_algos_bad 2 "--conv-algos must be heuristic or measured, got 'fastest'" -- "${run2[@]}" "${base[@]}" --batch-size 10 --conv-algos fastest
+check conv_algos_measured_on_the_cpu 0 "running on the CPU" -- "${nogpu[@]}" "${base[@]}" --batch-size 10 --max-steps 3 --device auto --conv-algos measured
+measured_hash=$(grep -oE "params_hash [0-9a-f]+" "$work/out")
+check conv_algos_heuristic_on_the_cpu 0 "running on the CPU" -- "${nogpu[@]}" "${base[@]}" --batch-size 10 --max-steps 3 --device auto
+heuristic_hash=$(grep -oE "params_hash [0-9a-f]+" "$work/out")
+if [ -n "$measured_hash" ] && [ "$measured_hash" = "$heuristic_hash" ]; then
+  passed=$((passed + 1)); echo "ok   conv_algos measured on the CPU changes nothing ($measured_hash)"
+else
+  failed=$((failed + 1)); echo "FAIL conv_algos measured on the CPU: '$measured_hash' against '$heuristic_hash'"
+fi
 check global_batch_below_ranks 2 "--global-batch-size 1 is smaller than the 2 ranks: every micro-batch needs at least one image; give at least 2" -- "${run2[@]}" "${base[@]}" --global-batch-size 1
 check accumulation_below_parts 2 "--global-batch-size 5 is smaller than the 2 ranks x 3 accumulation steps" -- "${run2[@]}" "${base[@]}" --global-batch-size 5 --accumulation-steps 3
 
