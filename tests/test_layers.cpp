@@ -901,6 +901,66 @@ TEST(BlockedLayouts, ReluTakenOverByThePoolIsBitwiseTheSame) {
   }
 }
 
+// Note [A 2 x 2 pool's gradient in one pass] (src/backend/cpu/pool.cpp): the one-pass backward
+// writes the scatter's bits, in every layout pair the pool runs on, with ties in the windows (the
+// first maximum wins) and a dy of -0, +0 and both signs; a 7 x 7 input, and a y in another layout,
+// keep the scatter. Then
+// whole models with ReLUs taken over by their pools: the same logits and gradients either way.
+TEST(BlockedLayouts, PoolGradientInOnePassIsBitwiseTheSame) {
+  const std::vector<std::pair<Layout, Layout>> layouts{{Layout::kPlain, Layout::kPlain},
+                                                       {Layout::kBlocked8, Layout::kBlocked8},
+                                                       {Layout::kBlocked16, Layout::kBlocked16},
+                                                       {Layout::kBlocked8, Layout::kPlain},
+                                                       {Layout::kBlocked16, Layout::kPlain}};
+  for (const auto& [xl, yl] : layouts) {
+    for (const Shape in : {Shape{16, 6, 8}, Shape{16, 7, 7}}) {
+      SCOPED_TRACE("x block " + std::to_string(block_of(xl)) + ", y block " + std::to_string(block_of(yl)) + ", " +
+                   std::to_string(in.h) + "x" + std::to_string(in.w));
+      const ModelSpec spec = parse_model_spec("maxpool:2,flatten,fc:10", in, 10);
+      const LayerSpec& l = spec.layers.at(0);
+      auto one_pass = make_cpu_backend(1), scatter = make_cpu_backend(1, {.pool_backward_tiles = false});
+      Rig a(*one_pass, l, 3, 51, true, true, 0, xl, yl), b(*scatter, l, 3, 51, true, true, 0, xl, yl);
+      EXPECT_EQ(a.k->describe().find("dx in one pass") != std::string::npos, in.h == 6 && xl == yl)
+          << a.k->describe();
+      EXPECT_EQ(b.k->describe().find("dx in one pass"), std::string::npos) << b.k->describe();
+      for (std::size_t i = 0; i < a.x.size(); ++i)  // coarse values: ties in many windows
+        a.x[i] = b.x[i] = std::round(a.x[i] * 2.0f) / 2.0f;
+      for (std::size_t i = 0; i < a.dy.size(); ++i) {
+        const float v = i % 5 == 0 ? -0.0f : i % 7 == 0 ? 0.0f : a.dy[i];
+        a.dy[i] = b.dy[i] = v;
+      }
+      std::fill(a.dx.begin(), a.dx.end(), 9.0f);  // every element must be written
+      std::fill(b.dx.begin(), b.dx.end(), 5.0f);
+      StepContext ctx;
+      a.k->forward(ctx);
+      b.k->forward(ctx);
+      ASSERT_TRUE(same_bits(a.y, b.y));
+      a.k->backward(ctx);
+      b.k->backward(ctx);
+      EXPECT_TRUE(same_bits(a.dx, b.dx)) << "dx";
+    }
+  }
+  for (const char* model : {"conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:32,relu,fc:10",
+                            // a pool without a ReLU, between two convolutions (not the first: its pool's
+                            // gradient is the first convolution's, Note [The first convolution reads its
+                            // pool's gradient])
+                            "conv:3x3:8:same,relu,conv:3x3:16:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10"}) {
+    SCOPED_TRACE(model);
+    const ModelSpec spec = parse_model_spec(model, {1, 12, 12}, 10);
+    auto one_pass_be = make_cpu_backend(1), scatter_be = make_cpu_backend(1, {.pool_backward_tiles = false});
+    std::vector<float> params(static_cast<std::size_t>(spec.param_count));
+    init_params(spec, parse_init_spec("he"), parse_init_spec("normal:0.3"), 53, params.data());
+    std::vector<float> g_one(params.size(), 7.0f), g_scatter(params.size(), 3.0f);
+    Model one(spec, 3, *one_pass_be, params.data(), g_one.data());
+    Model apart(spec, 3, *scatter_be, params.data(), g_scatter.data());
+    EXPECT_NE(one.describe().find("dx in one pass"), std::string::npos) << one.describe();
+    const std::vector<float> x = uniform(static_cast<std::size_t>(3) * 144, 55, -1.0f, 1.0f);
+    step_on(one, *one_pass_be, x, {1, 4, 7}, 3);
+    step_on(apart, *scatter_be, x, {1, 4, 7}, 3);
+    EXPECT_TRUE(same_bits(g_one, g_scatter)) << "gradients";
+  }
+}
+
 // A NaN into a ReLU and its pool: oneDNN's ReLU makes it 0, so a window [NaN, 5] pools to 5. The
 // pool applying the ReLU must give the same, though a max over the raw values would keep the NaN
 // (it comes first, and nothing compares greater than a NaN) and a ReLU after it would give 0.

@@ -325,6 +325,7 @@ struct CpuFusions {
   bool pool_gradient = true;      // Note [The first convolution reads its pool's gradient]
   bool conv_pool_forward = true;  // Note [The first convolution and its pool in one pass]
   bool relu_into_pool = true;     // Note [A ReLU taken over by its max pool] (src/backend/cpu/pool.cpp)
+  bool pool_backward_tiles = true;  // Note [A 2 x 2 pool's gradient in one pass] (src/backend/cpu/pool.cpp)
   // The kernels written with AVX2 intrinsics, where the CPU has AVX2 (and FMA); false: their
   // portable versions, which give the same bits (BlockedLayouts tests compare the two).
   bool avx2_kernels = true;
