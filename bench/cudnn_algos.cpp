@@ -16,31 +16,9 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "mnist_mpi/check.hpp"  // CUDA_CHECK, CUDNN_CHECK, CUBLAS_CHECK: the project's messages
 
-#define CHECK_CUDA(x)                                                            \
-  do {                                                                           \
-    cudaError_t e_ = (x);                                                        \
-    if (e_ != cudaSuccess) {                                                     \
-      std::fprintf(stderr, "cudnn_algos: %s: %s\n", #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
-#define CHECK_CUDNN(x)                                                            \
-  do {                                                                            \
-    cudnnStatus_t e_ = (x);                                                       \
-    if (e_ != CUDNN_STATUS_SUCCESS) {                                             \
-      std::fprintf(stderr, "cudnn_algos: %s: %s\n", #x, cudnnGetErrorString(e_)); \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
-#define CHECK_CUBLAS(x)                                     \
-  do {                                                      \
-    if ((x) != CUBLAS_STATUS_SUCCESS) {                     \
-      std::fprintf(stderr, "cudnn_algos: %s failed\n", #x); \
-      std::exit(1);                                         \
-    }                                                       \
-  } while (0)
+namespace {
 
 struct ConvShape {
   const char* name;
@@ -91,54 +69,54 @@ void conv(cudnnHandle_t h, const ConvShape& s, bool tf32, void* ws) {
   cudnnTensorDescriptor_t x, y;
   cudnnFilterDescriptor_t w;
   cudnnConvolutionDescriptor_t cd;
-  CHECK_CUDNN(cudnnCreateTensorDescriptor(&x));
-  CHECK_CUDNN(cudnnCreateTensorDescriptor(&y));
-  CHECK_CUDNN(cudnnCreateFilterDescriptor(&w));
-  CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&cd));
-  CHECK_CUDNN(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s.n, s.c, s.h, s.w));
-  CHECK_CUDNN(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s.k, s.c, s.r, s.r));
-  CHECK_CUDNN(cudnnSetConvolution2dDescriptor(cd, s.pad, s.pad, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  CHECK_CUDNN(cudnnSetConvolutionMathType(cd, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
+  CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+  CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&cd));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s.n, s.c, s.h, s.w));
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s.k, s.c, s.r, s.r));
+  CUDNN_CHECK(cudnnSetConvolution2dDescriptor(cd, s.pad, s.pad, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(cd, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
   int n, k, oh, ow;
-  CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(cd, x, w, &n, &k, &oh, &ow));
-  CHECK_CUDNN(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, k, oh, ow));
+  CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(cd, x, w, &n, &k, &oh, &ow));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, k, oh, ow));
   float *dx, *dw, *dy;
-  CHECK_CUDA(cudaMalloc(&dx, sizeof(float) * s.n * s.c * s.h * s.w));
-  CHECK_CUDA(cudaMalloc(&dw, sizeof(float) * s.k * s.c * s.r * s.r));
-  CHECK_CUDA(cudaMalloc(&dy, sizeof(float) * n * k * oh * ow));
-  CHECK_CUDA(cudaMemset(dx, 0, sizeof(float) * s.n * s.c * s.h * s.w));
-  CHECK_CUDA(cudaMemset(dw, 0, sizeof(float) * s.k * s.c * s.r * s.r));
-  CHECK_CUDA(cudaMemset(dy, 0, sizeof(float) * n * k * oh * ow));
+  CUDA_CHECK(cudaMalloc(&dx, sizeof(float) * s.n * s.c * s.h * s.w));
+  CUDA_CHECK(cudaMalloc(&dw, sizeof(float) * s.k * s.c * s.r * s.r));
+  CUDA_CHECK(cudaMalloc(&dy, sizeof(float) * n * k * oh * ow));
+  CUDA_CHECK(cudaMemset(dx, 0, sizeof(float) * s.n * s.c * s.h * s.w));
+  CUDA_CHECK(cudaMemset(dw, 0, sizeof(float) * s.k * s.c * s.r * s.r));
+  CUDA_CHECK(cudaMemset(dy, 0, sizeof(float) * n * k * oh * ow));
   std::printf("  %s (%d,%d,%d,%d) -> %d, %dx%d, %s\n", s.name, s.n, s.c, s.h, s.w, s.k, s.r, s.r,
               tf32 ? "tf32" : "fp32");
   constexpr int kN = 16;
   int got = 0;
   {
     std::vector<cudnnConvolutionFwdAlgoPerf_t> heur(kN), found(kN);
-    CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, cd, y, kN, &got, heur.data()));
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, cd, y, kN, &got, heur.data()));
     const int picked = heuristic_pick(heur, got);
-    CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(h, x, dx, w, dw, cd, y, dy, kN, &got, found.data(), ws, kCap));
+    CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, x, dx, w, dw, cd, y, dy, kN, &got, found.data(), ws, kCap));
     print("forward", found, got, picked);
   }
   if (s.c > 1) {
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> heur(kN), found(kN);
-    CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, y, cd, x, kN, &got, heur.data()));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, y, cd, x, kN, &got, heur.data()));
     const int picked = heuristic_pick(heur, got);
-    CHECK_CUDNN(
+    CUDNN_CHECK(
         cudnnFindConvolutionBackwardDataAlgorithmEx(h, w, dw, y, dy, cd, x, dx, kN, &got, found.data(), ws, kCap));
     print("bwd-data", found, got, picked);
   }
   {
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> heur(kN), found(kN);
-    CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x, y, cd, w, kN, &got, heur.data()));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x, y, cd, w, kN, &got, heur.data()));
     const int picked = heuristic_pick(heur, got);
-    CHECK_CUDNN(
+    CUDNN_CHECK(
         cudnnFindConvolutionBackwardFilterAlgorithmEx(h, x, dx, y, dy, cd, w, dw, kN, &got, found.data(), ws, kCap));
     print("bwd-filter", found, got, picked);
   }
-  CHECK_CUDA(cudaFree(dx));
-  CHECK_CUDA(cudaFree(dw));
-  CHECK_CUDA(cudaFree(dy));
+  CUDA_CHECK(cudaFree(dx));
+  CUDA_CHECK(cudaFree(dw));
+  CUDA_CHECK(cudaFree(dy));
   cudnnDestroyConvolutionDescriptor(cd);
   cudnnDestroyFilterDescriptor(w);
   cudnnDestroyTensorDescriptor(x);
@@ -148,48 +126,46 @@ void conv(cudnnHandle_t h, const ConvShape& s, bool tf32, void* ws) {
 // C (m x n) = op(A) op(B), column-major as cuBLAS sees it; median of 50 timed runs.
 double gemm_ms(cublasHandle_t b, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k) {
   float *a, *bb, *c;
-  CHECK_CUDA(cudaMalloc(&a, sizeof(float) * m * k));
-  CHECK_CUDA(cudaMalloc(&bb, sizeof(float) * k * n));
-  CHECK_CUDA(cudaMalloc(&c, sizeof(float) * m * n));
-  CHECK_CUDA(cudaMemset(a, 0, sizeof(float) * m * k));
-  CHECK_CUDA(cudaMemset(bb, 0, sizeof(float) * k * n));
+  CUDA_CHECK(cudaMalloc(&a, sizeof(float) * m * k));
+  CUDA_CHECK(cudaMalloc(&bb, sizeof(float) * k * n));
+  CUDA_CHECK(cudaMalloc(&c, sizeof(float) * m * n));
+  CUDA_CHECK(cudaMemset(a, 0, sizeof(float) * m * k));
+  CUDA_CHECK(cudaMemset(bb, 0, sizeof(float) * k * n));
   const float one = 1.0f, zero = 0.0f;
   const int lda = ta == CUBLAS_OP_N ? m : k, ldb = tb == CUBLAS_OP_N ? k : n;
   cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<float> ms;
   for (int i = 0; i < 55; ++i) {
-    CHECK_CUDA(cudaEventRecord(e0));
-    CHECK_CUBLAS(cublasSgemm(b, ta, tb, m, n, k, &one, a, lda, bb, ldb, &zero, c, m));
-    CHECK_CUDA(cudaEventRecord(e1));
-    CHECK_CUDA(cudaEventSynchronize(e1));
+    CUDA_CHECK(cudaEventRecord(e0));
+    CUBLAS_CHECK(cublasSgemm(b, ta, tb, m, n, k, &one, a, lda, bb, ldb, &zero, c, m));
+    CUDA_CHECK(cudaEventRecord(e1));
+    CUDA_CHECK(cudaEventSynchronize(e1));
     float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
     if (i >= 5) ms.push_back(t);
   }
   std::sort(ms.begin(), ms.end());
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  CHECK_CUDA(cudaFree(a));
-  CHECK_CUDA(cudaFree(bb));
-  CHECK_CUDA(cudaFree(c));
+  CUDA_CHECK(cudaFree(a));
+  CUDA_CHECK(cudaFree(bb));
+  CUDA_CHECK(cudaFree(c));
   return ms[ms.size() / 2];
 }
 
-}  // namespace
-
-int main() {
+int run() {
   int dev = 0;
-  CHECK_CUDA(cudaSetDevice(dev));
+  CUDA_CHECK(cudaSetDevice(dev));
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   std::printf("cudnn_algos: %s, cuDNN %zu, cudnnFind's times (median of its runs), '*' the heuristics' pick\n",
               prop.name, cudnnGetVersion());
   cudnnHandle_t h;
-  CHECK_CUDNN(cudnnCreate(&h));
+  CUDNN_CHECK(cudnnCreate(&h));
   void* ws;
-  CHECK_CUDA(cudaMalloc(&ws, kCap));
+  CUDA_CHECK(cudaMalloc(&ws, kCap));
   const ConvShape shapes[] = {
       {"lenet conv1", 100, 1, 28, 28, 32, 5, 2},
       {"lenet conv2", 100, 32, 14, 14, 64, 5, 2},
@@ -199,7 +175,7 @@ int main() {
   for (bool tf32 : {false, true})
     for (const ConvShape& s : shapes) conv(h, s, tf32, ws);
   cublasHandle_t b;
-  CHECK_CUBLAS(cublasCreate(&b));
+  CUBLAS_CHECK(cublasCreate(&b));
   // lenet fc1: y (1024 x 100) = W (1024 x 3136) x (3136 x 100), as mnist_mpi's fc (row-major W (out, in)).
   struct Fc {
     const char* name;
@@ -207,7 +183,7 @@ int main() {
   };
   for (const Fc& f : {Fc{"lenet fc1", 100, 3136, 1024}, Fc{"lenet fc2", 100, 1024, 10}}) {
     for (bool tf32 : {false, true}) {
-      CHECK_CUBLAS(cublasSetMathMode(b, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+      CUBLAS_CHECK(cublasSetMathMode(b, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
       const double fwd = gemm_ms(b, CUBLAS_OP_T, CUBLAS_OP_N, f.out, f.batch, f.in);
       const double bwd_data = gemm_ms(b, CUBLAS_OP_N, CUBLAS_OP_N, f.in, f.batch, f.out);
       const double bwd_w = gemm_ms(b, CUBLAS_OP_N, CUBLAS_OP_T, f.in, f.out, f.batch);
@@ -219,4 +195,15 @@ int main() {
   cudaFree(ws);
   cudnnDestroy(h);
   return 0;
+}
+
+}  // namespace
+
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cudnn_algos: %s\n", e.what());
+    return 1;
+  }
 }

@@ -142,14 +142,16 @@ void Trainer::make_training_state() {
   params_copy_ = backend_->make_host_copy({params_->data()}, spec_.param_count);
   init_params(spec_, wi, bi, opt_.seed, params_copy_->host(0));
   params_copy_->to_backend();
+  train_model_ = std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, params_->data(), grads_->data());
   // Note [Choosing cuDNN algorithms] (src/backend/cuda/conv.cpp): rank 0 times its convolutions
-  // here, local work; the others take its choice in run() (share_measured_convolutions).
+  // here, local work, and takes its choice at once (its banner shows it); the others take it in
+  // run() (share_measured_convolutions).
   if (opt_.conv_algos == "measured" && rank0_) {
     Backend::ConvTiming t = backend_->time_convolutions(spec_, static_cast<int>(batch_));
     conv_table_ = std::move(t.table);
     conv_algos_ = std::move(t.banner);
+    backend_->use_measured_convolutions(spec_, conv_table_);
   }
-  train_model_ = std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, params_->data(), grads_->data());
   const auto mb_to_elems = [](double mb) {
     return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * 1048576.0 / sizeof(float)));
   };

@@ -293,12 +293,12 @@ class Backend {
   virtual void set_wait_timeout(double seconds) { (void)seconds; }
   // --conv-algos measured (Note [Choosing cuDNN algorithms] in src/backend/cuda/conv.cpp), in two
   // halves, so that set-up stays local work (Note [Ending every rank] in src/main.cpp). Rank 0 calls
-  // time_convolutions before its training model (spec, batch images per rank) is built: it times
-  // each convolution's algorithms, builds that model with the fastest deterministic ones, and
-  // returns them, three per convolution in layer order (forward, backward-data, backward-filter;
-  // -1: none), with a line for the banner. The other ranks receive that table once training starts
-  // and use_measured_convolutions rebuilds their training model's convolutions with it (-1: that
-  // one stays as it is). The defaults (the CPU, where oneDNN chooses) time and change nothing.
+  // time_convolutions in its set-up: it times each convolution's algorithms for the training model
+  // (spec, batch images per rank) and returns the fastest deterministic ones, three per convolution
+  // in layer order (forward, backward-data, backward-filter; -1: none), with a line for the banner.
+  // use_measured_convolutions rebuilds the built training model's convolutions with such a table
+  // (-1: that one stays as it is): rank 0 at once, the others when they receive it as training
+  // starts. The defaults (the CPU, where oneDNN chooses) time and change nothing.
   struct ConvTiming {
     std::vector<std::int32_t> table;
     std::string banner;

@@ -86,7 +86,7 @@ struct StartFacts {
   std::string layers;               // Model::describe(): one line per layer, each ending in '\n'
   std::int64_t per_rank_batch = 0;  // per micro-batch
   std::string gradient_progress;    // Communicator::progress_mode() of the gradient communicator
-  std::string conv_algos;           // Backend::measure_convolutions' line (--conv-algos measured), or empty
+  std::string conv_algos;           // Backend::time_convolutions' line (--conv-algos measured), or empty
   // The optimiser's moments: the largest any rank holds, and the whole (equal unless sharded).
   std::int64_t optimizer_state_bytes = 0, optimizer_state_total_bytes = 0;
   bool shard_optimizer = false;  // --shard-optimizer

@@ -137,8 +137,8 @@ void pool_forward_blocked16(const PoolShape& p, std::int64_t n, const float* x, 
 // 0.44 ms.
 template <int B, bool Relu>
 [[gnu::always_inline]] inline void pool_backward_tiles(const PoolShape& p, std::int64_t n, const float* __restrict dys,
-                                                       const float* __restrict ys,
-                                                       const std::int32_t* __restrict args, float* __restrict dxs) {
+                                                       const float* __restrict ys, const std::int32_t* __restrict args,
+                                                       float* __restrict dxs) {
   const int ih = p.ih, iw = p.iw, oh = p.oh, ow = p.ow;
   const float* dy = dys + n * p.out_sample;
   const float* y = Relu ? ys + n * p.out_sample : nullptr;
@@ -187,6 +187,11 @@ void pool_backward_tiles16(const PoolShape& p, std::int64_t n, const float* dy, 
   pool_backward_tiles_any<16>(p, n, dy, y, arg, dx);
 }
 
+// 2 x 2 windows with stride 2 that cover the input exactly: every input element in one window.
+bool exact_2x2(const LayerSpec& l) {
+  return l.kernel_h == 2 && l.kernel_w == 2 && l.stride == 2 && l.in.h == 2 * l.out.h && l.in.w == 2 * l.out.w;
+}
+
 class MaxPool final : public LayerKernel {
  public:
   MaxPool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training)
@@ -199,8 +204,7 @@ class MaxPool final : public LayerKernel {
         x_(b.x),
         dx_(b.dx),
         // Note [A 2 x 2 pool's gradient in one pass]
-        tiles_(c.fuse.pool_backward_tiles && l.kernel_h == 2 && l.kernel_w == 2 && l.stride == 2 &&
-               l.in.h == 2 * l.out.h && l.in.w == 2 * l.out.w && block_size(b.y_layout) == block_size(b.x_layout)) {
+        tiles_(c.fuse.pool_backward_tiles && exact_2x2(l) && by_ == bx_) {
     MNIST_CHECK(l.in.c % bx_ == 0 && l.out.c % by_ == 0 && (bx_ == by_ || by_ == 1), ExitCode::kRuntime,
                 "maxpool: unsupported layouts for " + l.text);
     if (training) argmax_.assign(static_cast<std::size_t>(b.batch * out_sample_), 0);
@@ -213,8 +217,7 @@ class MaxPool final : public LayerKernel {
     }
     // Notes [The first convolution reads its pool's gradient] and [The first convolution and its
     // pool in one pass] in src/backend/cpu/conv.cpp
-    const bool tiles = l.kernel_h == 2 && l.kernel_w == 2 && l.stride == 2 && l.in.h == 2 * l.out.h &&
-                       l.in.w == 2 * l.out.w && bx_ > 1 && by_ == bx_;
+    const bool tiles = exact_2x2(l) && bx_ > 1 && by_ == bx_;
     if (const auto it = c.pooled.find(b.dx); training && c.fuse.pool_gradient && tiles && it != c.pooled.end()) {
       it->second = PooledGradient{b.dy, argmax_.data()};
       dx_left_to_conv_ = true;
@@ -243,8 +246,7 @@ class MaxPool final : public LayerKernel {
   void backward(const StepContext&) override {
     if (!dx_ || dx_left_to_conv_) return;
     if (tiles_) {  // Note [A 2 x 2 pool's gradient in one pass]
-      const PoolShape p{l_.in.h, l_.in.w,       l_.out.h,   l_.out.w,    2,        2,
-                        2,       l_.in.c / bx_, in_sample_, out_sample_, by_ != 1, relu_};
+      const PoolShape p = shape(bx_);
       const float* y = relu_ ? b_.y : nullptr;
 #pragma omp parallel for schedule(static)
       for (std::int64_t n = 0; n < b_.batch; ++n) {
@@ -309,10 +311,15 @@ class MaxPool final : public LayerKernel {
     }
   }
 
+  // The loops' view of this pool, with x blocked by B.
+  PoolShape shape(int B) const {
+    return PoolShape{l_.in.h,   l_.in.w,     l_.out.h,   l_.out.w,    l_.kernel_h, l_.kernel_w,
+                     l_.stride, l_.in.c / B, in_sample_, out_sample_, by_ != 1,    relu_};
+  }
+
   template <int B>
   void forward_blocked() {
-    const PoolShape p{l_.in.h,   l_.in.w,     l_.out.h,   l_.out.w,    l_.kernel_h, l_.kernel_w,
-                      l_.stride, l_.in.c / B, in_sample_, out_sample_, by_ != 1,    relu_};
+    const PoolShape p = shape(B);
     std::int32_t* arg = argmax_.empty() ? nullptr : argmax_.data();
     // Samples are independent: with --threads > 1 they are shared out (same bits for any count).
 #pragma omp parallel for schedule(static)

@@ -82,12 +82,13 @@ const char* bwd_filter_name(cudnnConvolutionBwdFilterAlgo_t a) {
 // The heuristics can be far off. On an H200 with cuDNN 9.19 (bench/cudnn_algos.cpp, docs/gpu.md)
 // their tf32 picks for lenet took 1.14 ms per step where the fastest deterministic ones took
 // 0.43 ms, and lenet ran slower in tf32 than in fp32. --conv-algos measured: rank 0 times each
-// training convolution's algorithms (cudnnFind*) before it builds its model, local work of its
-// set-up, and builds them with the fastest deterministic one within the cap; once training starts
+// training convolution's algorithms (cudnnFind*) in its set-up, local work, and rebuilds its
+// training convolutions with the fastest deterministic one within the cap; once training starts
 // (after the ranks agreed that set-up went well everywhere) it broadcasts its choice and the other
-// ranks rebuild their convolutions with it (Backend::time_convolutions and
-// use_measured_convolutions, Trainer::share_measured_convolutions), so the ranks still hold the
-// same bits. A later run, or a resume, may measure differently and round differently. A rank whose
+// ranks rebuild theirs the same way (Backend::time_convolutions and use_measured_convolutions,
+// Trainer::share_measured_convolutions), so the ranks still hold the same bits. Every
+// convolution is first built with the heuristics' choice; a training one then registers its
+// rebuild in Context::retune. A later run, or a resume, may measure differently and round differently. A rank whose
 // GPU cannot run rank 0's choice stops, naming it. The choice is printed per layer in the banner
 // (describe()). With heuristics, ranks on different GPU models could still choose differently; the
 // replica check (--check-replicas-every) would stop such a run, naming the ranks.
@@ -186,13 +187,8 @@ class Conv final : public LayerKernel {
       if (training && b.dx) dxpad_ = DeviceArray<float>(xpad_.size());
     }
     bias_ptr_ = b.w + static_cast<std::int64_t>(l.channels) * l.in.c * l.kernel_h * l.kernel_w;
-    const auto planned = c.measured.find(index);
-    if (training && b.batch == c.measured_batch && planned != c.measured.end()) {
-      use_measured(planned->second);
-    } else {
-      use_heuristics(training);
-    }
-    if (training) {  // rank 0's choice may come later (Backend::use_measured_convolutions)
+    use_heuristics(training);
+    if (training) {  // rank 0's timed choice replaces them (Backend::use_measured_convolutions)
       index_ = index;
       c.retune[index] = [this](const MeasuredConv& m) { use_measured(m); };
     }
@@ -274,8 +270,8 @@ class Conv final : public LayerKernel {
     workspace_ = DeviceArray<std::uint8_t>(static_cast<std::int64_t>(ws));
   }
 
-  // --conv-algos measured: rank 0's choice (a training model: every direction it needs). Called at
-  // build on rank 0, and on the other ranks before the first step: the workspace is made again.
+  // --conv-algos measured: rank 0's choice (a training model: every direction it needs), before
+  // the first step; the workspace is made again.
   void use_measured(const MeasuredConv& m) {
     MNIST_CHECK(
         m.fwd >= 0 && m.bwd_filter >= 0 && (!b_.dx || m.bwd_data >= 0), ExitCode::kRuntime,

@@ -199,28 +199,24 @@ class CudaBackend final : public Backend {
     throw_error(ExitCode::kRuntime, "unknown layer kind");
   }
 
-  // Note [Choosing cuDNN algorithms] (conv.cpp), rank 0's half: local work, before its training
-  // model is built, which then takes these algorithms (Context::measured).
+  // Note [Choosing cuDNN algorithms] (conv.cpp), rank 0's timing: local work.
   ConvTiming time_convolutions(const ModelSpec& spec, int batch) override {
     ConvTiming t;
     double ms_total = 0.0, ms[3];
-    c_.measured.clear();
     for (std::size_t i = 0; i < spec.layers.size(); ++i) {
       if (spec.layers[i].kind != LayerKind::kConv) continue;
-      const int index = static_cast<int>(i);
-      const cuda::MeasuredConv m = cuda::measure_conv(c_, spec.layers[i], batch, /*needs_dx=*/index > 0, ms);
-      c_.measured[index] = m;
+      const cuda::MeasuredConv m = cuda::measure_conv(c_, spec.layers[i], batch, /*needs_dx=*/i > 0, ms);
       t.table.insert(t.table.end(), {m.fwd, m.bwd_data, m.bwd_filter});
       ms_total += ms[0] + ms[1] + ms[2];
     }
-    c_.measured_batch = batch;
     std::ostringstream line;
     line << "convolutions: algorithms timed on rank 0 (--conv-algos measured), the fastest deterministic each, "
          << std::fixed << std::setprecision(3) << ms_total << " ms per step by cudnnFind; every rank uses them";
     t.banner = line.str();
     return t;
   }
-  // The other ranks' half: rank 0's table, once training starts (Trainer::share_measured_convolutions).
+  // Rank 0's table, into the training model's convolutions: on rank 0 as soon as that model is
+  // built, on the others once training starts (Trainer::share_measured_convolutions).
   void use_measured_convolutions(const ModelSpec& spec, std::span<const std::int32_t> table) override {
     std::size_t k = 0;
     for (std::size_t i = 0; i < spec.layers.size(); ++i) {

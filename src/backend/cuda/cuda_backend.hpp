@@ -49,12 +49,8 @@ struct MeasuredConv {
 struct Context {
   int device = 0;
   bool tf32 = false;
-  // --conv-algos measured (Note [Choosing cuDNN algorithms] in conv.cpp). On rank 0, what it timed
-  // for its training model's convolutions (by layer index, at this batch), which that model's
-  // convolutions take when they are built; on every rank, each training convolution's way to take
-  // rank 0's choice later (registered while it lives).
-  std::map<int, MeasuredConv> measured;
-  int measured_batch = 0;
+  // --conv-algos measured (Note [Choosing cuDNN algorithms] in conv.cpp): each training
+  // convolution's way to take rank 0's choice once built, by layer index (registered while it lives).
   std::map<int, std::function<void(const MeasuredConv&)>> retune;
   cudaStream_t stream = nullptr;
   cudnnHandle_t cudnn = nullptr;
