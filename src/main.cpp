@@ -14,6 +14,7 @@
 #include "mnist_mpi/comm/watchdog.hpp"
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/export/onnx_export.hpp"
+#include "mnist_mpi/io/standard_streams.hpp"
 #include "mnist_mpi/predict/predict.hpp"
 #include "mnist_mpi/resilience/consistency.hpp"
 #include "mnist_mpi/resilience/preemption.hpp"
@@ -39,7 +40,13 @@ using namespace mnist_mpi;
 // MPI_Finalize can be checked against the others at a glance.
 int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
-  // `mnist_mpi evaluate|export|predict ...`: one process, no MPI.
+  open_closed_standard_descriptors();  // before MPI or any file takes descriptor 0, 1 or 2
+  // `mnist_mpi train ...` is `mnist_mpi ...`; `mnist_mpi evaluate|export|predict ...`: one process, no MPI.
+  if (argc >= 2 && std::string(argv[1]) == "train") {
+    argv[1] = argv[0];
+    --argc;
+    ++argv;
+  }
   if (argc >= 2 && std::string(argv[1]) == "evaluate") return evaluate_checkpoint_main(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "export") return export_onnx_main(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "predict") return predict_main(argc - 1, argv + 1);
@@ -137,6 +144,8 @@ int main(int argc, char** argv) {
   if (const std::int64_t worst = agree("the setup agreement (allreduce)"); worst != 0) return finish(worst);
   catching([&] { check_ranks_agree(*comm, trainer->job_description()); });
   if (const std::int64_t worst = agree("the same-job agreement (allreduce)"); worst != 0) return finish(worst);
+  catching([&] { check_same_data(*comm, trainer->data_files()); });  // all ranks throw, or none
+  if (const std::int64_t worst = agree("the same-data agreement (allreduce)"); worst != 0) return finish(worst);
 
   int exit_code = 0;
   try {

@@ -46,7 +46,9 @@ check config_files_parse 0 "batch: 100 global" -- "${run2[@]}" --config "$root/c
 check tiny_config_parses 0 "batch: 256 global, 128 per rank" -- "${run2[@]}" --config "$root/configs/tiny.ini" "${base[@]}" --max-steps 1
 check unknown_option 2 "unrecognised option '--bogus'" -- "${run2[@]}" --bogus 1
 check bad_value 2 "epochs" -- "${run2[@]}" "${base[@]}" --batch-size 10 --epochs abc
-check no_batch_given 2 "exactly one of --batch-size" -- "${run2[@]}" "${base[@]}"
+check no_batch_given 0 "batch: 100 global, 50 per rank" -- "${run2[@]}" "${base[@]}" --max-steps 1  # lenet's recipe
+check both_batches_given 2 "one of --batch-size \(per rank\) and --global-batch-size, not both" -- \
+  "${run2[@]}" "${base[@]}" --batch-size 10 --global-batch-size 20
 check bad_model_spec 2 "bad layer 'conv:3x3'" -- "${run2[@]}" --data-dir "$work/good" --validation-size 100 --batch-size 10 --model conv:3x3,fc:10
 check bad_device 2 "--device must be" -- "${run2[@]}" "${base[@]}" --batch-size 10 --device tpu
 # No GPU (CUDA_VISIBLE_DEVICES empty hides any there is): auto says why it runs on the CPU; cuda

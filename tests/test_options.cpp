@@ -305,7 +305,7 @@ TEST(Options, ConfigFilesParseAsBeforeAndTheCommandLineWins) {
             "accumulation-steps = 1\nallow-gpu-sharing = false\nbatch-size = 128\nbeta1 = 0.9\nbeta2 = "
             "0.999\nbias-init = zeros\n"
             "bucket-mb = 4\ncheck-replicas-every = 100\ncheckpoint-async = true\ncheckpoint-every = 0\n"
-            "collective-timeout = 300\nconv-algos = heuristic\ncuda-graph = false\ndata-dir = data/mnist\ndevice = "
+            "collective-timeout = 300\nconv-algos = heuristic\ncuda-graph = false\ndevice = "
             "cpu\nepochs = 3\neps = 1e-08\n"
             "eval-batch-size = 100\neval-every = 0\nfirst-bucket-mb = 1\nglobal-batch-size = 0\n"
             "keep-checkpoints = 3\nlog-every = 50\nlr = 0.01\nlr-gamma = 0.7\nlr-min = 1e-05\n"

@@ -766,7 +766,7 @@ TEST(Monitor, PrintsTheBannerSkippedStepsAndTheFinalReport) {
             "epoch 2 step 3/4 skipped: non-finite gradient (the loss was not finite on rank 0)\n"
             "test accuracy 0.9000 loss 0.2500 after 4 steps (2.00 epochs)\n"
             "1000 images/s steady, wall 1.5 s (+ evaluation 0.3 s), start-up 0.25 s, peak RSS per rank "
-            "[108.9599609,100] MB\n"
+            "109.0, 100.0 MB\n"
             "per step: data 125.00 ms, forward 62.50 ms, backward 250.00 ms, exposed communication 500.00 ms, "
             "optimizer 31.25 ms; 0.0 MB reduced\n"
             "checkpoints: 2 written, 0.00 MB each (parameters and optimiser state 0.00 MB + 1.1 KB); rank 0 copied the "

@@ -99,8 +99,11 @@ std::vector<std::string> list_temporaries(const std::string& dir) {
 // stale lock. The holder writes who it is into the file (host, pid, Slurm job, start time), and a
 // second job is refused at set-up (exit 4) with that line. flock works across the nodes of a
 // cluster on NFS (Linux emulates it with byte-range locks) and on Lustre mounted with flock.
+constexpr const char* kLockName = ".mnist_mpi.lock";
+constexpr const char* kWriteProbeName = ".mnist_mpi-write-test";
+
 int lock_checkpoint_dir(const std::string& dir) {
-  const std::string path = dir + "/.mnist_mpi.lock";
+  const std::string path = dir + "/" + kLockName;
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0644);
   struct stat st {};
   if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS))
@@ -143,6 +146,27 @@ int lock_checkpoint_dir(const std::string& dir) {
 
 }  // namespace
 
+void Checkpointer::declare_files(const Options& o, FileRoles& roles) {
+  const std::string owner = "checkpoints";
+  if (!o.resume.empty() && o.resume != "auto") roles.input("--resume", o.resume, owner);
+  if (o.checkpoint_dir.empty()) return;
+  const std::string dir = o.checkpoint_dir;
+  for (const auto& [step, name] : list_checkpoints(dir))
+    roles.input("--checkpoint-dir (its checkpoint " + name + ")", dir + "/" + name, owner);
+  if (file_kind(dir + "/" + kLockName) != FileKind::kMissing)
+    roles.input("--checkpoint-dir (its lock file)", dir + "/" + kLockName, owner);
+  roles.outputs_in(
+      "--checkpoint-dir", dir,
+      [](std::string_view name) {
+        const std::string_view tmp = kCheckpointTempSuffix;
+        if (name == kLockName || name == kWriteProbeName) return true;
+        if (name.size() > tmp.size() && name.substr(name.size() - tmp.size()) == tmp)
+          name.remove_suffix(tmp.size());
+        return checkpoint_file_step(std::string(name)) >= 0;
+      },
+      "checkpoints (step-NNNNNNNN.ckpt), their temporary files and its lock file", owner);
+}
+
 Checkpointer::Checkpointer(const Options& options, Communicator& comm, const CheckpointRun& run)
     : opt_(options), comm_(comm), run_(run), dir_(options.checkpoint_dir), rank0_(comm.rank() == 0) {
   if (!rank0_) return;
@@ -162,7 +186,7 @@ Checkpointer::Checkpointer(const Options& options, Communicator& comm, const Che
         std::cout << "checkpoint: removed '" << dir_ << "/" << t << "', left by a write that did not finish\n";
     }
     // Find out now, not after hours of training, whether the directory takes a file.
-    const std::string probe = ".mnist_mpi-write-test";
+    const std::string probe = kWriteProbeName;
     const std::uint8_t one = 1;
     try {
       write_file_atomically(dir_, probe, {&one, 1});

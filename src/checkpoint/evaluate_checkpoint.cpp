@@ -18,6 +18,7 @@
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/io/file_kind.hpp"
+#include "mnist_mpi/io/file_roles.hpp"
 #include "mnist_mpi/model/model.hpp"
 #include "mnist_mpi/model/spec.hpp"
 
@@ -78,6 +79,16 @@ Checkpoint pick_checkpoint(const std::string& path, std::string& chosen) {
                                          "'; give a checkpoint file or the --checkpoint-dir of a run");
 }
 
+void declare_checkpoint_input(const std::string& path, FileRoles& roles) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return roles.input("--checkpoint", path);
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (checkpoint_file_step(name) >= 0) roles.input("--checkpoint (its " + name + ")", path + "/" + name);
+  }
+}
+
 CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& split, int batch, int threads,
                                          bool keep_logits) {
   const ModelSpec spec = checkpoint_model_spec(ck);
@@ -130,7 +141,7 @@ CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& spli
 }
 
 int evaluate_checkpoint_main(int argc, char** argv) {
-  std::string checkpoint, data_dir = "data/mnist", split_name = "test", logits_file;
+  std::string checkpoint, data_dir, split_name = "test", logits_file;
   std::int64_t batch = 250;
   int threads = 0;
   po::options_description desc(
@@ -139,7 +150,8 @@ int evaluate_checkpoint_main(int argc, char** argv) {
       "Usage: mnist_mpi evaluate --checkpoint FILE|DIR [options] (one process, no mpirun)\nOptions");
   desc.add_options()("help,h", "print this help and exit")(
       "checkpoint", po::value(&checkpoint), "checkpoint file, or a --checkpoint-dir (its newest valid checkpoint)")(
-      "data-dir", po::value(&data_dir)->default_value(data_dir), "directory with the four MNIST IDX files")(
+      "data-dir", po::value(&data_dir),
+      "directory with the four MNIST IDX files; default: found as the trainer finds it (docs/usage.md)")(
       "split", po::value(&split_name)->default_value(split_name),
       "test | validation (the validation split of the checkpoint's run)")(
       "eval-batch-size", po::value(&batch)->default_value(batch), "images per evaluation batch")(
@@ -154,6 +166,14 @@ int evaluate_checkpoint_main(int argc, char** argv) {
           throw_error(ExitCode::kUsage, "--split must be test or validation, got '" + split_name + "'");
         if (batch <= 0 || threads < 0)
           throw_error(ExitCode::kUsage, "--eval-batch-size must be > 0 and --threads >= 0");
+        data_dir = find_mnist_dir(data_dir);  // Note [Where the data is found]
+        {  // Note [No output is an input]
+          FileRoles roles;
+          declare_checkpoint_input(checkpoint, roles);
+          for (const DataFile& f : mnist_files(data_dir)) roles.input("--data-dir (" + f.what + ")", f.path);
+          if (!logits_file.empty()) roles.output("--logits-file", logits_file);
+          roles.check();
+        }
         std::string path;
         const Checkpoint ck = pick_checkpoint(checkpoint, path);
         const CheckpointMeta& m = ck.meta;

@@ -3,6 +3,7 @@
 #include "mnist_mpi/config/options.hpp"
 
 #include <boost/program_options.hpp>
+#include <unistd.h>
 
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/io/file_kind.hpp"
+#include "mnist_mpi/io/standard_streams.hpp"
 
 namespace po = boost::program_options;
 
@@ -96,6 +98,12 @@ std::string explain(const po::error& e, std::string name, const std::string* val
 }
 
 }  // namespace
+
+std::string not_a_command(const std::string& word) {
+  return quote_input(word) +
+         " is not a command or an option of mnist_mpi (options start with --); the commands: train (the default), "
+         "evaluate, export, predict (see mnist_mpi --help)";
+}
 
 std::map<std::string, std::string> key_value_lines(const std::string& text) {
   std::map<std::string, std::string> out;
@@ -254,8 +262,10 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   general.add_options()("help,h", "print this help and exit")("version", "print the version and exit")(
       "config", po::value<std::string>(&o.config_file), "INI file of options (key = value); the command line wins");
   po::options_description data("Data");
-  data.add_options()("data-dir", po::value(&o.data_dir)->default_value(d.data_dir),
-                     "directory with the four MNIST IDX files (raw or .gz)")(
+  data.add_options()("data-dir", po::value(&o.data_dir),
+                     "directory with the four MNIST IDX files (raw or .gz); default: $MNIST_MPI_DATA_DIR, else "
+                     "data/mnist under the current directory, else data/mnist of the source tree this program was "
+                     "built from (docs/usage.md)")(
       "validation-size", po::value(&o.validation_size)->default_value(d.validation_size),
       "images: the last N training images form the validation split")(
       "train-limit", po::value(&o.train_limit)->default_value(d.train_limit),
@@ -272,7 +282,7 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       "images per rank per step (per micro-batch with --accumulation-steps; or give --global-batch-size)")(
       "global-batch-size", po::value(&o.global_batch_size)->default_value(d.global_batch_size),
       "images per step over all ranks, split as evenly as it goes (100 on 8 ranks: 13 or 12 each); at least the number "
-      "of ranks")("epochs", po::value(&o.epochs)->default_value(d.epochs), "passes over the training split")(
+      "of ranks. 100 (lenet's recipe) when neither this nor --batch-size is given")("epochs", po::value(&o.epochs)->default_value(d.epochs), "passes over the training split")(
       "max-steps", po::value(&o.max_steps)->default_value(d.max_steps),
       "global steps in the whole run (0 = epochs decide)")(
       "target-accuracy", po::value(&o.target_accuracy)->default_value(d.target_accuracy),
@@ -351,7 +361,7 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       "eval-every", po::value(&o.eval_every)->default_value(d.eval_every),
       "steps between test evaluations (of the validation split with --target-accuracy; 0 = only at the end)")(
       "eval-batch-size", po::value(&o.eval_batch_size)->default_value(d.eval_batch_size),
-      "images per evaluation batch on rank 0")(
+      "images per evaluation batch (every rank evaluates its share of the split)")(
       "check-replicas-every", po::value(&o.check_replicas_every)->default_value(d.check_replicas_every),
       "steps between checks that all ranks hold identical parameters (0 = never)")(
       "metrics-file", po::value(&o.metrics_file), "write JSON lines of step / eval / final events (rank 0)")(
@@ -367,15 +377,23 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       "write a self-contained HTML report (curves, where the time went) to this file at the end");
   po::options_description all("mnist_mpi " MNIST_MPI_VERSION
                               " - data-parallel CNN training on MNIST.\n"
-                              "Usage: mpirun -np N mnist_mpi [--config FILE] [options]\nOptions");
+                              "Usage: mpirun -np N mnist_mpi [train] [--config FILE] [options]\n"
+                              "       mnist_mpi evaluate|export|predict [options] (one process; COMMAND --help)\n" +
+                              std::string(kCommands) + "Options");
   all.add(general).add(data).add(model).add(train).add(red).add(ck).add(sys).add(rep);
+  // A word that is not an option (`mnist_mpi evalute`) is caught as this hidden positional option,
+  // so that the message can name it and list the commands.
+  po::options_description parsing;
+  parsing.add(all).add_options()("command-word", po::value<std::vector<std::string>>());
+  po::positional_options_description command_words;
+  command_words.add("command-word", -1);
 
   po::variables_map vm;
   std::vector<std::string> args;  // what the user wrote, for explain()
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
   po::parsed_options command_line(&all);
   try {
-    command_line = po::command_line_parser(argc, argv).options(all).run();
+    command_line = po::command_line_parser(argc, argv).options(parsing).positional(command_words).run();
   } catch (const po::error& e) {
     throw_error(ExitCode::kUsage, explain(e, "", nullptr, args) + " (see --help)");
   }
@@ -384,6 +402,7 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   std::set<std::string> given;
   for (const po::option& opt : command_line.options) {
     if (opt.string_key.empty()) continue;
+    if (opt.string_key == "command-word") throw_error(ExitCode::kUsage, not_a_command(opt.value.front()));
     const std::string name = "--" + opt.string_key;
     if (!given.insert(opt.string_key).second)
       throw_error(ExitCode::kUsage, "option " + quote_input(name) + " is given more than once (see --help)");
@@ -462,8 +481,9 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   if (o.progress != "auto" && o.progress != "bar" && o.progress != "lines")
     throw_error(ExitCode::kUsage, "--progress must be auto, bar or lines, got " + quote_input(o.progress));
   if (o.threads < 0) throw_error(ExitCode::kUsage, "--threads must be >= 0");
-  if ((o.batch_size == 0) == (o.global_batch_size == 0))
-    throw_error(ExitCode::kUsage, "give exactly one of --batch-size (per rank) and --global-batch-size");
+  if (o.batch_size != 0 && o.global_batch_size != 0)
+    throw_error(ExitCode::kUsage, "give one of --batch-size (per rank) and --global-batch-size, not both");
+  if (o.batch_size == 0 && o.global_batch_size == 0) o.global_batch_size = kDefaultGlobalBatch;
   check_real_options(o);  // Note [One check for every floating-point option]
   if (o.device != "cpu" && o.device != "auto" && o.device != "cuda")
     throw_error(ExitCode::kUsage, "--device must be cpu, cuda or auto, got " + quote_input(o.device));
@@ -504,7 +524,9 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       continue;
     const boost::any& a = value.value();
     res << name << " = ";
-    if (auto s = boost::any_cast<std::string>(&a))
+    if (name == "global-batch-size")  // its default depends on --batch-size
+      res << o.global_batch_size;
+    else if (auto s = boost::any_cast<std::string>(&a))
       res << *s;
     else if (auto i = boost::any_cast<std::int64_t>(&a))
       res << *i;
@@ -530,6 +552,9 @@ int run_subcommand(const std::string& name, const std::string& prefix, const po:
     std::fprintf(stderr, "%s: error: %s\n", prefix.c_str(), what);
     return code;
   };
+  // Their output is checked once at the end (below); a buffer that holds all of it in the usual
+  // case keeps the errno of a failed write (a full disk) for that message.
+  if (!::isatty(1)) std::setvbuf(stdout, nullptr, _IOFBF, std::size_t{1} << 20);
   try {
     po::variables_map vm;
     try {
@@ -541,11 +566,18 @@ int run_subcommand(const std::string& name, const std::string& prefix, const po:
     } catch (const po::error& e) {
       throw_error(ExitCode::kUsage, option_error_message(e, argc, argv) + " (see mnist_mpi " + name + " --help)");
     }
-    if (vm.count("help")) {
+    int rc = 0;
+    if (vm.count("help"))
       std::cout << desc;
-      return 0;
+    else
+      rc = body(vm);  // std::cout shares stdout's buffer (synced with stdio): flushed below
+    // Their results are their standard output: a failed write is a lost result (exit 7), said once.
+    if (const std::string lost = standard_output_error(); !lost.empty()) {
+      std::fprintf(stderr, "%s: error: cannot write %s; what it printed is lost, so the command failed\n",
+                   prefix.c_str(), lost.c_str());
+      return rc != 0 ? rc : static_cast<int>(ExitCode::kOutput);
     }
-    return body(vm);
+    return rc;
   } catch (const Error& e) {
     return fail(e.what(), static_cast<int>(e.code()));
   } catch (const std::exception& e) {

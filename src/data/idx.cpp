@@ -12,7 +12,9 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -24,6 +26,7 @@
 #include <new>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/crc32c.hpp"
 #include "mnist_mpi/io/file_kind.hpp"
 
 namespace mnist_mpi {
@@ -392,6 +395,48 @@ IdxLabels read_idx_labels(const std::string& requested, int num_classes) {
   return out;
 }
 
+std::vector<DataFile> mnist_files(const std::string& dir) {
+  const fs::path d(dir);
+  std::vector<DataFile> files{{"train-images-idx3-ubyte", "the training images", "", 0},
+                              {"train-labels-idx1-ubyte", "the training labels", "", 0},
+                              {"t10k-images-idx3-ubyte", "the test images", "", 0},
+                              {"t10k-labels-idx1-ubyte", "the test labels", "", 0}};
+  for (DataFile& f : files) f.path = resolve((d / f.name).string());
+  return files;
+}
+
+// Note [Where the data is found] (include/mnist_mpi/data/idx.hpp)
+std::string find_mnist_dir(const std::string& given) {
+  if (!given.empty()) return given;
+  const auto holds_any = [](const std::string& dir) {
+    if (file_kind(dir) != FileKind::kDirectory) return false;
+    for (const DataFile& f : mnist_files(dir))
+      if (file_kind(f.path) != FileKind::kMissing) return true;
+    return false;
+  };
+  const char* env = std::getenv("MNIST_MPI_DATA_DIR");
+  if (env != nullptr && *env != '\0') {
+    if (holds_any(env)) return env;
+    throw Error(ExitCode::kData, "MNIST_MPI_DATA_DIR is " + quote_input(env) +
+                                     ", which holds none of the four MNIST files (train-images-idx3-ubyte, ...): "
+                                     "fetch them with scripts/fetch_mnist.sh and point it at their directory, or "
+                                     "unset it (or give --data-dir DIR)");
+  }
+  const std::string here = "data/mnist";
+  if (holds_any(here)) return here;
+  std::error_code ec;
+  const std::string cwd = fs::current_path(ec).string();
+  const std::string tree = MNIST_MPI_SOURCE_DIR, source = tree + "/data/mnist";
+  // Said relative to the current directory when that is inside the tree ("../data/mnist" in build/).
+  if (holds_any(source)) return !ec && cwd.rfind(tree + "/", 0) == 0 ? fs::proximate(source, ec).string() : source;
+  throw Error(ExitCode::kData,
+              "no MNIST data found: --data-dir is not given, MNIST_MPI_DATA_DIR is not set, and neither " +
+                  quote_input(here) + " under the current directory" + (ec ? "" : " (" + quote_input(cwd) + ")") +
+                  " nor " + quote_input(source) +
+                  " (the source tree this program was built from) holds the MNIST files; fetch them with "
+                  "`bash scripts/fetch_mnist.sh` in the source tree, or give --data-dir DIR");
+}
+
 Mnist load_mnist(const std::string& dir, std::int64_t validation_size, std::int64_t train_limit) {
   if (const FileKind kind = file_kind(dir); kind == FileKind::kMissing) {
     throw Error(ExitCode::kData, "MNIST data directory " + quote_input(dir) + " not found; " + kFetchHint);
@@ -429,6 +474,15 @@ Mnist load_mnist(const std::string& dir, std::int64_t validation_size, std::int6
   }
 
   Mnist m;
+  m.files = mnist_files(dir);
+  const auto digest = [](const std::vector<std::uint8_t>& bytes, std::initializer_list<std::int64_t> sizes) {
+    const std::vector<std::int64_t> s(sizes);
+    return content_digest(bytes.data(), bytes.size()) ^ (content_digest(s.data(), s.size() * sizeof s[0]) * 31);
+  };
+  m.files[0].digest = digest(train_images.pixels, {train_images.count, train_images.rows, train_images.cols});
+  m.files[1].digest = digest(train_labels.labels, {train_labels.count});
+  m.files[2].digest = digest(test_images.pixels, {test_images.count, test_images.rows, test_images.cols});
+  m.files[3].digest = digest(test_labels.labels, {test_labels.count});
   const std::int64_t split = n_train - validation_size;
   m.validation = make_split(train_images, train_labels, split, n_train);
   m.train = head_split(std::move(train_images), std::move(train_labels), split);  // no copy

@@ -20,6 +20,7 @@
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/hash.hpp"
 #include "mnist_mpi/io/file_kind.hpp"
+#include "mnist_mpi/io/file_roles.hpp"
 
 namespace po = boost::program_options;
 
@@ -137,8 +138,10 @@ void vet(onnx::ModelProto& model) {
 }
 
 // Note [Whole or absent] (include/mnist_mpi/io/file_kind.hpp): the model file is whole or absent.
+constexpr const char* kOnnxTempSuffix = ".tmp";
+
 void write_whole_file(const std::string& path, const std::string& bytes) {
-  replace_file(path, ".tmp", {reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()},
+  replace_file(path, kOnnxTempSuffix, {reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()},
                [&](const std::string& what, int e, bool renamed) {
                  throw_error(ExitCode::kOutput, std::string(renamed ? "wrote " : "cannot write ") + quote_input(path) +
                                                     (renamed ? " but " : ": ") + what +
@@ -277,7 +280,14 @@ int export_onnx_main(int argc, char** argv) {
       [&](const po::variables_map&) -> int {
         if (checkpoint.empty() || onnx_path.empty())
           throw_error(ExitCode::kUsage, "give --checkpoint FILE and --onnx FILE (see mnist_mpi export --help)");
-        check_output_path(onnx_path, "ONNX file", ExitCode::kOutput);  // before the work, not after it
+        FileRoles roles;  // Note [No output is an input]
+        declare_checkpoint_input(checkpoint, roles);
+        roles.output("--onnx", onnx_path);
+        roles.output("--onnx (its temporary file)", onnx_path + kOnnxTempSuffix);
+        roles.check();
+        // Before the work, not after it; a read-only file is refused, not replaced (Note [A
+        // read-only output is not replaced] in include/mnist_mpi/io/file_kind.hpp).
+        check_output_path(onnx_path, "ONNX file", ExitCode::kOutput);
         std::string chosen;
         const Checkpoint ck = pick_checkpoint(checkpoint, chosen);
         const OnnxExport e = export_onnx(ck);

@@ -135,7 +135,17 @@ void require_regular_file(const std::string& path, const std::string& what, Exit
 void check_output_path(const std::string& path, const std::string& what, ExitCode code) {
   const FileKind kind = file_kind(path);
   switch (kind) {
-    case FileKind::kRegular:
+    case FileKind::kRegular: {
+      // Note [A read-only output is not replaced] (include/mnist_mpi/io/file_kind.hpp)
+      struct stat st {};
+      const bool no_write_bits = ::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)) == 0;
+      if (no_write_bits || ::access(path.c_str(), W_OK) != 0)
+        throw Error(code, what + " " + quote_input(path) + " is read-only" +
+                              (no_write_bits ? std::string(" (no write permission for anyone)")
+                                             : " (" + std::string(std::strerror(errno)) + ")") +
+                              ", so it is not replaced; make it writable (chmod u+w) or choose another path");
+      return;
+    }
     case FileKind::kCharDevice:
       return;
     case FileKind::kMissing: {

@@ -17,6 +17,7 @@
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/checkpoint/evaluate_checkpoint.hpp"
 #include "mnist_mpi/config/options.hpp"
+#include "mnist_mpi/io/file_kind.hpp"
 #include "mnist_mpi/json.hpp"
 #include "mnist_mpi/model/model.hpp"
 #include "mnist_mpi/model/spec.hpp"
@@ -92,8 +93,12 @@ Json outcome_json(const Outcome& o) {
 }
 
 // The prepared (size x size) input as an 8-bit PGM, to see what the model was given.
+std::string prepared_path(const std::string& dir, std::size_t index) {
+  return dir + "/" + std::to_string(index) + ".pgm";
+}
+
 void save_prepared(const std::string& dir, std::size_t index, const Outcome& o) {
-  const std::string path = dir + "/" + std::to_string(index) + ".pgm";
+  const std::string path = prepared_path(dir, index);
   std::string bytes = "P5\n" + std::to_string(o.prepared.size) + " " + std::to_string(o.prepared.size) + "\n255\n";
   for (float v : o.prepared.pixels) bytes += static_cast<char>(std::lround(std::clamp(v, 0.0f, 1.0f) * 255.0f));
   std::FILE* f = std::fopen(path.c_str(), "wb");
@@ -185,6 +190,17 @@ int predict_main(int argc, char** argv) {
         const InkMode ink = vm.count("invert")      ? InkMode::kDarkOnLight
                             : vm.count("no-invert") ? InkMode::kLightOnDark
                                                     : InkMode::kAuto;
+        {  // Note [No output is an input]: the prepared images must not overwrite the ones given
+          FileRoles roles;
+          declare_checkpoint_input(checkpoint, roles);
+          for (std::size_t i = 0; i < images.size(); ++i)
+            roles.input("an image argument", images[i]);
+          for (std::size_t i = 0; !save_dir.empty() && i < images.size(); ++i)
+            roles.output("--save-prepared", prepared_path(save_dir, i));
+          roles.check();
+          for (std::size_t i = 0; !save_dir.empty() && i < images.size(); ++i)  // before the work
+            check_output_path(prepared_path(save_dir, i), "--save-prepared", ExitCode::kOutput);
+        }
         std::string chosen;
         const Checkpoint ck = pick_checkpoint(checkpoint, chosen);
         MNIST_CHECK(ck.input.c == 1 && ck.input.h == ck.input.w, ExitCode::kCheckpoint,
@@ -235,7 +251,6 @@ int predict_main(int argc, char** argv) {
           for (const Outcome& o : outcomes)
             if (o.error.empty()) print_line(o);
         }
-        std::fflush(stdout);
         return inputs.size() == images.size() ? 0 : static_cast<int>(ExitCode::kData);
       });
 }

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -26,15 +27,18 @@ std::string fmt(const char* f, double v) {
   return b;
 }
 
-// Per rank, "[108.9609375,95.73828125]": the console's text, with 10 significant digits as ever
-// (the "final" event has the exact values).
+// Per rank, "109.0, 95.7" (MB, one decimal: the "final" event has the exact values); beyond 8
+// ranks the range, "95.7 to 109.0 (16 ranks; the most on rank 3)".
 std::string mb_list(const std::vector<std::uint64_t>& kib) {
-  std::string s = "[";
-  for (std::size_t r = 0; r < kib.size(); ++r) {
-    if (r) s += ',';
-    s += fmt("%.10g", static_cast<double>(kib[r]) / 1024.0);
+  const auto mb = [](std::uint64_t k) { return fmt("%.1f", static_cast<double>(k) / 1024.0); };
+  if (kib.size() > 8) {
+    const auto [lo, hi] = std::minmax_element(kib.begin(), kib.end());
+    return mb(*lo) + " to " + mb(*hi) + " (" + std::to_string(kib.size()) + " ranks; the most on rank " +
+           std::to_string(hi - kib.begin()) + ")";
   }
-  return s + "]";
+  std::string s;
+  for (std::size_t r = 0; r < kib.size(); ++r) s += (r ? ", " : "") + mb(kib[r]);
+  return s;
 }
 
 }  // namespace
@@ -92,11 +96,24 @@ void Monitor::check_replaced_output(const char* option, const std::string& path)
   namespace fs = std::filesystem;
   const fs::path p(path);
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  std::error_code ec;
-  MNIST_CHECK(::access(dir.c_str(), W_OK) == 0 && (!fs::exists(p, ec) || ::access(p.c_str(), W_OK) == 0),
-              ExitCode::kUsage,
-              std::string(option) + " " + quote_input(path) + ": cannot write there (" + std::strerror(errno) +
-                  "); choose a writable path");
+  MNIST_CHECK(::access(dir.c_str(), W_OK) == 0, ExitCode::kUsage,
+              std::string(option) + " " + quote_input(path) + ": cannot write its directory (" +
+                  std::strerror(errno) + "); choose a writable path");
+}
+
+void Monitor::declare_files(const Options& o, FileRoles& roles) {
+  if (!o.metrics_file.empty()) roles.output("--metrics-file", o.metrics_file);
+  for (const auto& [option, path] : {std::pair{"--timeline", o.timeline_file}, std::pair{"--report", o.report_file}}) {
+    if (path.empty()) continue;
+    roles.output(option, path);
+    if (file_kind(path) != FileKind::kCharDevice)  // written through PATH.tmp (OutputFile::Mode::kReplace)
+      roles.output(std::string(option) + " (its temporary file)", path + ".tmp");
+  }
+  if (!o.tensorboard_dir.empty())
+    roles.outputs_in(
+        "--tensorboard-dir", o.tensorboard_dir,
+        [](std::string_view name) { return name.rfind(TensorBoardWriter::kFilePrefix, 0) == 0; },
+        std::string("event files (") + TensorBoardWriter::kFilePrefix + "*)");
 }
 
 void Monitor::metrics(const Json& event) {

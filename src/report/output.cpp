@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "mnist_mpi/io/file_kind.hpp"
+#include "mnist_mpi/io/standard_streams.hpp"
 
 namespace mnist_mpi {
 
@@ -43,6 +44,15 @@ OutputFile::~OutputFile() {
 
 OutputFile& OutputFile::standard_output() {
   static OutputFile out("standard output (progress and summary)", "", stdout);
+  // Note [Closed standard descriptors] (include/mnist_mpi/io/standard_streams.hpp)
+  static const bool checked = [] {
+    if (stdout_was_closed()) {
+      out.path_ = "descriptor 1";
+      out.fail("it was closed when the program started (now /dev/null)");
+    }
+    return true;
+  }();
+  (void)checked;
   return out;
 }
 

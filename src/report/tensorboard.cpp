@@ -45,7 +45,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, const std::string& 
               "--tensorboard-dir: cannot create the directory '" + dir + "'" + (ec ? " (" + ec.message() + ")" : "") +
                   "; give a writable directory");
   const double now = unix_seconds();
-  const std::string name = "events.out.tfevents." + std::to_string(static_cast<long long>(now)) + "." + host + "." +
+  const std::string name = kFilePrefix + std::to_string(static_cast<long long>(now)) + "." + host + "." +
                            std::to_string(::getpid());
   const std::string path = (std::filesystem::path(dir) / name).string();
   file_.emplace("the TensorBoard file (--tensorboard-dir)", path);

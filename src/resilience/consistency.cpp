@@ -3,6 +3,7 @@
 // so a healthy start costs one tiny collective.
 #include "mnist_mpi/resilience/consistency.hpp"
 
+#include <cstdio>
 #include <map>
 #include <sstream>
 #include <vector>
@@ -12,7 +13,6 @@
 #include "mnist_mpi/hash.hpp"
 
 namespace mnist_mpi {
-namespace {}  // namespace
 
 std::string agreed_options(const std::string& resolved) {
   std::istringstream in(resolved);
@@ -60,6 +60,59 @@ void check_ranks_agree(Communicator& comm, const std::string& description) {
   if (diffs.empty()) diffs = "the descriptions differ only in their form";
   throw_error(ExitCode::kUsage, "rank " + std::to_string(comm.rank()) + " does not run the same job as rank 0: " +
                                     diffs + " (every rank must get the same options, model, data and program version)");
+}
+
+}  // namespace mnist_mpi
+
+namespace mnist_mpi {
+
+// Note [The same data on every rank]
+// On a cluster each node often has its own copy of the data, and a stale or damaged copy changes
+// what is trained without a word: the same-job check compares the sizes, which such a copy keeps.
+// So each rank digests the decoded contents of its four files as it loads them (Note [A digest of
+// the training data] in include/mnist_mpi/crc32c.hpp), and the ranks allgather the digests, one
+// small collective per file. On a difference every rank throws the same kData error, so the ranks
+// agree without another round; only then are the host names gathered, for the message.
+void check_same_data(Communicator& comm, const std::vector<DataFile>& files) {
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<std::vector<std::uint64_t>> digests(files.size(), std::vector<std::uint64_t>(n));
+  bool same = true;
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    comm.allgather(files[f].digest, digests[f]);
+    for (std::uint64_t d : digests[f]) same = same && d == digests[f][0];
+  }
+  if (same) return;
+
+  std::vector<std::uint8_t> gathered;
+  std::vector<std::int64_t> counts;
+  const std::string me = comm.host();
+  comm.gather(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(me.data()), me.size()), gathered,
+              counts, 0);
+  std::vector<std::string> hosts(n, "?");
+  for (std::size_t r = 0, at = 0; r < counts.size(); at += static_cast<std::size_t>(counts[r]), ++r)
+    hosts[r] = std::string(reinterpret_cast<const char*>(gathered.data()) + at, static_cast<std::size_t>(counts[r]));
+  std::string what;
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    std::map<std::uint64_t, std::vector<std::size_t>> groups;  // digest -> ranks
+    for (std::size_t r = 0; r < n; ++r) groups[digests[f][r]].push_back(r);
+    if (groups.size() == 1) continue;
+    what += (what.empty() ? "" : "; ") + files[f].what + " (" + files[f].name + ") differ:";
+    bool first = true;
+    for (const auto& [digest, ranks] : groups) {
+      char hex[20];
+      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(digest));
+      std::string who;
+      for (std::size_t k = 0; k < ranks.size() && k < 8; ++k)
+        who += (k ? ", " : "") + std::to_string(ranks[k]) + " (host " + quote_input(hosts[ranks[k]], 64) + ")";
+      if (ranks.size() > 8) who += " and " + std::to_string(ranks.size() - 8) + " more";
+      what += std::string(first ? " " : ", ") + (ranks.size() > 1 ? "ranks " : "rank ") + who +
+              (ranks.size() > 1 ? " have " : " has ") + hex;
+      first = false;
+    }
+  }
+  throw_error(ExitCode::kData, "the ranks would train on different data: " + what +
+                                   "; give every node the same copy of the MNIST files (scripts/fetch_mnist.sh "
+                                   "fetches them and verifies their sha256), or point --data-dir at a shared one");
 }
 
 }  // namespace mnist_mpi

@@ -49,8 +49,10 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   MNIST_CHECK(fault_.kind == FaultKind::kNone || fault_.rank < world, ExitCode::kUsage,
               "MNIST_MPI_FAULT names rank " + std::to_string(fault_.rank) + " but the job has " +
                   std::to_string(world) + " rank(s)");
-  resolve_batch_sizes();
+  opt_.data_dir = find_mnist_dir(opt_.data_dir);  // Note [Where the data is found]
+  check_file_roles();                              // before any file is written
   data_ = load_mnist(opt_.data_dir, opt_.validation_size, opt_.train_limit);
+  resolve_batch_sizes(data_.train.count);
   spec_ = parse_model_spec(opt_.model, Shape{1, data_.train.rows, data_.train.cols}, 10);
   sampler_ = std::make_unique<Sampler>(data_.train.count, global_batch_, opt_.seed);
   steps_per_epoch_ = sampler_->steps_per_epoch();
@@ -76,33 +78,62 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   monitor_->on_start(start_facts(threads, gpus));  // which GPU (every rank), the banner, the "start" event
 }
 
+// Note [No output is an input] (include/mnist_mpi/io/file_roles.hpp): every file of the run, each
+// declared by the part that reads or writes it, compared on every rank before anything is written.
+void Trainer::check_file_roles() const {
+  FileRoles roles;
+  for (const DataFile& f : mnist_files(opt_.data_dir)) roles.input("--data-dir (" + f.what + ")", f.path);
+  if (!opt_.config_file.empty()) roles.input("--config", opt_.config_file);
+  Checkpointer::declare_files(opt_, roles);
+  Monitor::declare_files(opt_, roles);
+  roles.check();
+}
+
 // --global-batch-size or --batch-size per rank, with --accumulation-steps: the per-rank
 // micro-batch batch_ (the largest, when the global batch does not divide evenly), the global
 // batch_ and rank_images_, the images this rank takes per step. Sizes from the options are
 // products of user input: 64-bit and overflow-checked, and the per-rank batch must fit the int
-// that the kernels take.
-void Trainer::resolve_batch_sizes() {
+// that the kernels take. A size out of range names every factor of it and its value, and a fix
+// that can work with the training split's `train_count` images.
+void Trainer::resolve_batch_sizes(std::int64_t train_count) {
   const std::int64_t world = comm_.size();
   accumulation_ = opt_.accumulation_steps;
+  const std::string ranks = std::to_string(world) + (world == 1 ? " rank" : " ranks");
+  const std::string accumulation = "--accumulation-steps " + std::to_string(accumulation_);
+  const std::string split = "the training split (" + std::to_string(train_count) + " images)";
   const auto too_big = [](const std::string& what) -> std::int64_t {
     throw_error(ExitCode::kUsage, what + " is too large to train (it overflows a 64-bit count)");
   };
   const std::int64_t parts = checked_mul(world, accumulation_).value_or(-1);  // micro-batches per global batch
-  if (parts < 0) too_big("--accumulation-steps " + std::to_string(accumulation_));
+  if (parts < 0) too_big(ranks + " x " + accumulation);
   if (opt_.global_batch_size > 0) {  // Note [Uneven slices] (include/mnist_mpi/data/sampler.hpp)
-    MNIST_CHECK(
-        opt_.global_batch_size >= parts, ExitCode::kUsage,
-        "--global-batch-size " + std::to_string(opt_.global_batch_size) + " is smaller than the " +
-            std::to_string(world) + " ranks" +
-            (accumulation_ > 1 ? " x " + std::to_string(accumulation_) + " accumulation steps" : std::string()) +
-            ": every micro-batch needs at least one image; give at least " + std::to_string(parts));
-    global_batch_ = opt_.global_batch_size;
+    const std::int64_t g = opt_.global_batch_size;
+    std::string fix = "give at least " + std::to_string(parts);  // a fix that can work, below
+    if (parts > train_count)
+      fix = g >= world ? "lower --accumulation-steps to at most " + std::to_string(g / world) + " with " + ranks
+                       : "run on at most " + std::to_string(g) + " ranks";
+    else if (accumulation_ > 1)
+      fix = "give a --global-batch-size of at least " + std::to_string(parts) + ", or lower --accumulation-steps";
+    MNIST_CHECK(g >= parts, ExitCode::kUsage,
+                "--global-batch-size " + std::to_string(g) + " is smaller than the " + ranks +
+                    (accumulation_ > 1 ? " x " + std::to_string(accumulation_) + " accumulation steps (" +
+                                             accumulation + ")"
+                                       : std::string()) +
+                    ": every micro-batch needs at least one image; " + fix);
+    MNIST_CHECK(g <= train_count, ExitCode::kUsage,
+                "--global-batch-size " + std::to_string(g) + " is larger than " + split +
+                    ": give at most " + std::to_string(train_count));
+    global_batch_ = g;
     batch_ = largest_part(global_batch_, parts);
   } else {
     batch_ = opt_.batch_size;
+    const std::string factors = "--batch-size " + std::to_string(batch_) + " x " + ranks + " x " + accumulation;
     global_batch_ = checked_mul(batch_, parts).value_or(-1);
-    if (global_batch_ < 0)
-      too_big("--batch-size " + std::to_string(batch_) + " x " + std::to_string(parts) + " micro-batches");
+    if (global_batch_ < 0) too_big("the global batch of " + factors);
+    MNIST_CHECK(global_batch_ <= train_count, ExitCode::kUsage,
+                "the global batch of " + std::to_string(global_batch_) + " images (" + factors +
+                    ") is larger than " + split + "; lower --batch-size" +
+                    (accumulation_ > 1 ? " or --accumulation-steps" : "") + (world > 1 ? ", or use fewer ranks" : ""));
   }
   rank_images_ = images_in_parts(global_batch_, parts, comm_.rank() * accumulation_, accumulation_);
   MNIST_CHECK(batch_ <= std::numeric_limits<int>::max(), ExitCode::kUsage,

@@ -18,6 +18,7 @@
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/data/sampler.hpp"
+#include "mnist_mpi/io/file_roles.hpp"
 #include "mnist_mpi/joined_thread.hpp"
 #include "mnist_mpi/model/spec.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
@@ -84,6 +85,10 @@ class Checkpointer {
   // reads and verifies the checkpoint to resume from; throws Error(kCheckpoint) when it is
   // unusable or belongs to another model.
   Checkpointer(const Options& options, Communicator& comm, const CheckpointRun& run);
+  // The files a run with these options reads and writes here (Note [No output is an input] in
+  // include/mnist_mpi/io/file_roles.hpp): --resume FILE, the checkpoints and the lock file already
+  // in --checkpoint-dir, and every name the checkpointer writes or removes there.
+  static void declare_files(const Options& options, FileRoles& roles);
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;

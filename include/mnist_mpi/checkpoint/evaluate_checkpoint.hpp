@@ -9,6 +9,7 @@
 
 #include "mnist_mpi/checkpoint/checkpoint.hpp"
 #include "mnist_mpi/data/idx.hpp"
+#include "mnist_mpi/io/file_roles.hpp"
 
 namespace mnist_mpi {
 
@@ -24,6 +25,9 @@ struct CheckpointEvaluation {
 // FILE, or the newest valid checkpoint of a directory (damaged ones are reported on stderr and
 // skipped); `chosen` is the file read. Throws Error(kCheckpoint). Shared by evaluate, export, predict.
 Checkpoint pick_checkpoint(const std::string& path, std::string& chosen);
+// What pick_checkpoint() may read, as inputs of `roles` (Note [No output is an input] in
+// include/mnist_mpi/io/file_roles.hpp): FILE, or every checkpoint of the directory.
+void declare_checkpoint_input(const std::string& path, FileRoles& roles);
 
 // Evaluates a decoded checkpoint on a split (threads: 0 = all cores).
 CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& split, int batch, int threads,

@@ -22,7 +22,7 @@ namespace mnist_mpi {
 
 struct Options {
   // data
-  std::string data_dir = "data/mnist";
+  std::string data_dir;  // empty: found (Note [Where the data is found] in include/mnist_mpi/data/idx.hpp)
   std::int64_t validation_size = 5000;
   std::int64_t train_limit = 0;
   // model
@@ -32,7 +32,7 @@ struct Options {
   std::string bias_init = "zeros";
   // training
   std::int64_t batch_size = 0;         // per rank
-  std::int64_t global_batch_size = 0;  // alternative to batch_size
+  std::int64_t global_batch_size = 0;  // alternative to batch_size; kDefaultGlobalBatch when neither is given
   std::int64_t epochs = 1;
   std::int64_t max_steps = 0;  // 0: epochs decide
   double target_accuracy = 0;  // stop once the validation accuracy reaches it (0: off)
@@ -80,6 +80,21 @@ struct Options {
   std::string config_file;
   std::string resolved;  // "key = value" lines of every option, for logs and checkpoints
 };
+
+// The global batch of lenet's recipe (configs/lenet.ini), taken when neither --batch-size nor
+// --global-batch-size is given: `mpirun -np 2 ./mnist_mpi` alone trains lenet as the README does.
+inline constexpr std::int64_t kDefaultGlobalBatch = 100;
+
+// The program's commands, one line each, for --help.
+inline constexpr const char* kCommands =
+    "Commands:\n"
+    "  train     (the default) train a model on MNIST, on as many ranks as mpirun or srun starts\n"
+    "  evaluate  accuracy, loss and confusion matrix of a checkpoint\n"
+    "  export    write a checkpoint's model as ONNX\n"
+    "  predict   classify digit images (PNG or PGM) with a checkpoint's model\n";
+
+// The usage error for `mnist_mpi WORD` where WORD is neither a command nor an option.
+std::string not_a_command(const std::string& word);
 
 enum class ParseOutcome { kRun, kExitOk };
 

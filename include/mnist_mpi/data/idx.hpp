@@ -38,11 +38,38 @@ struct Split {
   const std::uint8_t* image(std::int64_t i) const { return pixels.data() + i * rows * cols; }
 };
 
+// One of the four MNIST files: its name, the path it is read from (NAME, or NAME.gz where only that
+// exists) and, once loaded, a digest of its decoded contents and sizes (Note [A digest of the
+// training data] in include/mnist_mpi/crc32c.hpp), which the ranks compare.
+struct DataFile {
+  std::string name;  // "train-images-idx3-ubyte"
+  std::string what;  // "the training images"
+  std::string path;
+  std::uint64_t digest = 0;
+};
+
 struct Mnist {
   Split train;       // the first 60000 - validation_size training images
   Split validation;  // the last validation_size training images
   Split test;
+  std::vector<DataFile> files;  // the four files, in the order of mnist_files()
 };
+
+// The four files of `dir`, as load_mnist() reads them (digest 0): what a command lists as its
+// inputs (Note [No output is an input] in include/mnist_mpi/io/file_roles.hpp).
+std::vector<DataFile> mnist_files(const std::string& dir);
+
+// Note [Where the data is found]
+// `given` (--data-dir) when it is set, used as it is. Otherwise the first of these places that
+// holds any of the four MNIST files (raw or .gz; load_mnist() then checks them all):
+//   1. $MNIST_MPI_DATA_DIR, when set: an explicit choice, so a place that holds none of them is an
+//      error naming the variable, not a reason to look further;
+//   2. data/mnist under the current directory (where scripts/fetch_mnist.sh puts it, for a
+//      command run from the checkout);
+//   3. data/mnist of the source tree this program was built from (for `mpirun -np 2 ./mnist_mpi`
+//      run in build/).
+// When none does, Error(kData) lists the places it looked and the command that fetches the data.
+std::string find_mnist_dir(const std::string& given);
 
 // Loads train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
 // t10k-labels-idx1-ubyte (each raw or .gz) from dir. Checks that images and labels agree in

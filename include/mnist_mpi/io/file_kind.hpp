@@ -56,7 +56,14 @@ std::vector<std::uint8_t> read_regular_file(const std::string& path, const std::
 // The same check without keeping the file open.
 void require_regular_file(const std::string& path, const std::string& what, ExitCode code, const std::string& fix);
 // An output path: refused (Error(code)) when it is a directory, a FIFO, a socket, a block device
-// or a broken link, or when its parent directory does not exist.
+// or a broken link, when its parent directory does not exist, or when it is a read-only file.
+//
+// Note [A read-only output is not replaced]
+// One rule for every output (the trainer's metrics, timeline and report, export's ONNX file,
+// evaluate's logits): an existing file that we may not write, or that has no write permission
+// for anyone, is refused before any work, never replaced. The second half matters as root, who
+// may write any file: a file made read-only (chmod a-w) says "keep this", and a rename over it
+// (which needs only the directory's permission) would replace it all the same.
 void check_output_path(const std::string& path, const std::string& what, ExitCode code);
 
 // Note [Whole or absent]

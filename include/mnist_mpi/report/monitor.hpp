@@ -22,6 +22,7 @@
 #include "mnist_mpi/checkpoint/checkpointer.hpp"
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/config/options.hpp"
+#include "mnist_mpi/io/file_roles.hpp"
 #include "mnist_mpi/launch/launch_env.hpp"
 #include "mnist_mpi/report/html_report.hpp"
 #include "mnist_mpi/report/output.hpp"
@@ -130,6 +131,10 @@ class Monitor {
  public:
   using Clock = std::chrono::steady_clock;
   Monitor(const Options& options, MonitorSetup setup);
+  // The files a run with these options writes (Note [No output is an input] in
+  // include/mnist_mpi/io/file_roles.hpp): the metrics file, the timeline and the report with
+  // their temporaries, and the TensorBoard event files.
+  static void declare_files(const Options& options, FileRoles& roles);
 
   Timeline* timeline() { return timeline_.get(); }  // null unless --timeline: the trainer records into it
 

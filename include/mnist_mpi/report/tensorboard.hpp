@@ -27,6 +27,8 @@ inline std::string tfrecord_frame(std::string_view payload) {
 
 class TensorBoardWriter {
  public:
+  static constexpr const char* kFilePrefix = "events.out.tfevents.";
+
   // Creates dir (and its parents) and the file events.out.tfevents.<unix seconds>.<host>.<pid>
   // in it, and writes the file_version record. Throws Error(kUsage) naming dir when it cannot
   // (dir is not a directory and cannot be made one, or the file cannot be created).

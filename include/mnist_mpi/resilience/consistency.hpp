@@ -7,6 +7,7 @@
 #include <string>
 
 #include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/data/idx.hpp"
 
 namespace mnist_mpi {
 
@@ -15,6 +16,12 @@ namespace mnist_mpi {
 // ("rank 1 has seed = 7 where rank 0 has seed = 42"). Callers agree on the outcome afterwards
 // (Note [Ending every rank] in src/main.cpp).
 void check_ranks_agree(Communicator& comm, const std::string& description);
+
+// Collective over comm: every rank's digests of the data files it loaded (DataFile::digest, in
+// the same order on every rank) against every other rank's. Returns on every rank when they are
+// equal; otherwise throws Error(kData) on every rank, naming each file that differs and which
+// ranks, on which hosts, hold which version (Note [The same data on every rank]).
+void check_same_data(Communicator& comm, const std::vector<DataFile>& files);
 
 // Lines of `resolved` (Options::resolved) that must agree across ranks: all but those naming
 // per-node paths or resources (data-dir, threads), which may differ legitimately.

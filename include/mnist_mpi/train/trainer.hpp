@@ -85,6 +85,8 @@ class Trainer final : private CheckpointSource {
   // "key = value" lines that must be the same on every rank: program version, options (those
   // that may differ per node left out), model and data sizes (src/resilience/consistency.cpp).
   std::string job_description() const;
+  // The four MNIST files this rank loaded, with their digests (check_same_data()).
+  const std::vector<DataFile>& data_files() const { return data_.files; }
 
  private:
   static constexpr std::int64_t kWarmupSteps = 10;  // left out of the steady rate when the run has more
@@ -105,7 +107,8 @@ class Trainer final : private CheckpointSource {
   };
 
   // Set-up (the constructor's steps).
-  void resolve_batch_sizes();
+  void check_file_roles() const;
+  void resolve_batch_sizes(std::int64_t train_count);
   int set_up_backend(const GpuProbe& gpus);  // the backend and its gradient communicator; returns the threads per rank
   void make_training_state();
   void make_evaluation();
