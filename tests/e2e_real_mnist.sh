@@ -2,6 +2,9 @@
 # Real MNIST: the blog's tiny network as configs/tiny.ini trains it (2 epochs) on 2 ranks must reach at least
 # 98 % test accuracy (98.2 % measured). It was 1 epoch and 97 %, which runs gave at 96.97-97.03 %:
 # one test image either side of the line, so any change of rounding flipped it.
+# Then the design card's first line of use, literally: `mpirun -np 2 ./mnist_mpi` in the build
+# directory, no options (issue 26): lenet's recipe, one epoch, the source tree's data; at least
+# 97 % (98.4 % measured, 1.4 points of margin).
 # The data comes from scripts/fetch_mnist.sh (the README's test command runs it first).
 # Usage: e2e_real_mnist.sh MNIST_MPI REPO_ROOT
 set -euo pipefail
@@ -18,4 +21,21 @@ timeout 600 mpirun -np 2 --oversubscribe --bind-to core "$bin" --config "$root/c
   --threads 1 --log-every 100 --metrics-file "$m"
 acc=$(grep -oE '"event":"final","test_accuracy":[0-9.]+' "$m" | grep -oE '[0-9.]+$')
 echo "tiny, 2 epochs (configs/tiny.ini), 2 ranks: test accuracy $acc (need >= 0.98)"
-awk -v a="$acc" 'BEGIN { exit !(a >= 0.98) }' && echo "1 passed, 0 failed" || { echo "0 passed, 1 failed"; exit 1; }
+passed=0 failed=0
+awk -v a="$acc" 'BEGIN { exit !(a >= 0.98) }' && passed=$((passed + 1)) || failed=$((failed + 1))
+
+# Literally, when the data is the source tree's (where the program finds it without options).
+env=()
+[ "$(realpath "$data")" = "$(realpath "$root/data/mnist")" ] || env=(MNIST_MPI_DATA_DIR="$data")
+rc=0
+out=$(cd "$(dirname "$bin")" && env "${env[@]}" timeout 600 mpirun -np 2 ./mnist_mpi 2>&1) || rc=$?
+echo "$out" | grep -E "^(data|batch|test accuracy|params_hash)"
+lenet=$(echo "$out" | sed -n 's/^test accuracy \([0-9.]*\) .*/\1/p')
+if [ $rc -eq 0 ] && echo "$out" | grep -q "batch: 100 global, 50 per rank; 550 steps per epoch, 550 steps" &&
+   awk -v a="$lenet" 'BEGIN { exit !(a >= 0.97) }'; then
+  passed=$((passed + 1)); echo "mpirun -np 2 ./mnist_mpi: lenet, test accuracy $lenet (need >= 0.97)"
+else
+  failed=$((failed + 1)); echo "FAIL mpirun -np 2 ./mnist_mpi: exit code $rc, test accuracy '$lenet'"; echo "$out" | tail -20
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -388,6 +388,9 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   po::positional_options_description command_words;
   command_words.add("command-word", -1);
 
+  // The first word is where a command goes (main() has taken the commands): a word there is a
+  // misspelt command, said before Boost reads the options that were meant for it.
+  if (argc >= 2 && argv[1][0] != '-') throw_error(ExitCode::kUsage, not_a_command(argv[1]));
   po::variables_map vm;
   std::vector<std::string> args;  // what the user wrote, for explain()
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);

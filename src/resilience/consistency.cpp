@@ -3,6 +3,7 @@
 // so a healthy start costs one tiny collective.
 #include "mnist_mpi/resilience/consistency.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <sstream>
@@ -93,8 +94,12 @@ void check_same_data(Communicator& comm, const std::vector<DataFile>& files) {
     hosts[r] = std::string(reinterpret_cast<const char*>(gathered.data()) + at, static_cast<std::size_t>(counts[r]));
   std::string what;
   for (std::size_t f = 0; f < files.size(); ++f) {
-    std::map<std::uint64_t, std::vector<std::size_t>> groups;  // digest -> ranks
-    for (std::size_t r = 0; r < n; ++r) groups[digests[f][r]].push_back(r);
+    std::vector<std::pair<std::uint64_t, std::vector<std::size_t>>> groups;  // digest, its ranks; rank order
+    for (std::size_t r = 0; r < n; ++r) {
+      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == digests[f][r]; });
+      if (g == groups.end()) g = groups.insert(groups.end(), {digests[f][r], {}});
+      g->second.push_back(r);
+    }
     if (groups.size() == 1) continue;
     what += (what.empty() ? "" : "; ") + files[f].what + " (" + files[f].name + ") differ:";
     bool first = true;
