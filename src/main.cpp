@@ -16,7 +16,7 @@
 #include "mnist_mpi/export/onnx_export.hpp"
 #include "mnist_mpi/io/standard_streams.hpp"
 #include "mnist_mpi/predict/predict.hpp"
-#include "mnist_mpi/resilience/consistency.hpp"
+#include "mnist_mpi/comm/consistency.hpp"
 #include "mnist_mpi/resilience/preemption.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 
@@ -27,7 +27,7 @@ using namespace mnist_mpi;
 // its own (a file missing on one node) without any rank blocking in a collective. At the end of
 // setup all ranks agree on the outcome with two tiny allreduces: the worst exit code and the lowest
 // failing rank. That rank alone prints its message; every rank then exits with the same code.
-// The same agreement follows the check that every rank runs the same job (src/resilience/consistency.cpp).
+// The same agreement follows the check that every rank runs the same job (src/comm/consistency.cpp).
 // Once training has started, an error on one rank can leave the others inside a collective, so
 // the failing rank prints its message and calls MPI_Abort, which ends every rank (mpirun exits
 // non-zero). Errors the ranks agreed on after training started (AgreedError: a failed checkpoint

@@ -14,7 +14,7 @@
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/joined_thread.hpp"
-#include "mnist_mpi/resilience/consistency.hpp"
+#include "mnist_mpi/comm/consistency.hpp"
 #include "mnist_mpi/resilience/fault.hpp"
 #include "mnist_mpi/resilience/finite.hpp"
 

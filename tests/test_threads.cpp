@@ -14,7 +14,7 @@
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/comm/watchdog.hpp"
-#include "mnist_mpi/resilience/consistency.hpp"
+#include "mnist_mpi/comm/consistency.hpp"
 #include "mnist_mpi/train/reducer.hpp"
 #include "test_util.hpp"  // world_rank, world_size, all_ranks, uniform
 

@@ -16,7 +16,7 @@ std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t crc = 0);
 // TFRecord's masked form: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
 // Note [A digest of the training data]
 // The ranks compare what they are about to train on (check_same_data() in
-// include/mnist_mpi/resilience/consistency.hpp), so each rank digests the decoded contents of its
+// include/mnist_mpi/comm/consistency.hpp), so each rank digests the decoded contents of its
 // four MNIST files at start-up: 55 MB, which one CRC stream (one 3-cycle crc32 instruction per 8
 // bytes, each waiting for the last) would take ~7 ms over, a few percent of lenet's start. The
 // digest therefore runs four independent CRC32C streams, lane k taking the 8-byte words at offsets

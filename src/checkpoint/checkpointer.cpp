@@ -286,7 +286,8 @@ std::string Checkpointer::check_compatible(const Checkpoint& ck, const std::stri
   return diff;
 }
 
-std::int64_t Checkpointer::restore(float* params, Optimizer& optimizer) {
+std::int64_t Checkpointer::restore(float* params,
+                                   const std::function<void(const RestoredOptimizer&)>& restore_optimizer) {
   std::uint64_t n = rank0_ ? resume_bytes_.size() : 0;
   comm_.broadcast(std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(&n), sizeof n), 0);
   if (n == 0) return 0;
@@ -298,8 +299,8 @@ std::int64_t Checkpointer::restore(float* params, Optimizer& optimizer) {
   MNIST_CHECK(ck.meta.param_count == run_.spec->param_count, ExitCode::kCheckpoint,
               "checkpoint from rank 0 does not fit this rank's model");
   std::copy(ck.params.begin(), ck.params.end(), params);
-  optimizer.restore(ck.first_moment.data(), ck.second_moment.empty() ? nullptr : ck.second_moment.data(),
-                    ck.meta.optimizer_steps);
+  restore_optimizer({ck.first_moment.data(), ck.second_moment.empty() ? nullptr : ck.second_moment.data(),
+                     ck.meta.optimizer_steps});
   std::vector<std::uint8_t>().swap(resume_bytes_);
   return ck.meta.step;
 }
@@ -406,8 +407,8 @@ void Checkpointer::write(const StepEnd& s) {
   m.sampler_epoch = m.epoch;
   m.dropout_step = s.step;
   m.param_count = run_.spec->param_count;
-  m.optimizer_steps = state.optimizer->steps_taken();
-  const OptimizerConfig& oc = state.optimizer->config();
+  m.optimizer_steps = state.optimizer_steps;
+  const OptimizerConfig& oc = *state.optimizer;
   m.optimizer_kind = oc.kind == "adam" ? 0u : 1u;
   m.nesterov = oc.nesterov ? 1u : 0u;
   m.beta1 = oc.beta1;

@@ -13,7 +13,7 @@
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/watchdog.hpp"
-#include "mnist_mpi/resilience/consistency.hpp"
+#include "mnist_mpi/comm/consistency.hpp"
 #include "mnist_mpi/resilience/preemption.hpp"
 
 namespace mnist_mpi {
@@ -275,10 +275,13 @@ std::vector<float> Trainer::params_to_host() {
 
 TrainingState Trainer::state() {
   const bool adam = opt_.optimizer.kind == "adam";
+  const std::int64_t steps = optimizer_->steps_taken();
   if (sharded_)  // the moments gather_state() collected
-    return {host_params(), full_moments_[0].data(), adam ? full_moments_[1].data() : nullptr, optimizer_.get()};
+    return {host_params(), full_moments_[0].data(), adam ? full_moments_[1].data() : nullptr, steps,
+            &optimizer_->config()};
   state_copy_->to_host();
-  return {state_copy_->host(0), state_copy_->host(1), adam ? state_copy_->host(2) : nullptr, optimizer_.get()};
+  return {state_copy_->host(0), state_copy_->host(1), adam ? state_copy_->host(2) : nullptr, steps,
+          &optimizer_->config()};
 }
 
 // Sharded (Note [Sharded optimiser state]): every rank's moments go to rank 0, which puts each
@@ -417,7 +420,9 @@ RunResult Trainer::run() {
   grad_comm_->connect();  // NCCL: the collective part of its set-up
   share_measured_convolutions();
   // A checkpoint's parameters and optimiser state, on every rank (none: first_step 0).
-  const std::int64_t first_step = checkpointer_->restore(params_copy_->host(0), *optimizer_);
+  const std::int64_t first_step = checkpointer_->restore(params_copy_->host(0), [&](const RestoredOptimizer& r) {
+    optimizer_->restore(r.first_moment, r.second_moment, r.steps);
+  });
   if (first_step > 0) params_copy_->to_backend();
   res.first_step = first_step;
   // Rank 0's initial parameters are everyone's: no rank trains weights of its own.

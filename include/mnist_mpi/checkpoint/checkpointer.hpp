@@ -7,6 +7,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,7 +22,8 @@
 #include "mnist_mpi/io/file_roles.hpp"
 #include "mnist_mpi/joined_thread.hpp"
 #include "mnist_mpi/model/spec.hpp"
-#include "mnist_mpi/train/optimizer.hpp"
+#include "mnist_mpi/run_facts.hpp"
+#include "mnist_mpi/config/optimizer_config.hpp"
 
 namespace mnist_mpi {
 
@@ -36,7 +38,16 @@ struct TrainingState {
   const float* params = nullptr;         // (count)
   const float* first_moment = nullptr;   // (count)
   const float* second_moment = nullptr;  // (count); null for sgd
-  const Optimizer* optimizer = nullptr;  // step count and configuration
+  std::int64_t optimizer_steps = 0;                 // the optimiser's step count
+  const OptimizerConfig* optimizer = nullptr;      // its configuration
+};
+
+// A checkpoint's optimiser state in host memory, handed to the optimiser on resume: full-size
+// moments in flat order (second null for sgd) and the step count.
+struct RestoredOptimizer {
+  const float* first_moment = nullptr;
+  const float* second_moment = nullptr;
+  std::int64_t steps = 0;
 };
 
 // The trainer's side of a checkpoint; the checkpointer calls it only when it writes one.
@@ -67,17 +78,6 @@ struct StepEnd {
   CheckpointSource* source = nullptr;
 };
 
-// Numbers for the final report.
-struct CheckpointStats {
-  std::int64_t written = 0;
-  double bytes = 0;                    // per file
-  double capture_ms = 0;               // rank 0, training thread: copying the state (mean)
-  double write_ms = 0;                 // rank 0: checksums + write + fsync + rename (mean; background if async)
-  double wait_previous_ms = 0;         // rank 0: waiting for the previous write to finish (total)
-  double others_wait_ms = 0;           // the other ranks: mean wait at the step boundary after a checkpoint
-  double others_wait_baseline_ms = 0;  // ... and after a step without one
-  std::string last_file;
-};
 
 class Checkpointer {
  public:
@@ -95,7 +95,8 @@ class Checkpointer {
 
   // Collective: broadcasts the checkpoint (if any), restores parameters and optimiser on every
   // rank. Returns the step to continue from (0 for a fresh start).
-  std::int64_t restore(float* params, Optimizer& optimizer);
+  // restore_optimizer receives the checkpoint's optimiser state (not called on a fresh start).
+  std::int64_t restore(float* params, const std::function<void(const RestoredOptimizer&)>& restore_optimizer);
   // Collective, after every step: writes a checkpoint when one is due, agrees with the other
   // ranks on a preemption signal and on write errors (an error: AgreedError on every rank).
   // Returns true when the run must stop now (a checkpoint has then been written, if there is a

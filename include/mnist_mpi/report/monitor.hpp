@@ -19,7 +19,6 @@
 #include <string_view>
 #include <vector>
 
-#include "mnist_mpi/checkpoint/checkpointer.hpp"
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/io/file_roles.hpp"
@@ -29,36 +28,10 @@
 #include "mnist_mpi/report/progress.hpp"
 #include "mnist_mpi/report/tensorboard.hpp"
 #include "mnist_mpi/report/timeline.hpp"
+#include "mnist_mpi/run_facts.hpp"
 
 namespace mnist_mpi {
 
-// Where a step's time went, in seconds (one step, or a sum or mean over steps), and the bytes
-// each rank reduced per step: the one timing record of the trainer, the monitor and the report.
-struct StepTiming {
-  double data = 0, forward = 0, backward = 0, exposed_comm = 0, optimizer = 0;
-  double reduced_bytes = 0;  // per step, per rank (set in the run's summary only)
-
-  // Sums of steps and their mean: the five parts (reduced_bytes is not a per-step time).
-  StepTiming& operator+=(const StepTiming& t) {
-    data += t.data;
-    forward += t.forward;
-    backward += t.backward;
-    exposed_comm += t.exposed_comm;
-    optimizer += t.optimizer;
-    return *this;
-  }
-  StepTiming mean_over(std::int64_t steps) const {
-    StepTiming m = *this;
-    if (steps <= 0) return m;
-    const double n = static_cast<double>(steps);
-    m.data /= n;
-    m.forward /= n;
-    m.backward /= n;
-    m.exposed_comm /= n;
-    m.optimizer /= n;
-    return m;
-  }
-};
 
 struct MonitorSetup {
   int rank = 0, world = 1;
@@ -91,40 +64,6 @@ struct StartFacts {
   // The optimiser's moments: the largest any rank holds, and the whole (equal unless sharded).
   std::int64_t optimizer_state_bytes = 0, optimizer_state_total_bytes = 0;
   bool shard_optimizer = false;  // --shard-optimizer
-};
-
-// A run stopped by a signal at a step boundary (exit code 75): rank 0's message and event.
-struct PreemptedFacts {
-  const char* signal = "";     // "SIGTERM"
-  std::int64_t steps = 0;      // steps done
-  bool checkpointing = false;  // --checkpoint-dir was given ...
-  std::string checkpoint;      // ... and this checkpoint holds the run's state
-};
-
-// --target-accuracy: whether and where the run reached it (Note [Stopping at a target accuracy] in
-// src/train/trainer.cpp).
-struct TargetFacts {
-  double accuracy = 0;  // the target; 0: none was set
-  bool reached = false;
-  std::int64_t step = 0;                 // steps done at the check that reached it
-  double validation_accuracy = 0;        // of that check (rank 0)
-  double time_from_process_start_s = 0;  // rank 0: from the first line of main to the decision
-};
-
-// The end of the run, as the trainer saw it (rank 0's values where ranks differ): the final report
-// on stdout, the "final" event, the summary table and the HTML report.
-struct FinalFacts {
-  std::int64_t steps = 0;
-  double epochs = 0, startup_s = 0, images_per_s = 0, test_accuracy = 0, test_loss = 0;
-  std::string params_hash, model;
-  double wall_s = 0;                        // training, from the first step (evaluation included)
-  double eval_s = 0;                        // evaluation, as the trainer timed it
-  std::vector<std::uint64_t> peak_rss_kib;  // per rank
-  StepTiming per_step;                      // means over the steady steps, and the bytes reduced per step
-  std::int64_t params = 0;
-  CheckpointStats checkpoints;  // capture_ms and write_ms: totals over the checkpoints written
-  std::int64_t skipped_steps = 0;
-  TargetFacts target;
 };
 
 class Monitor {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "mnist_mpi/comm/communicator.hpp"
-#include "mnist_mpi/train/reducer.hpp"
+#include "mnist_mpi/run_facts.hpp"
 
 namespace mnist_mpi {
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/run_facts.hpp"
 #include "mnist_mpi/model/spec.hpp"
 #include "mnist_mpi/train/optimizer.hpp"  // ParamRange
 
@@ -23,11 +24,6 @@ struct Bucket {
 // Cuts [0, spec.param_count) into buckets of at most cap elements (the first one at most
 // first_cap), whole tensors where they fit; a tensor larger than the cap is split across buckets.
 std::vector<Bucket> plan_buckets(const ModelSpec& spec, std::int64_t cap, std::int64_t first_cap);
-
-// When one bucket's sum started and when it completed (steady clock), for the last step.
-struct BucketTiming {
-  std::chrono::steady_clock::time_point start, end;
-};
 
 class Reducer {
  public:

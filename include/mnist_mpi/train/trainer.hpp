@@ -83,7 +83,7 @@ class Trainer final : private CheckpointSource {
   std::int64_t per_rank_batch() const { return batch_; }                 // per micro-batch
   std::int64_t graph_replays() const { return step_->graph_replays(); }  // --cuda-graph
   // "key = value" lines that must be the same on every rank: program version, options (those
-  // that may differ per node left out), model and data sizes (src/resilience/consistency.cpp).
+  // that may differ per node left out), model and data sizes (src/comm/consistency.cpp).
   std::string job_description() const;
   // The four MNIST files this rank loaded, with their digests (check_same_data()).
   const std::vector<DataFile>& data_files() const { return data_.files; }

@@ -1,7 +1,7 @@
-// The ranks-agree check (see include/mnist_mpi/resilience/consistency.hpp): an allgather of 64-bit
+// The ranks-agree check (see include/mnist_mpi/comm/consistency.hpp): an allgather of 64-bit
 // FNV-1a hashes of every rank's description; only when they differ is rank 0's text broadcast,
 // so a healthy start costs one tiny collective.
-#include "mnist_mpi/resilience/consistency.hpp"
+#include "mnist_mpi/comm/consistency.hpp"
 
 #include <algorithm>
 #include <cstdio>
