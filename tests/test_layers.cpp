@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "mnist_mpi/backend/backend.hpp"
-#include "mnist_mpi/model/model.hpp"
+#include "mnist_mpi/backend/model.hpp"
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "mnist_mpi/model/spec.hpp"
@@ -655,10 +655,8 @@ class PlainLayouts final : public Backend {
   std::unique_ptr<DataSource> make_data_source(const Split& split, int batch) override {
     return be_->make_data_source(split, batch);
   }
-  std::unique_ptr<StepCount> make_step_count(const OptimizerConfig& cfg) override { return be_->make_step_count(cfg); }
-  void optimizer_step(const OptimizerConfig& cfg, StepCount& count, float* params, const float* grads, float* m,
-                      float* v, std::int64_t n) override {
-    be_->optimizer_step(cfg, count, params, grads, m, v, n);
+  std::unique_ptr<OptimizerPass> make_optimizer_pass(const OptimizerConfig& cfg) override {
+    return be_->make_optimizer_pass(cfg);
   }
   void add(float* dst, const float* src, std::int64_t n) override { be_->add(dst, src, n); }
   void copy(float* dst, const float* src, std::int64_t n) override { be_->copy(dst, src, n); }

@@ -6,17 +6,6 @@
 
 namespace mnist_mpi {
 
-HostStepCount::HostStepCount(const OptimizerConfig& cfg) : beta1_(cfg.beta1), beta2_(cfg.beta2) {}
-
-void HostStepCount::begin_step(double lr) {
-  ++t_;
-  scalars_ = optimizer_scalars(beta1_, beta2_, lr, t_);
-}
-
-std::unique_ptr<StepCount> Backend::make_step_count(const OptimizerConfig& cfg) {
-  return std::make_unique<HostStepCount>(cfg);
-}
-
 namespace {
 
 class CopiedThroughHost final : public HostCopy {

@@ -19,7 +19,7 @@
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/io/file_kind.hpp"
 #include "mnist_mpi/io/file_roles.hpp"
-#include "mnist_mpi/model/model.hpp"
+#include "mnist_mpi/backend/model.hpp"
 #include "mnist_mpi/model/spec.hpp"
 
 namespace po = boost::program_options;

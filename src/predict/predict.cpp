@@ -19,7 +19,7 @@
 #include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/io/file_kind.hpp"
 #include "mnist_mpi/json.hpp"
-#include "mnist_mpi/model/model.hpp"
+#include "mnist_mpi/backend/model.hpp"
 #include "mnist_mpi/model/spec.hpp"
 #include "mnist_mpi/predict/image.hpp"
 #include "mnist_mpi/predict/mnist_style.hpp"

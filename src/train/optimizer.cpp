@@ -1,6 +1,5 @@
-// The fused optimiser passes and the learning-rate schedules. Arithmetic is done in float on the
-// stored values, with the bias corrections in double (include/mnist_mpi/train/optimizer_scalars.hpp),
-// as written in PyTorch's docs.
+// The training loop's optimiser (state, shards, checkpoint state; the pass is the backend's:
+// include/mnist_mpi/backend/optimizer_pass.hpp) and the learning-rate schedules.
 #include "mnist_mpi/train/optimizer.hpp"
 
 #include <algorithm>
@@ -8,7 +7,6 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/check.hpp"
-#include "mnist_mpi/cpu_clones.hpp"
 
 namespace mnist_mpi {
 
@@ -25,7 +23,7 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count)
       owned_{{0, count}},
       owned_offset_{0},
       state_size_(count),
-      step_count_(std::make_unique<HostStepCount>(cfg)) {
+      pass_(make_host_optimizer_pass(cfg)) {
   check_kind(cfg);
   host_m_.assign(static_cast<std::size_t>(count), 0.0f);
   if (cfg.kind == "adam") host_v_.assign(static_cast<std::size_t>(count), 0.0f);
@@ -41,7 +39,7 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& ba
       count_(count),
       owned_(std::move(owned)),
       backend_(&backend),
-      step_count_(backend.make_step_count(cfg)) {
+      pass_(backend.make_optimizer_pass(cfg)) {
   check_kind(cfg);
   std::int64_t prev_end = 0;
   for (const ParamRange& r : owned_) {  // Note [Sharded optimiser state]
@@ -76,14 +74,14 @@ void Optimizer::restore(const float* m, const float* v, std::int64_t steps_taken
     std::copy(m, m + count_, m_.begin());
     if (!v_.empty()) std::copy(v, v + count_, v_.begin());
   }
-  step_count_->set(steps_taken);
+  pass_->set(steps_taken);
   begun_ = 0;
 }
 
-std::int64_t Optimizer::steps_taken() const { return step_count_->read(); }
+std::int64_t Optimizer::steps_taken() const { return pass_->read(); }
 
 void Optimizer::begin_step(double lr) {
-  step_count_->begin_step(lr);
+  pass_->begin_step(lr);
   ++begun_;
 }
 
@@ -109,59 +107,7 @@ void Optimizer::update(float* params, const float* grads, std::int64_t begin, st
   const std::int64_t at = state_offset(begin, end);
   float* m = m_.data() + at;
   float* v = v_.empty() ? nullptr : v_.data() + at;  // sgd has no second moment
-  if (backend_)
-    backend_->optimizer_step(cfg_, *step_count_, params + begin, grads + begin, m, v, end - begin);
-  else
-    optimizer_pass_host(cfg_, static_cast<HostStepCount&>(*step_count_).scalars(), params + begin, grads + begin, m, v,
-                        end - begin);
-}
-
-namespace {
-struct AdamScalars {
-  float wd, b1, b2, step_size, inv_sqrt_bc2, eps;
-};
-
-// Built for AVX-512, AVX2 and the baseline (Note [One build for every x86-64] in
-// include/mnist_mpi/cpu_clones.hpp): each element goes through the same IEEE operations in the
-// same order on every ISA (the core is built with -ffp-contract=off), so the three give the same bits.
-MNIST_MPI_CPU_CLONES
-void adam_pass(const AdamScalars& a, float* __restrict p, const float* __restrict g, float* __restrict m,
-               float* __restrict v, std::int64_t n) {
-  const float wd = a.wd, b1 = a.b1, b2 = a.b2, step_size = a.step_size, inv_sqrt_bc2 = a.inv_sqrt_bc2, eps = a.eps;
-#pragma omp parallel for simd schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] + wd * p[i];
-    m[i] = b1 * m[i] + (1.0f - b1) * gi;
-    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
-  }
-}
-}  // namespace
-
-void optimizer_pass_host(const OptimizerConfig& cfg, const OptimizerScalars& s, float* __restrict p,
-                         const float* __restrict g, float* __restrict m, float* __restrict v, std::int64_t n) {
-  const float wd = static_cast<float>(cfg.weight_decay);
-  if (cfg.kind == "adam") {
-    const AdamScalars a{wd,
-                        static_cast<float>(cfg.beta1),
-                        static_cast<float>(cfg.beta2),
-                        s.step_size,
-                        s.inv_sqrt_bc2,
-                        static_cast<float>(cfg.eps)};
-    adam_pass(a, p, g, m, v, n);
-  } else {
-    const float mu = static_cast<float>(cfg.momentum), flr = s.lr;
-    const bool nesterov = cfg.nesterov;
-#pragma omp parallel for simd schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) {
-      float gi = g[i] + wd * p[i];
-      if (mu != 0.0f) {
-        m[i] = mu * m[i] + gi;  // PyTorch: buf = momentum * buf + g (buf starts at 0, dampening 0)
-        gi = nesterov ? gi + mu * m[i] : m[i];
-      }
-      p[i] -= flr * gi;
-    }
-  }
+  pass_->update(params + begin, grads + begin, m, v, end - begin);
 }
 
 double learning_rate(const ScheduleConfig& s, std::int64_t step, std::int64_t epoch, std::int64_t total_steps) {

@@ -17,7 +17,7 @@
 #include "mnist_mpi/config/optimizer_config.hpp"
 #include "mnist_mpi/data/idx.hpp"
 #include "mnist_mpi/model/spec.hpp"
-#include "mnist_mpi/train/optimizer_scalars.hpp"
+#include "mnist_mpi/backend/optimizer_pass.hpp"
 
 namespace mnist_mpi {
 
@@ -150,40 +150,6 @@ class StepGuard {
   virtual std::int64_t lag() const = 0;  // after how many more steps the trainer reads a verdict
 };
 
-// Note [The optimiser's step count]
-// Adam's bias corrections depend on t, the number of steps applied so far. A step that the guard
-// skips (Note [Non-finite steps]) must not count: on the CPU the step never calls begin_step, but
-// on a device only the device knows in time whether a step was skipped. So the count lives with
-// the backend: StepCount::begin_step counts the step unless the guard refuses it, and computes
-// the step's scalars (include/mnist_mpi/train/optimizer_scalars.hpp) where the pass reads them;
-// on a device both happen in a one-thread kernel that reads the guard's flag. The scalars are
-// computed by the same IEEE operations on the host and on a device, so both passes give the same
-// bits (tests/test_gpu.cpp, OptimizerEqualsCpuBitForBit). read() is a synchronisation on a
-// device: checkpoints ask for it, the step loop never does.
-class StepCount {
- public:
-  virtual ~StepCount() = default;
-  // The step about to be applied, with learning rate lr: t += 1 unless the guard refused the step.
-  virtual void begin_step(double lr) = 0;
-  virtual std::int64_t read() = 0;       // t
-  virtual void set(std::int64_t t) = 0;  // a checkpoint's count
-};
-
-// The host's count: t and the scalars of the last begin_step, for the host's pass.
-class HostStepCount final : public StepCount {
- public:
-  explicit HostStepCount(const OptimizerConfig& cfg);
-  void begin_step(double lr) override;
-  std::int64_t read() override { return t_; }
-  void set(std::int64_t t) override { t_ = t; }
-  const OptimizerScalars& scalars() const { return scalars_; }
-
- private:
-  double beta1_, beta2_;
-  std::int64_t t_ = 0;
-  OptimizerScalars scalars_;
-};
-
 // Note [A step as one CUDA graph]
 // On a GPU a training step is ~100 small kernel launches, cuDNN and cuBLAS calls and NCCL sums;
 // with --cuda-graph the step is captured once into a CUDA graph and replayed, one launch per step.
@@ -248,13 +214,9 @@ class Backend {
   // batch: the largest n that gather / slice will be asked for.
   virtual std::unique_ptr<DataSource> make_data_source(const Split& split, int batch) = 0;
 
-  // The optimiser's step count (Note [The optimiser's step count]); the default counts on the host.
-  virtual std::unique_ptr<StepCount> make_step_count(const OptimizerConfig& cfg);
-  // One fused optimiser pass over n elements at the step `count` has begun: params -= update, with
-  // the moment buffers m and v (v unused by sgd) in the backend's memory. `count` was made by this
-  // backend's make_step_count.
-  virtual void optimizer_step(const OptimizerConfig& cfg, StepCount& count, float* params, const float* grads, float* m,
-                              float* v, std::int64_t n) = 0;
+  // The optimiser's pass and step count on this backend's memory (Note [The optimiser's step
+  // count] in include/mnist_mpi/backend/optimizer_pass.hpp).
+  virtual std::unique_ptr<OptimizerPass> make_optimizer_pass(const OptimizerConfig& cfg) = 0;
   // dst[i] += src[i] and dst[i] = src[i] on the backend's buffers (gradient accumulation).
   virtual void add(float* dst, const float* src, std::int64_t n) = 0;
   virtual void copy(float* dst, const float* src, std::int64_t n) = 0;

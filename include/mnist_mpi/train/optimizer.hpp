@@ -1,5 +1,6 @@
-// Optimisers as one fused pass over the flat parameter, gradient and state buffers (SGD with
-// momentum / Nesterov, Adam with PyTorch's bias correction, L2 weight decay), and the
+// The optimiser of the training loop: its state buffers (whole, or this rank's shards), the
+// step's update in pieces as the buckets' sums arrive, checkpoint state in and out; the
+// arithmetic is the backend's fused pass (include/mnist_mpi/backend/optimizer_pass.hpp). And the
 // learning-rate schedules (constant, step decay per epoch with a floor, cosine; linear warm-up).
 #pragma once
 
@@ -10,13 +11,12 @@
 #include <vector>
 
 #include "mnist_mpi/config/optimizer_config.hpp"
-#include "mnist_mpi/train/optimizer_scalars.hpp"
+#include "mnist_mpi/backend/optimizer_pass.hpp"
 
 namespace mnist_mpi {
 
 class Backend;
 class Buffer;
-class StepCount;
 
 // A range of the flat parameter buffer, [begin, end) in elements.
 struct ParamRange {
@@ -78,16 +78,11 @@ class Optimizer {
   std::int64_t state_size_ = 0;             // the sum of the owned ranges' sizes
   std::int64_t begun_ = 0;  // begin_step calls since construction or restore (a check of update's caller)
   Backend* backend_ = nullptr;
-  std::unique_ptr<StepCount> step_count_;
+  std::unique_ptr<OptimizerPass> pass_;  // the backend's (the host's without one): the count and the arithmetic
   std::vector<float> host_m_, host_v_;     // without a backend; allocated once, here
   std::unique_ptr<Buffer> buf_m_, buf_v_;  // with one
   std::span<float> m_, v_;
 };
-
-// The fused pass on host memory (the CPU backend's optimizer_step), with the scalars of the step
-// (include/mnist_mpi/train/optimizer_scalars.hpp).
-void optimizer_pass_host(const OptimizerConfig& cfg, const OptimizerScalars& s, float* params, const float* grads,
-                         float* m, float* v, std::int64_t n);
 
 // The learning rate at global step `step` (0-based) of `total_steps`, in epoch `epoch`.
 double learning_rate(const ScheduleConfig& s, std::int64_t step, std::int64_t epoch, std::int64_t total_steps);

@@ -14,7 +14,7 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/data/sampler.hpp"
-#include "mnist_mpi/model/model.hpp"
+#include "mnist_mpi/backend/model.hpp"
 #include "mnist_mpi/run_facts.hpp"  // StepTiming
 #include "mnist_mpi/report/timeline.hpp"
 #include "mnist_mpi/train/optimizer.hpp"

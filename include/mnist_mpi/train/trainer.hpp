@@ -21,7 +21,7 @@
 #include "mnist_mpi/data/sampler.hpp"
 #include "mnist_mpi/hash.hpp"  // hash_floats, hex64
 #include "mnist_mpi/launch/launch_env.hpp"
-#include "mnist_mpi/model/model.hpp"
+#include "mnist_mpi/backend/model.hpp"
 #include "mnist_mpi/report/monitor.hpp"
 #include "mnist_mpi/resilience/fault.hpp"
 #include "mnist_mpi/train/optimizer.hpp"

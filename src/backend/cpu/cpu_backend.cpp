@@ -14,7 +14,6 @@
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/communicator.hpp"  // StepGuard::agree
 #include "mnist_mpi/resilience/finite.hpp"  // all_finite
-#include "mnist_mpi/train/optimizer.hpp"    // optimizer_pass_host
 #include "src/backend/cpu/kernels.hpp"
 
 namespace mnist_mpi {
@@ -280,9 +279,8 @@ class CpuBackend final : public Backend {
     return std::make_unique<HostDataSource>(split, batch);
   }
 
-  void optimizer_step(const OptimizerConfig& cfg, StepCount& count, float* params, const float* grads, float* m,
-                      float* v, std::int64_t n) override {
-    optimizer_pass_host(cfg, static_cast<HostStepCount&>(count).scalars(), params, grads, m, v, n);
+  std::unique_ptr<OptimizerPass> make_optimizer_pass(const OptimizerConfig& cfg) override {
+    return make_host_optimizer_pass(cfg);  // src/backend/cpu/optimizer.cpp
   }
   void add(float* dst, const float* src, std::int64_t n) override {
     for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];

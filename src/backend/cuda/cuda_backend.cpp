@@ -240,15 +240,16 @@ class CudaBackend final : public Backend {
     return std::make_unique<DeviceDataSource>(c_, split, batch);
   }
 
-  // Note [The optimiser's step count] (include/mnist_mpi/backend/backend.hpp), on the device.
-  class DeviceStepCount final : public StepCount {
+  // The optimiser's pass on the device, and its step count there (Note [The optimiser's step
+  // count] in include/mnist_mpi/backend/optimizer_pass.hpp).
+  class DeviceOptimizerPass final : public OptimizerPass {
    public:
-    DeviceStepCount(CudaBackend& b, const OptimizerConfig& cfg) : b_(b), beta1_(cfg.beta1), beta2_(cfg.beta2) {}
+    DeviceOptimizerPass(CudaBackend& b, const OptimizerConfig& cfg) : b_(b), cfg_(cfg) {}
     void begin_step(double lr) override {
       MNIST_CHECK(b_.c_.host_args.lr == lr, ExitCode::kRuntime,
                   "the optimiser's step: the step's device arguments hold another learning rate (call "
                   "Backend::set_step_args before the step)");
-      launch_count_step(b_.c_.stream, state_.get(), b_.guard_.get(), beta1_, beta2_, &b_.c_.step_args->lr);
+      launch_count_step(b_.c_.stream, state_.get(), b_.guard_.get(), cfg_.beta1, cfg_.beta2, &b_.c_.step_args->lr);
     }
     std::int64_t read() override {
       DeviceStepState host;
@@ -262,20 +263,17 @@ class CudaBackend final : public Backend {
       CUDA_CHECK(cudaMemcpyAsync(&state_.get()->t, &t, sizeof t, cudaMemcpyHostToDevice, b_.c_.stream));
       b_.c_.wait_for_stream();
     }
-    const DeviceStepState* state() const { return state_.get(); }
+    void update(float* params, const float* grads, float* m, float* v, std::int64_t n) override {
+      launch_optimizer(b_.c_.stream, cfg_, state_.get(), params, grads, m, v, n, b_.guard_.get());
+    }
 
    private:
     CudaBackend& b_;
-    double beta1_, beta2_;
+    OptimizerConfig cfg_;
     DeviceArray<DeviceStepState> state_{1};  // zero: t = 0
   };
-  std::unique_ptr<StepCount> make_step_count(const OptimizerConfig& cfg) override {
-    return std::make_unique<DeviceStepCount>(*this, cfg);
-  }
-  void optimizer_step(const OptimizerConfig& cfg, StepCount& count, float* params, const float* grads, float* m,
-                      float* v, std::int64_t n) override {
-    launch_optimizer(c_.stream, cfg, static_cast<DeviceStepCount&>(count).state(), params, grads, m, v, n,
-                     guard_.get());
+  std::unique_ptr<OptimizerPass> make_optimizer_pass(const OptimizerConfig& cfg) override {
+    return std::make_unique<DeviceOptimizerPass>(*this, cfg);
   }
 
   // Note [Non-finite steps] (include/mnist_mpi/backend/backend.hpp), on the device. The flag

@@ -132,13 +132,13 @@ __global__ void gather_kernel(const std::uint8_t* __restrict__ images, const std
 }
 
 // Note [The optimiser bit for bit]
-// The CPU pass (optimizer_pass_host) is compiled without FMA contraction (ISO C++ mode), so each
+// The CPU pass (src/backend/cpu/optimizer.cpp) is compiled without FMA contraction (ISO C++ mode), so each
 // multiply and add rounds on its own. nvcc would contract a * b + c into one FMA; the explicit
 // round-to-nearest intrinsics below forbid that and keep the CPU's evaluation order, so the GPU
 // pass gives the same bits as the CPU one (tests/test_gpu.cpp checks equality, not closeness).
 // guard: the flag of Note [Non-finite steps]; no update while it holds kNonfiniteGradient.
 // The step's scalars come from the device's step count (DeviceStepState, made by
-// count_step_kernel from the same expressions as the host's: include/mnist_mpi/train/optimizer_scalars.hpp).
+// count_step_kernel from the same expressions as the host's: include/mnist_mpi/backend/optimizer_pass.hpp).
 __global__ void count_step_kernel(DeviceStepState* __restrict__ state, const int* __restrict__ guard, double beta1,
                                   double beta2, const double* __restrict__ lr) {
   if (guard && (*guard & StepGuard::kNonfiniteGradient)) return;  // a skipped step does not count
@@ -293,7 +293,7 @@ void launch_count_step(cudaStream_t s, DeviceStepState* state, const int* guard,
 
 void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, const DeviceStepState* state, float* p,
                       const float* g, float* m, float* v, std::int64_t n, const int* guard) {
-  const float wd = static_cast<float>(cfg.weight_decay);  // as optimizer_pass_host computes them
+  const float wd = static_cast<float>(cfg.weight_decay);  // as the CPU pass computes them
   if (cfg.kind == "adam") {
     const float b1 = static_cast<float>(cfg.beta1), b2 = static_cast<float>(cfg.beta2);
     const float eps = static_cast<float>(cfg.eps);

@@ -1,7 +1,7 @@
 // Builds a model instance: allocates the activations (and their gradients when training), binds
 // each layer's buffers and asks the backend for a kernel prepared for its shapes. After this,
 // forward() and backward() only run prepared kernels: nothing is planned or allocated per step.
-#include "mnist_mpi/model/model.hpp"
+#include "mnist_mpi/backend/model.hpp"
 
 #include <optional>
 #include <sstream>

@@ -1,0 +1,85 @@
+// The CPU's optimiser pass (include/mnist_mpi/backend/optimizer_pass.hpp): the step count and
+// its scalars on the host, and one fused loop over a range of the flat buffers, built for every
+// x86-64 ISA with the same bits. The GPU's pass (src/backend/cuda/kernels.cu) computes the same
+// expressions in the same order.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+
+#include "mnist_mpi/backend/optimizer_pass.hpp"
+#include "mnist_mpi/cpu_clones.hpp"
+
+namespace mnist_mpi {
+namespace {
+struct AdamScalars {
+  float wd, b1, b2, step_size, inv_sqrt_bc2, eps;
+};
+
+// Built for AVX-512, AVX2 and the baseline (Note [One build for every x86-64] in
+// include/mnist_mpi/cpu_clones.hpp): each element goes through the same IEEE operations in the
+// same order on every ISA (the core is built with -ffp-contract=off), so the three give the same bits.
+MNIST_MPI_CPU_CLONES
+void adam_pass(const AdamScalars& a, float* __restrict p, const float* __restrict g, float* __restrict m,
+               float* __restrict v, std::int64_t n) {
+  const float wd = a.wd, b1 = a.b1, b2 = a.b2, step_size = a.step_size, inv_sqrt_bc2 = a.inv_sqrt_bc2, eps = a.eps;
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] + wd * p[i];
+    m[i] = b1 * m[i] + (1.0f - b1) * gi;
+    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+    p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+  }
+}
+// The fused pass over n elements, with the scalars of the step.
+void host_pass(const OptimizerConfig& cfg, const OptimizerScalars& s, float* __restrict p, const float* __restrict g,
+               float* __restrict m, float* __restrict v, std::int64_t n) {
+  const float wd = static_cast<float>(cfg.weight_decay);
+  if (cfg.kind == "adam") {
+    const AdamScalars a{wd,
+                        static_cast<float>(cfg.beta1),
+                        static_cast<float>(cfg.beta2),
+                        s.step_size,
+                        s.inv_sqrt_bc2,
+                        static_cast<float>(cfg.eps)};
+    adam_pass(a, p, g, m, v, n);
+  } else {
+    const float mu = static_cast<float>(cfg.momentum), flr = s.lr;
+    const bool nesterov = cfg.nesterov;
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) {
+      float gi = g[i] + wd * p[i];
+      if (mu != 0.0f) {
+        m[i] = mu * m[i] + gi;  // PyTorch: buf = momentum * buf + g (buf starts at 0, dampening 0)
+        gi = nesterov ? gi + mu * m[i] : m[i];
+      }
+      p[i] -= flr * gi;
+    }
+  }
+}
+
+class HostOptimizerPass final : public OptimizerPass {
+ public:
+  explicit HostOptimizerPass(const OptimizerConfig& cfg) : cfg_(cfg) {}
+  void begin_step(double lr) override {
+    ++t_;
+    scalars_ = optimizer_scalars(cfg_.beta1, cfg_.beta2, lr, t_);
+  }
+  std::int64_t read() override { return t_; }
+  void set(std::int64_t t) override { t_ = t; }
+  void update(float* params, const float* grads, float* m, float* v, std::int64_t n) override {
+    host_pass(cfg_, scalars_, params, grads, m, v, n);
+  }
+
+ private:
+  OptimizerConfig cfg_;
+  std::int64_t t_ = 0;
+  OptimizerScalars scalars_;
+};
+
+}  // namespace
+
+std::unique_ptr<OptimizerPass> make_host_optimizer_pass(const OptimizerConfig& cfg) {
+  return std::make_unique<HostOptimizerPass>(cfg);
+}
+
+}  // namespace mnist_mpi
