@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "mnist_mpi/backend/cpu.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/data/sampler.hpp"  // part_first, part_count
 #include "mnist_mpi/train/reducer.hpp"

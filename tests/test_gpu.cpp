@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/backend/cpu.hpp"
 #include "mnist_mpi/backend/device.hpp"
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"

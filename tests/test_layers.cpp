@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/backend/cpu.hpp"
 #include "mnist_mpi/backend/model.hpp"
 #include <oneapi/dnnl/dnnl.hpp>
 

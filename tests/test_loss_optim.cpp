@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/backend/cpu.hpp"
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 #include "reference.hpp"

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/backend/cpu.hpp"
 #include "mnist_mpi/check.hpp"
 
 #if MNIST_MPI_HAVE_CUDA

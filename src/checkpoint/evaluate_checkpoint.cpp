@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/backend/cpu.hpp"
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/io/file_kind.hpp"
 #include "mnist_mpi/io/file_roles.hpp"

@@ -1,6 +1,9 @@
 // The one interface every backend implements: a layer kernel prepared for its shapes and buffers
-// at model build, the softmax cross-entropy loss, buffer allocation, the data set where the
-// kernels read it, the fused optimiser pass and host <-> backend copies. The CPU backend
+// at model build (the layer interface: include/mnist_mpi/backend/layer.hpp), the softmax
+// cross-entropy loss, buffer allocation, the data set where the kernels read it, the fused
+// optimiser pass (optimizer_pass.hpp), the step guard (step_guard.hpp) and host <-> backend
+// copies; last, the hooks that only a GPU fills in (the CPU keeps their defaults). Which backend a
+// rank gets: include/mnist_mpi/backend/device.hpp; the CPU's own knobs: cpu.hpp. The CPU backend
 // (src/backend/cpu/, oneDNN plus small loops) is the reference; the CUDA backend
 // (src/backend/cuda/, cuDNN, cuBLAS and a few kernels) computes the same things on one GPU.
 // Layers and the trainer never know which backend they run on: every pointer a backend takes or
@@ -14,54 +17,16 @@
 #include <string>
 #include <vector>
 
+#include "mnist_mpi/backend/layer.hpp"
+#include "mnist_mpi/backend/optimizer_pass.hpp"
+#include "mnist_mpi/backend/step_guard.hpp"
 #include "mnist_mpi/config/optimizer_config.hpp"
 #include "mnist_mpi/data/idx.hpp"
 #include "mnist_mpi/model/spec.hpp"
-#include "mnist_mpi/backend/optimizer_pass.hpp"
 
 namespace mnist_mpi {
 
 class Communicator;  // include/mnist_mpi/comm/communicator.hpp
-
-// What one forward / backward call needs to know besides its buffers.
-struct StepContext {
-  bool training = true;
-  std::uint64_t seed = 0;
-  std::int64_t step = 0;          // global step (dropout key)
-  std::int64_t first_sample = 0;  // position of this batch's row 0 within the global batch
-};
-
-// Note [Activation layouts]
-// How one activation buffer holds its (N, C, H, W) values. kPlain is NCHW. kBlockedB is oneDNN's
-// nChwBc: (N, C/B, H, W, B), channels in blocks of B, only where B divides C (so the buffer has
-// the plain size). A backend may keep activations between its own layers blocked so that no
-// layer converts per step; the model's input, its logits and anything a flatten or fc reads stay
-// plain. The backend chooses (Backend::activation_layouts) and every kernel is told the layouts of
-// its x / dx and y / dy.
-enum class Layout { kPlain, kBlocked8, kBlocked16 };
-
-// Buffers of one layer, fixed for the model's lifetime (kernels bind them once, at build).
-struct LayerBuffers {
-  int batch = 0;
-  const float* x = nullptr;          // (N, in.c, in.h, in.w)
-  float* y = nullptr;                // (N, out.c, out.h, out.w)
-  const float* dy = nullptr;         // like y; null in an inference model
-  float* dx = nullptr;               // like x; null when no input gradient is needed (the first layer)
-  const float* w = nullptr;          // this layer's weight, then bias, in the flat parameter buffer
-  float* dw = nullptr;               // the same range of the flat gradient buffer; null for inference
-  Layout x_layout = Layout::kPlain;  // of x and dx
-  Layout y_layout = Layout::kPlain;  // of y and dy
-};
-
-class LayerKernel {
- public:
-  virtual ~LayerKernel() = default;
-  virtual void forward(const StepContext& ctx) = 0;
-  // Writes dx (when bound) and this layer's parameter gradients (overwritten, not accumulated).
-  virtual void backward(const StepContext& ctx) = 0;
-  // The implementation chosen, for logs ("conv: jit:avx2").
-  virtual std::string describe() const = 0;
-};
 
 struct LossStats {
   double loss_sum = 0.0;  // sum over the batch of -log softmax(logits)[label]
@@ -98,56 +63,6 @@ class DataSource {
   // x and labels() from the images [first, first + n) of the split (evaluation).
   virtual void slice(std::int64_t first, std::int64_t n, float* x) = 0;
   virtual const std::int32_t* labels() const = 0;  // (batch), in the backend's memory
-};
-
-// Note [Non-finite steps]
-// A step whose gradient holds NaN or inf must change no parameter, on every rank alike, and then
-// stop the run (or, with --skip-nonfinite-steps, be skipped). The reduced gradient is bitwise the
-// same on every rank (Note [Sums in rank order]), so each rank checks it bucket by bucket and all
-// reach the same verdict without a collective of their own. A rank whose own loss is not finite
-// (or that the testing hook marks) makes its gradient show it: a NaN in dlogits reaches the last
-// layer's bias gradient (the sum over the batch of dlogits) before backward hands any bucket to
-// the reducer. How a backend keeps the verdict is its own business:
-// - On the host (the CPU backend) bucket_ok reads the reduced bucket and answers at once; the
-//   step applies no bucket after a bad one, and verdict(step) is known when the step ends (lag 0).
-// - A device cannot be read without a synchronisation in the step loop, so the verdict stays on
-//   the device: the check of a bucket ORs kNonfiniteGradient into a device flag, the loss kernel
-//   ORs kNonfiniteLoss and poisons its gradient, and the fused optimiser pass does nothing while
-//   the flag holds kNonfiniteGradient; bucket_ok answers true. So no non-finite value reaches the
-//   parameters, whatever the host knows. end_step queues a copy of the flag into pinned host
-//   memory and verdict(s) reads it later: the trainer reads step s's verdict after step s + lag(),
-//   when the copy has long finished, or at once where it synchronises anyway (a log line, an
-//   evaluation, a checkpoint, the end). With keep_verdict (no --skip-nonfinite-steps) the flag
-//   is never cleared, so nothing is updated after a non-finite step until the host stops the run.
-// With --skip-nonfinite-steps the step waits for and checks every bucket before it applies the
-// first, so that a skipped step changes nothing on either kind of backend.
-// With --shard-optimizer a rank receives, and checks, only its shard of each bucket's sum, so the
-// ranks' verdicts may differ; agree() makes them one: kNonfiniteGradient becomes the OR over every
-// rank, by one collective of the gradient communicator. The step calls it after the last bucket
-// is checked (with --skip-nonfinite-steps before the first is applied). Before it, a rank that
-// refused a shard leaves that shard's parameters alone while the others update theirs; the
-// allgather still gives every rank the same bits, so the replicas stay identical, and the run
-// stops after the step on every rank alike.
-class StepGuard {
- public:
-  static constexpr int kNonfiniteGradient = 1, kNonfiniteLoss = 2;
-  virtual ~StepGuard() = default;
-  virtual void begin_step() = 0;
-  // After each micro-batch's loss went into `meter` and its gradient into dlogits (poison: the
-  // testing hook marks this rank's loss as non-finite, last micro-batch only).
-  virtual void after_loss(LossMeter& meter, float* dlogits, bool poison) = 0;
-  // Whether the reduced gradient grads[0, n) of one bucket (or of this rank's shard of it) may be
-  // applied.
-  virtual bool bucket_ok(const float* grads, std::int64_t n) = 0;
-  // Collective on comm (the gradient communicator): the step's kNonfiniteGradient, ORed over
-  // every rank. Returns whether the step may be applied (a device answers true: its passes read
-  // the flag).
-  virtual bool agree(Communicator& comm) = 0;
-  virtual void end_step(std::int64_t step) = 0;
-  // kNonfinite* bits of step `step` (0: finite); asked once per step, in order, at most lag() + 1
-  // steps after its end (a device keeps a few verdicts in flight, not all).
-  virtual int verdict(std::int64_t step) = 0;
-  virtual std::int64_t lag() const = 0;  // after how many more steps the trainer reads a verdict
 };
 
 // Note [A step as one CUDA graph]
@@ -239,6 +154,8 @@ class Backend {
                                 bool evaluates) const {
     (void)spec, (void)batch, (void)eval_batch, (void)adam, (void)evaluates;
   }
+  // ---- Hooks that only a GPU backend fills in; the CPU keeps these defaults, so that the trainer
+  // ---- calls them on any backend and has no device branch.
   // Returns once every queued kernel has finished (a no-op on the CPU).
   virtual void synchronize() {}
   // The values of training step `step` that a replayed graph reads from device memory (Note [A step
@@ -280,25 +197,5 @@ class Backend {
   virtual std::unique_ptr<Communicator> make_gradient_communicator(Communicator& world, std::int64_t param_count,
                                                                    bool shared_device);
 };
-
-// The CPU backend's cross-layer fusions (src/backend/cpu/conv.cpp), all on by default; tests and
-// A/B runs turn them off to compare.
-struct CpuFusions {
-  bool pool_gradient = true;      // Note [The first convolution reads its pool's gradient]
-  bool conv_pool_forward = true;  // Note [The first convolution and its pool in one pass]
-  bool relu_into_pool = true;     // Note [A ReLU taken over by its max pool] (src/backend/cpu/pool.cpp)
-  bool pool_backward_tiles = true;  // Note [A 2 x 2 pool's gradient in one pass] (src/backend/cpu/pool.cpp)
-  // The kernels written with AVX2 intrinsics, where the CPU has AVX2 (and FMA); false: their
-  // portable versions, which give the same bits (BlockedLayouts tests compare the two).
-  bool avx2_kernels = true;
-};
-
-// --threads: the number of threads each rank's kernels use.
-std::unique_ptr<Backend> make_cpu_backend(int threads, CpuFusions fusions = {});
-
-// The CUDA backend on GPU `device` (already chosen, see include/mnist_mpi/backend/device.hpp);
-// tf32: let cuDNN and cuBLAS use TF32 tensor cores for float math. Only in builds with CUDA
-// (MNIST_MPI_HAVE_CUDA); elsewhere it throws Error(kDevice).
-std::unique_ptr<Backend> make_cuda_backend(int device, bool tf32);
 
 }  // namespace mnist_mpi

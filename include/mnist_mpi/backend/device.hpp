@@ -31,6 +31,11 @@ DeviceChoice choose_device(const std::string& requested, bool cuda_built, const 
 // math), else the CPU backend with `threads` threads per rank.
 std::unique_ptr<Backend> make_backend(const DeviceChoice& device, int threads, bool tf32);
 
+// The CUDA backend on GPU `device` (already chosen, see include/mnist_mpi/backend/device.hpp);
+// tf32: let cuDNN and cuBLAS use TF32 tensor cores for float math. Only in builds with CUDA
+// (MNIST_MPI_HAVE_CUDA); elsewhere it throws Error(kDevice).
+std::unique_ptr<Backend> make_cuda_backend(int device, bool tf32);
+
 bool cuda_built();
 GpuProbe probe_gpus();              // never throws; count 0 in builds without CUDA
 std::string describe_gpu(int gpu);  // "NVIDIA H200, bus 0000:19:00.0, 139 GiB, sm_90"

@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "mnist_mpi/backend/cpu.hpp"
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/communicator.hpp"  // StepGuard::agree
 #include "mnist_mpi/resilience/finite.hpp"  // all_finite

@@ -5,6 +5,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/backend/cpu.hpp"
 
 #include <cstdint>
 #include <optional>
