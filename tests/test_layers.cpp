@@ -127,7 +127,7 @@ struct Rig {
 
 int block_of(Layout layout) { return layout == Layout::kBlocked8 ? 8 : layout == Layout::kBlocked16 ? 16 : 1; }
 
-// Index of plain (n, c, h, w) in a buffer of `layout` (Note [Activation layouts] in backend.hpp).
+// Index of plain (n, c, h, w) in a buffer of `layout` (Note [Activation layouts] in include/mnist_mpi/backend/layer.hpp).
 std::size_t at(Layout layout, Shape s, int n, int c, int h, int w) {
   const int b = block_of(layout);
   return ((((static_cast<std::size_t>(n) * (s.c / b) + c / b) * s.h + h) * s.w + w) * b) + c % b;

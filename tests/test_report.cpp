@@ -769,7 +769,7 @@ TEST(Monitor, PrintsTheBannerSkippedStepsAndTheFinalReport) {
             "109.0, 100.0 MB\n"
             "per step: data 125.00 ms, forward 62.50 ms, backward 250.00 ms, exposed communication 500.00 ms, "
             "optimizer 31.25 ms; 0.0 MB reduced\n"
-            "checkpoints: 2 written, 0.00 MB each (parameters and optimiser state 0.00 MB + 1.1 KB); rank 0 copied the "
+            "checkpoints: 2 written, 0.00 MB each (parameters and optimizer state 0.00 MB + 1.1 KB); rank 0 copied the "
             "state in 1.50 ms, wrote it in 2.5 ms (in the background); the other ranks waited 0.50 ms at a checkpoint "
             "step (0.25 ms at other steps)\n"
             "1 non-finite step(s) skipped\n"

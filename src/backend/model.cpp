@@ -37,7 +37,7 @@ Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* pa
       dact_ptr_[i] = dacts_.back()->data();
     }
   }
-  // Note [Activation layouts] in backend.hpp: the backend may keep inner activations blocked.
+  // Note [Activation layouts] in include/mnist_mpi/backend/layer.hpp: the backend may keep inner activations blocked.
   const std::vector<Layout> layouts = backend.activation_layouts(spec);
   MNIST_CHECK(layouts.size() == L + 1 && layouts.front() == Layout::kPlain && layouts.back() == Layout::kPlain,
               ExitCode::kRuntime, "backend '" + backend.name() + "' chose invalid activation layouts");

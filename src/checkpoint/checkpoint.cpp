@@ -414,9 +414,9 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
     corrupt(name,
             "META says " + std::to_string(n) + " parameters, PARM holds " + std::to_string(parm.size()) + " bytes");
   if (mom1.size() != parm.size()) corrupt(name, "MOM1 is not the size of PARM");
-  if (m.optimizer_kind > 1) corrupt(name, "unknown optimiser kind " + std::to_string(m.optimizer_kind));
+  if (m.optimizer_kind > 1) corrupt(name, "unknown optimizer kind " + std::to_string(m.optimizer_kind));
   if (mom2.size() != (m.optimizer_kind == 0 ? parm.size() : 0))
-    corrupt(name, "MOM2 does not fit the optimiser (Adam: the size of PARM; SGD: empty)");
+    corrupt(name, "MOM2 does not fit the optimizer (Adam: the size of PARM; SGD: empty)");
   if (m.schedule_kind > 2) corrupt(name, "unknown learning-rate schedule kind " + std::to_string(m.schedule_kind));
   // Every field is a file's word, so the products are taken with overflow checks (a fuzzed
   // steps_per_epoch * global_batch overflowed int64 here, which is undefined behaviour).

@@ -183,7 +183,7 @@ int evaluate_checkpoint_main(int argc, char** argv) {
                     static_cast<long long>(m.epoch), ck.spec.c_str(), static_cast<long long>(m.param_count));
         if (vm.count("show-config")) {
           std::printf(
-              "global batch %lld, seed %llu, %lld ranks, optimiser %s (%lld steps), next lr %.6g, "
+              "global batch %lld, seed %llu, %lld ranks, optimizer %s (%lld steps), next lr %.6g, "
               "validation accuracy %.4f\noptions of the run that wrote it:\n%s",
               static_cast<long long>(m.global_batch), static_cast<unsigned long long>(m.seed),
               static_cast<long long>(m.world_size), m.optimizer_kind == 0 ? "adam" : "sgd",

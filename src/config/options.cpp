@@ -319,7 +319,7 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       "no overlap (for comparison)")(
       "shard-optimizer",
       po::value(&sharding)->default_value(sharding)->implicit_value("on"),
-      "on: each rank keeps and updates only its 1/N shard of the optimiser state (like ZeRO stage 1): gradients "
+      "on: each rank keeps and updates only its 1/N shard of the optimizer state (like ZeRO stage 1): gradients "
       "reduce-scattered, updated parameters all-gathered; the same bits as without it (docs/reduction.md). "
       "auto: on for the CPU with 2 or more ranks, off on a GPU; off: every rank updates everything");
   po::options_description ck("Checkpoints (docs/checkpoint.md)");

@@ -305,7 +305,7 @@ void Monitor::on_final(const FinalFacts& f) {
       const double n = static_cast<double>(c.written);
       const double state = static_cast<double>(f.params) * sizeof(float) * (opt_.optimizer.kind == "adam" ? 3.0 : 2.0);
       out.print(
-          "checkpoints: %lld written, %.2f MB each (parameters and optimiser state %.2f MB + %.1f KB); "
+          "checkpoints: %lld written, %.2f MB each (parameters and optimizer state %.2f MB + %.1f KB); "
           "rank 0 copied the state in %.2f ms, wrote it in %.1f ms (%s); the other ranks waited %.2f ms "
           "at a checkpoint step (%.2f ms at other steps)\n",
           static_cast<long long>(c.written), c.bytes / 1048576.0, state / 1048576.0, (c.bytes - state) / 1024.0,

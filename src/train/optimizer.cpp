@@ -13,7 +13,7 @@ namespace mnist_mpi {
 namespace {
 void check_kind(const OptimizerConfig& cfg) {
   MNIST_CHECK(cfg.kind == "adam" || cfg.kind == "sgd", ExitCode::kUsage,
-              "--optimizer: unknown optimiser '" + cfg.kind + "' (adam or sgd)");
+              "--optimizer: unknown optimizer '" + cfg.kind + "' (adam or sgd)");
 }
 }  // namespace
 
@@ -62,7 +62,7 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& ba
 Optimizer::~Optimizer() = default;
 
 void Optimizer::restore(const float* m, const float* v, std::int64_t steps_taken) {
-  MNIST_CHECK(steps_taken >= 0, ExitCode::kCheckpoint, "optimiser state with a negative step count");
+  MNIST_CHECK(steps_taken >= 0, ExitCode::kCheckpoint, "optimizer state with a negative step count");
   if (backend_) {  // a copy on the CPU, an upload on a device; each owned range to its packed place
     for (std::size_t i = 0; i < owned_.size(); ++i) {
       const auto n = static_cast<std::size_t>(owned_[i].end - owned_[i].begin);
@@ -96,7 +96,7 @@ std::int64_t Optimizer::state_offset(std::int64_t begin, std::int64_t end) const
                                    [](std::int64_t b, const ParamRange& r) { return b < r.end; });
   MNIST_CHECK(it != owned_.end() && it->begin <= begin && end <= it->end, ExitCode::kRuntime,
               "Optimizer::update: [" + std::to_string(begin) + ", " + std::to_string(end) +
-                  ") is not inside a range this optimiser owns");
+                  ") is not inside a range this optimizer owns");
   return owned_offset_[static_cast<std::size_t>(it - owned_.begin())] + (begin - it->begin);
 }
 

@@ -10,6 +10,12 @@ using Clock = std::chrono::steady_clock;
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 }  // namespace
 
+// Note [Averaging is a scaled sum]
+// Each rank's loss gradient is scaled by 1 / GLOBAL batch (not by 1 / its own slice), so its
+// backward produces (sum of its slice's per-sample gradients) / B. The allreduce then SUMS these
+// over the ranks: the result is exactly the gradient of the mean loss over the whole global batch,
+// for every parameter, since the allreduce covers the whole flat gradient buffer [0, param_count).
+// No division after the reduction, nothing to forget for "the other variables".
 Step::Step(const StepParts& parts, const StepShape& shape)
     : p_(parts), shape_(shape), grad_scale_(1.0f / static_cast<float>(shape.global_batch)) {
   MNIST_CHECK(p_.backend && p_.model && p_.params && p_.grads && p_.reducer && p_.optimizer && p_.guard && p_.sampler &&

@@ -1,6 +1,6 @@
 // One rank's training loop (see include/mnist_mpi/train/trainer.hpp). The gradient of every rank
 // is the sum over its slice divided by the GLOBAL batch; the allreduce sums these, so every rank
-// applies the gradient of the global mean loss (Note [Averaging is a scaled sum]).
+// applies the gradient of the global mean loss (Note [Averaging is a scaled sum] in src/train/step.cpp).
 #include "mnist_mpi/train/trainer.hpp"
 
 #include <sys/resource.h>
@@ -306,7 +306,7 @@ void Trainer::gather_state() {
         from += bytes;
       }
     MNIST_CHECK(from == gathered_.data() + gathered_.size(), ExitCode::kRuntime,
-                "gathered optimiser state does not match the ranks' shards");
+                "gathered optimizer state does not match the ranks' shards");
   }
 }
 
@@ -409,12 +409,6 @@ void Trainer::share_measured_convolutions() {
   if (!rank0_) backend_->use_measured_convolutions(spec_, table);
 }
 
-// Note [Averaging is a scaled sum]
-// Each rank's loss gradient is scaled by 1 / GLOBAL batch (not by 1 / its own slice), so its
-// backward produces (sum of its slice's per-sample gradients) / B. The allreduce then SUMS these
-// over the ranks: the result is exactly the gradient of the mean loss over the whole global batch,
-// for every parameter, since the allreduce covers the whole flat gradient buffer [0, param_count).
-// No division after the reduction, nothing to forget for "the other variables".
 RunResult Trainer::run() {
   RunResult res;
   grad_comm_->connect();  // NCCL: the collective part of its set-up
@@ -517,7 +511,7 @@ double Trainer::RunClock::images_per_s(std::int64_t steps, std::int64_t global_b
   return steady_s > 0 ? static_cast<double>(steps * global_batch) / steady_s : 0.0;
 }
 
-// Note [Non-finite steps] (include/mnist_mpi/backend/backend.hpp), the trainer's part: the guard's
+// Note [Non-finite steps] (include/mnist_mpi/backend/step_guard.hpp), the trainer's part: the guard's
 // verdict of every step is read in order, on every rank at the same step (every place that
 // settles does so on every rank alike), at once on the host and guard_->lag() steps later on a
 // device. One more collective finds the first rank whose own loss was not finite. Without

@@ -77,7 +77,7 @@ MNIST_HOST_DEVICE inline OptimizerScalars optimizer_scalars(double beta1, double
 
 // Note [The optimiser's step count]
 // Adam's bias corrections depend on t, the number of steps applied so far. A step that the guard
-// skips (Note [Non-finite steps] in include/mnist_mpi/backend/backend.hpp) must not count: on the
+// skips (Note [Non-finite steps] in include/mnist_mpi/backend/step_guard.hpp) must not count: on the
 // CPU the step never calls begin_step, but on a device only the device knows in time whether a
 // step was skipped. So the count lives with the backend's pass: begin_step counts the step unless
 // the guard refuses it, and computes the step's scalars (above) where the pass reads them; on a

@@ -1,8 +1,11 @@
-// The training loop of one rank: the sampler's slice of each global batch, forward, softmax
-// cross-entropy, backward, the gradient allreduce, the fused optimiser step; every rank evaluates
-// a share of a split (Note [Every rank evaluates a share]); rank 0 logs, and composes the metrics lines that the Monitor writes. Construction does only local work
-// (so that setup errors can be agreed on by all ranks before any collective, see Note [Ending every
-// rank] in src/main.cpp); run() does the collectives.
+// The training loop of one rank: set-up (device, data, model, backend, optimiser, reducer,
+// checkpointer, monitor), then run(): one Step per global step (include/mnist_mpi/train/step.hpp:
+// the slice of the global batch, forward, loss, backward, the bucketed reduction, the update),
+// evaluation (every rank evaluates a share of a split: Note [Every rank evaluates a share]), and
+// the step boundary (checkpoints, signals, replica checks). What a person sees is the Monitor's
+// (include/mnist_mpi/report/monitor.hpp): the trainer hands it plain facts and formats nothing.
+// Construction does only local work (so that set-up errors can be agreed on by all ranks before
+// any collective, see Note [Ending every rank] in src/main.cpp); run() does the collectives.
 #pragma once
 
 #include <chrono>

@@ -247,7 +247,7 @@ class CudaBackend final : public Backend {
     DeviceOptimizerPass(CudaBackend& b, const OptimizerConfig& cfg) : b_(b), cfg_(cfg) {}
     void begin_step(double lr) override {
       MNIST_CHECK(b_.c_.host_args.lr == lr, ExitCode::kRuntime,
-                  "the optimiser's step: the step's device arguments hold another learning rate (call "
+                  "the optimizer's step: the step's device arguments hold another learning rate (call "
                   "Backend::set_step_args before the step)");
       launch_count_step(b_.c_.stream, state_.get(), b_.guard_.get(), cfg_.beta1, cfg_.beta2, &b_.c_.step_args->lr);
     }
@@ -276,7 +276,7 @@ class CudaBackend final : public Backend {
     return std::make_unique<DeviceOptimizerPass>(*this, cfg);
   }
 
-  // Note [Non-finite steps] (include/mnist_mpi/backend/backend.hpp), on the device. The flag
+  // Note [Non-finite steps] (include/mnist_mpi/backend/step_guard.hpp), on the device. The flag
   // starts at zero (DeviceArray), so callers that never use a guard (tests, evaluation) see no effect.
   class Guard final : public StepGuard {
    public:

@@ -135,7 +135,7 @@ std::unique_ptr<LayerKernel> make_flatten(Context& c, const LayerSpec& l, const 
 // Launchers of our kernels (src/backend/cuda/kernels.cu), all on `s`, all checked.
 // Adds per-row loss and correct counts into sums (double loss_sum, then correct as a double).
 // With dlogits and guard: a non-finite loss sets dlogits[0] = NaN and ORs kNonfiniteLoss into
-// *guard (Note [Non-finite steps] in include/mnist_mpi/backend/backend.hpp).
+// *guard (Note [Non-finite steps] in include/mnist_mpi/backend/step_guard.hpp).
 void launch_softmax_xent(cudaStream_t s, const float* logits, const std::int32_t* labels, int batch, int classes,
                          float* dlogits, float grad_scale, double* sums, int* guard);
 // *guard |= kNonfiniteGradient when any of g[0, n) is NaN or inf.

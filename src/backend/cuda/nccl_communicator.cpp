@@ -87,7 +87,7 @@ class NcclCommunicator final : public HostForwarding {
   }
 
   std::string progress_mode() const override {
-    return "summed by NCCL on a communication stream, ordered against backward and the optimiser by events";
+    return "summed by NCCL on a communication stream, ordered against backward and the optimizer by events";
   }
 
   void connect() override {
