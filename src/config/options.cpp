@@ -252,12 +252,13 @@ void check_real_options(const Options& o) {
 
 }  // namespace
 
-// Long on purpose (Note [Why a function is long] in docs/style.md): most of it is the option
-// table, one add_options() entry per option with its help text, which reads best as one list
-// in the order --help prints it; the checks that follow are in check_options() above.
-ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::string& text) {
+namespace {
+
+// Long on purpose (Note [Why a function is long] in docs/style.md): the option table, one
+// add_options() entry per option with its help text, which reads best as one list in the order
+// --help prints it. Values are stored into `o` (and --shard-optimizer's text into `sharding`).
+void add_option_table(po::options_description& all, Options& o, std::string& sharding) {
   Options d;  // defaults
-  std::string sharding = "auto";  // --shard-optimizer as given; o.shard_optimizer once checked
   po::options_description general("General");
   general.add_options()("help,h", "print this help and exit")("version", "print the version and exit")(
       "config", po::value<std::string>(&o.config_file), "INI file of options (key = value); the command line wins");
@@ -375,12 +376,13 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       "optimizer, evaluation) to this file")(
       "report", po::value(&o.report_file),
       "write a self-contained HTML report (curves, where the time went) to this file at the end");
-  po::options_description all("mnist_mpi " MNIST_MPI_VERSION
-                              " - data-parallel CNN training on MNIST.\n"
-                              "Usage: mpirun -np N mnist_mpi [train] [--config FILE] [options]\n"
-                              "       mnist_mpi evaluate|export|predict [options] (one process; COMMAND --help)\n" +
-                              std::string(kCommands) + "Options");
   all.add(general).add(data).add(model).add(train).add(red).add(ck).add(sys).add(rep);
+}
+
+// The command-line pass (Note [Messages built from what the user wrote]): the first word, where a
+// command goes, must be an option (main() has taken the commands); then one option per store().
+void store_command_line(int argc, const char* const* argv, const po::options_description& all,
+                        po::variables_map& vm) {
   // A word that is not an option (`mnist_mpi evalute`) is caught as this hidden positional option,
   // so that the message can name it and list the commands.
   po::options_description parsing;
@@ -391,7 +393,6 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   // The first word is where a command goes (main() has taken the commands): a word there is a
   // misspelt command, said before Boost reads the options that were meant for it.
   if (argc >= 2 && argv[1][0] != '-') throw_error(ExitCode::kUsage, not_a_command(argv[1]));
-  po::variables_map vm;
   std::vector<std::string> args;  // what the user wrote, for explain()
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
   po::parsed_options command_line(&all);
@@ -416,47 +417,39 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       throw_error(ExitCode::kUsage, explain(e, name, value, args) + " (see --help)");
     }
   }
-  if (vm.count("help")) {
-    std::ostringstream os;
-    os << all;
-    text = os.str();
-    return ParseOutcome::kExitOk;
-  }
-  if (vm.count("version")) {
-    text = "mnist_mpi " MNIST_MPI_VERSION "\n";
-    return ParseOutcome::kExitOk;
-  }
-  if (vm.count("config")) {
-    const std::string path = vm["config"].as<std::string>();
-    std::map<std::string, int> first_line;  // key -> the line that set it
-    for (const ConfigLine& line : read_config(path)) {
-      const std::string where = "--config " + quote_input(path) + " line " + std::to_string(line.number) + ": ";
-      if (line.key.empty()) throw_error(ExitCode::kUsage, where + "no option name before the '='");
-      const po::option_description* known = nullptr;
-      try {
-        known = all.find_nothrow(line.key, false);
-      } catch (const po::error&) {  // "nothrow" still throws ambiguous_option for some names
-      }
-      if (known == nullptr || known->long_name() != line.key)
-        throw_error(ExitCode::kUsage, where + "unknown option " + quote_input(line.key) + " (see --help)");
-      if (const auto [it, fresh] = first_line.emplace(line.key, line.number); !fresh)
-        throw_error(ExitCode::kUsage, where + quote_input(line.key) + " is set again (first on line " +
-                                          std::to_string(it->second) + "); keep one of the two lines");
-      po::option opt(line.key, {line.value});
-      opt.original_tokens = {line.key, line.value};
-      try {
-        store_one(all, opt, vm);  // skipped when the command line gave the option: it wins
-      } catch (const po::error& e) {
-        throw_error(ExitCode::kUsage, where + explain(e, line.key, &line.value, {line.key, line.value}));
-      }
+}
+
+// The --config pass (Note [Reading --config ourselves]): each line stored on its own; an option
+// the command line gave is skipped (the command line wins).
+void store_config_file(const std::string& path, const po::options_description& all, po::variables_map& vm) {
+  std::map<std::string, int> first_line;  // key -> the line that set it
+  for (const ConfigLine& line : read_config(path)) {
+    const std::string where = "--config " + quote_input(path) + " line " + std::to_string(line.number) + ": ";
+    if (line.key.empty()) throw_error(ExitCode::kUsage, where + "no option name before the '='");
+    const po::option_description* known = nullptr;
+    try {
+      known = all.find_nothrow(line.key, false);
+    } catch (const po::error&) {  // "nothrow" still throws ambiguous_option for some names
+    }
+    if (known == nullptr || known->long_name() != line.key)
+      throw_error(ExitCode::kUsage, where + "unknown option " + quote_input(line.key) + " (see --help)");
+    if (const auto [it, fresh] = first_line.emplace(line.key, line.number); !fresh)
+      throw_error(ExitCode::kUsage, where + quote_input(line.key) + " is set again (first on line " +
+                                        std::to_string(it->second) + "); keep one of the two lines");
+    po::option opt(line.key, {line.value});
+    opt.original_tokens = {line.key, line.value};
+    try {
+      store_one(all, opt, vm);  // skipped when the command line gave the option: it wins
+    } catch (const po::error& e) {
+      throw_error(ExitCode::kUsage, where + explain(e, line.key, &line.value, {line.key, line.value}));
     }
   }
-  try {
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw_error(ExitCode::kUsage, explain(e, "", nullptr, args) + " (see --help)");
-  }
+}
 
+// The checks on values that the rest of the program relies on, and what follows from them: the
+// default global batch, the resolved --shard-optimizer. (The real-valued options: Note [One check
+// for every floating-point option].)
+void check_counts(const Options& o) {
   auto positive = [](std::int64_t v, const char* name, bool allow_zero) {
     if (v < 0 || (!allow_zero && v == 0))
       throw_error(ExitCode::kUsage, std::string("--") + name + " must be " + (allow_zero ? ">= 0" : "> 0") + ", got " +
@@ -476,6 +469,9 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   positive(o.schedule.warmup_steps, "warmup-steps", true);
   positive(o.checkpoint_every, "checkpoint-every", true);
   positive(o.keep_checkpoints, "keep-checkpoints", true);
+}
+
+void check_choices(Options& o, const std::string& sharding) {
   if (o.checkpoint_dir.empty() && o.resume == "auto")
     throw_error(ExitCode::kUsage,
                 "--resume auto looks in --checkpoint-dir: give --checkpoint-dir DIR (or --resume FILE)");
@@ -519,7 +515,11 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
     throw_error(ExitCode::kUsage,
                 "--cuda-graph with --allow-gpu-sharing: ranks that share a GPU sum through host memory, which a "
                 "CUDA graph cannot capture; drop one of them");
+}
 
+// Options::resolved: "key = value" for every option but the output paths and --help, --version,
+// --config (what says where a run writes, not what it is).
+std::string resolved_text(const po::variables_map& vm, const Options& o) {
   std::ostringstream res;
   for (const auto& [name, value] : vm) {
     if (name == "help" || name == "version" || name == "config" || name == "metrics-file" ||
@@ -543,7 +543,41 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
       res << (*b ? "true" : "false");
     res << "\n";
   }
-  o.resolved = res.str();
+  return res.str();
+}
+
+}  // namespace
+
+// Options: the table, the command line, the --config file (the command line wins), the checks.
+ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::string& text) {
+  std::string sharding = "auto";  // --shard-optimizer as given; o.shard_optimizer once checked
+  po::options_description all("mnist_mpi " MNIST_MPI_VERSION
+                              " - data-parallel CNN training on MNIST.\n"
+                              "Usage: mpirun -np N mnist_mpi [train] [--config FILE] [options]\n"
+                              "       mnist_mpi evaluate|export|predict [options] (one process; COMMAND --help)\n" +
+                              std::string(kCommands) + "Options");
+  add_option_table(all, o, sharding);
+  po::variables_map vm;
+  store_command_line(argc, argv, all, vm);
+  if (vm.count("help")) {
+    std::ostringstream os;
+    os << all;
+    text = os.str();
+    return ParseOutcome::kExitOk;
+  }
+  if (vm.count("version")) {
+    text = "mnist_mpi " MNIST_MPI_VERSION "\n";
+    return ParseOutcome::kExitOk;
+  }
+  if (vm.count("config")) store_config_file(vm["config"].as<std::string>(), all, vm);
+  try {
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw_error(ExitCode::kUsage, option_error_message(e, argc, argv) + " (see --help)");
+  }
+  check_counts(o);
+  check_choices(o, sharding);
+  o.resolved = resolved_text(vm, o);
   return ParseOutcome::kRun;
 }
 
