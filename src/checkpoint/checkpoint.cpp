@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <type_traits>
 #include <limits>
 
 #include "mnist_mpi/check.hpp"
@@ -62,75 +64,53 @@ std::uint32_t section_crc(const std::uint8_t* header, std::span<const std::uint8
   return crc32c(payload.data(), payload.size(), c);
 }
 
+// The META section's layout, written once (docs/checkpoint.md, "META"): every field in file order,
+// each little-endian and as wide as its type, with no gaps. The writer and the reader both walk
+// this list, so an offset cannot be spelt one way in one and another way in the other.
+template <typename Meta, typename Field>
+void meta_fields(Meta& m, Field&& field) {
+  for (auto* v : {&m.step, &m.epoch, &m.steps_per_epoch, &m.sampler_position, &m.global_batch, &m.train_count,
+                  &m.total_steps, &m.world_size})
+    field(*v);
+  field(m.seed);
+  for (auto* v : {&m.sampler_epoch, &m.dropout_step, &m.param_count, &m.optimizer_steps}) field(*v);
+  field(m.optimizer_kind);
+  field(m.nesterov);
+  for (auto* v : {&m.beta1, &m.beta2, &m.eps, &m.momentum, &m.weight_decay}) field(*v);
+  field(m.schedule_kind);
+  field(m.reserved);
+  for (auto* v : {&m.base_lr, &m.gamma, &m.step_epochs, &m.min_lr}) field(*v);
+  field(m.warmup_steps);
+  for (auto* v : {&m.last_lr, &m.next_lr, &m.validation_accuracy, &m.validation_loss, &m.train_loss}) field(*v);
+}
+
+// The bytes meta_fields() lays out, which must be kCheckpointMetaBytes (a sum of 33 sizes, checked
+// at each use). scripts/read_checkpoint.py reads the same fields at docs/checkpoint.md's offsets,
+// independently of this code (tests/e2e_checkpoint.sh).
+std::size_t meta_bytes() {
+  CheckpointMeta m;
+  std::size_t n = 0;
+  meta_fields(m, [&](const auto& v) { n += sizeof v; });
+  return n;
+}
+
 void encode_meta(std::uint8_t* p, const CheckpointMeta& m) {
-  put<std::int64_t>(p + 0, m.step);
-  put<std::int64_t>(p + 8, m.epoch);
-  put<std::int64_t>(p + 16, m.steps_per_epoch);
-  put<std::int64_t>(p + 24, m.sampler_position);
-  put<std::int64_t>(p + 32, m.global_batch);
-  put<std::int64_t>(p + 40, m.train_count);
-  put<std::int64_t>(p + 48, m.total_steps);
-  put<std::int64_t>(p + 56, m.world_size);
-  put<std::uint64_t>(p + 64, m.seed);
-  put<std::int64_t>(p + 72, m.sampler_epoch);
-  put<std::int64_t>(p + 80, m.dropout_step);
-  put<std::int64_t>(p + 88, m.param_count);
-  put<std::int64_t>(p + 96, m.optimizer_steps);
-  put<std::uint32_t>(p + 104, m.optimizer_kind);
-  put<std::uint32_t>(p + 108, m.nesterov);
-  put<double>(p + 112, m.beta1);
-  put<double>(p + 120, m.beta2);
-  put<double>(p + 128, m.eps);
-  put<double>(p + 136, m.momentum);
-  put<double>(p + 144, m.weight_decay);
-  put<std::uint32_t>(p + 152, m.schedule_kind);
-  put<std::uint32_t>(p + 156, m.reserved);
-  put<double>(p + 160, m.base_lr);
-  put<double>(p + 168, m.gamma);
-  put<double>(p + 176, m.step_epochs);
-  put<double>(p + 184, m.min_lr);
-  put<std::int64_t>(p + 192, m.warmup_steps);
-  put<double>(p + 200, m.last_lr);
-  put<double>(p + 208, m.next_lr);
-  put<double>(p + 216, m.validation_accuracy);
-  put<double>(p + 224, m.validation_loss);
-  put<double>(p + 232, m.train_loss);
+  MNIST_CHECK(meta_bytes() == kCheckpointMetaBytes, ExitCode::kRuntime, "the META layout is not 240 bytes");
+  std::size_t at = 0;
+  meta_fields(m, [&](const auto& v) {
+    put(p + at, v);
+    at += sizeof v;
+  });
 }
 
 CheckpointMeta decode_meta(const std::uint8_t* p) {
+  MNIST_CHECK(meta_bytes() == kCheckpointMetaBytes, ExitCode::kRuntime, "the META layout is not 240 bytes");
   CheckpointMeta m;
-  m.step = get<std::int64_t>(p + 0);
-  m.epoch = get<std::int64_t>(p + 8);
-  m.steps_per_epoch = get<std::int64_t>(p + 16);
-  m.sampler_position = get<std::int64_t>(p + 24);
-  m.global_batch = get<std::int64_t>(p + 32);
-  m.train_count = get<std::int64_t>(p + 40);
-  m.total_steps = get<std::int64_t>(p + 48);
-  m.world_size = get<std::int64_t>(p + 56);
-  m.seed = get<std::uint64_t>(p + 64);
-  m.sampler_epoch = get<std::int64_t>(p + 72);
-  m.dropout_step = get<std::int64_t>(p + 80);
-  m.param_count = get<std::int64_t>(p + 88);
-  m.optimizer_steps = get<std::int64_t>(p + 96);
-  m.optimizer_kind = get<std::uint32_t>(p + 104);
-  m.nesterov = get<std::uint32_t>(p + 108);
-  m.beta1 = get<double>(p + 112);
-  m.beta2 = get<double>(p + 120);
-  m.eps = get<double>(p + 128);
-  m.momentum = get<double>(p + 136);
-  m.weight_decay = get<double>(p + 144);
-  m.schedule_kind = get<std::uint32_t>(p + 152);
-  m.reserved = get<std::uint32_t>(p + 156);
-  m.base_lr = get<double>(p + 160);
-  m.gamma = get<double>(p + 168);
-  m.step_epochs = get<double>(p + 176);
-  m.min_lr = get<double>(p + 184);
-  m.warmup_steps = get<std::int64_t>(p + 192);
-  m.last_lr = get<double>(p + 200);
-  m.next_lr = get<double>(p + 208);
-  m.validation_accuracy = get<double>(p + 216);
-  m.validation_loss = get<double>(p + 224);
-  m.train_loss = get<double>(p + 232);
+  std::size_t at = 0;
+  meta_fields(m, [&](auto& v) {
+    v = get<std::remove_reference_t<decltype(v)>>(p + at);
+    at += sizeof v;
+  });
   return m;
 }
 
@@ -273,10 +253,79 @@ void CheckpointEncoder::seal() {
 
 // ---- decoder ----
 
+// PIDX: the tensor index (docs/checkpoint.md), every count and size checked before it is used.
+std::vector<CheckpointTensor> decode_tensor_index(std::span<const std::uint8_t> payload,
+                                                  const std::function<void(bool, const std::string&)>& need) {
+  const std::size_t length = payload.size();
+  std::size_t q = 0;
+  auto take = [&](std::size_t n) {
+    need(length - q >= n, "ends inside a tensor entry");
+    const std::uint8_t* r = payload.data() + q;
+    q += n;
+    return r;
+  };
+  const auto count = get<std::uint32_t>(take(4));
+  need(count <= kMaxTensors, "claims " + std::to_string(count) + " tensors (at most 4096)");
+  std::vector<CheckpointTensor> tensors(count);
+  for (CheckpointTensor& t : tensors) {
+    const auto nl = get<std::uint32_t>(take(4));
+    need(nl > 0 && nl <= kMaxNameBytes, "a tensor name of " + std::to_string(nl) + " bytes");
+    t.name.assign(reinterpret_cast<const char*>(take(nl)), nl);
+    const auto nd = get<std::uint32_t>(take(4));
+    need(nd >= 1 && nd <= kMaxDims, "tensor '" + t.name + "' has " + std::to_string(nd) + " dimensions");
+    t.shape.resize(nd);
+    std::int64_t elems = 1;
+    for (auto& d : t.shape) {
+      d = get<std::int64_t>(take(8));
+      need(d > 0 && d <= (std::int64_t{1} << 31), "tensor '" + t.name + "' has a bad dimension");
+      // checked before the product, which could overflow int64 (found by fuzz_checkpoint)
+      need(elems <= (std::int64_t{1} << 40) / d, "tensor '" + t.name + "' is implausibly large");
+      elems *= d;
+    }
+    t.offset = get<std::int64_t>(take(8));
+    t.size = get<std::int64_t>(take(8));
+    need(t.size == elems, "tensor '" + t.name + "' size disagrees with its shape");
+  }
+  need(q == length, "has trailing bytes");
+  return tensors;
+}
+
+// The parts of a decoded file must agree with each other: META's counts with the payloads' sizes,
+// its step, epoch, sampler position and RNG counters with each other, the tensors with [0, n).
+void check_parts_agree(const Checkpoint& ck, std::size_t parm_bytes, std::size_t mom1_bytes, std::size_t mom2_bytes,
+                       const std::string& name) {
+  const CheckpointMeta& m = ck.meta;
+  const std::int64_t n = m.param_count;
+  if (n <= 0 || static_cast<std::uint64_t>(n) * sizeof(float) != parm_bytes)
+    corrupt(name,
+            "META says " + std::to_string(n) + " parameters, PARM holds " + std::to_string(parm_bytes) + " bytes");
+  if (mom1_bytes != parm_bytes) corrupt(name, "MOM1 is not the size of PARM");
+  if (m.optimizer_kind > 1) corrupt(name, "unknown optimizer kind " + std::to_string(m.optimizer_kind));
+  if (mom2_bytes != (m.optimizer_kind == 0 ? parm_bytes : 0))
+    corrupt(name, "MOM2 does not fit the optimizer (Adam: the size of PARM; SGD: empty)");
+  if (m.schedule_kind > 2) corrupt(name, "unknown learning-rate schedule kind " + std::to_string(m.schedule_kind));
+  // Every field is a file's word, so the products are taken with overflow checks (a fuzzed
+  // steps_per_epoch * global_batch overflowed int64 here, which is undefined behaviour).
+  std::int64_t epoch_images = 0, position = 0;
+  if (m.steps_per_epoch <= 0 || m.global_batch <= 0 || m.step < 0 || m.optimizer_steps < 0 ||
+      __builtin_mul_overflow(m.steps_per_epoch, m.global_batch, &epoch_images) || epoch_images > m.train_count ||
+      m.epoch != m.step / m.steps_per_epoch || m.sampler_epoch != m.epoch ||
+      __builtin_mul_overflow(m.step % m.steps_per_epoch, m.global_batch, &position) || m.sampler_position != position ||
+      m.dropout_step != m.step)
+    corrupt(name, "its step, epoch, sampler position and RNG counters disagree with each other");
+  std::int64_t expect = 0;
+  for (const CheckpointTensor& t : ck.tensors) {  // contiguous, in order, covering [0, n)
+    if (t.offset != expect) corrupt(name, "tensor '" + t.name + "' is not where the previous one ends");
+    expect += t.size;
+  }
+  if (expect != n)
+    corrupt(name, "its tensors cover " + std::to_string(expect) + " of " + std::to_string(n) + " parameters");
+}
+
 // Long on purpose (Note [Why a function is long] in docs/style.md): it reads the file top to bottom
 // in the order docs/checkpoint.md describes it, one check per field, each with its own message;
-// split into pieces, the order of the checks (sizes before offsets before CRCs) would be harder
-// to see.
+// the sections' walk stays in one piece so that the order of the checks (sizes before offsets
+// before CRCs) is seen; the tensor index and the agreement of the parts are their own functions.
 Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::string& name) {
   const std::uint8_t* b = bytes.data();
   const std::size_t size = bytes.size();
@@ -346,36 +395,7 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
       ck.config.assign(reinterpret_cast<const char*>(p), static_cast<std::size_t>(length));
     } else if (tag == "PIDX") {
       once(seen_pidx);
-      std::size_t q = 0;
-      auto take = [&](std::size_t n) {
-        need(length - q >= n, "ends inside a tensor entry");
-        const std::uint8_t* r = p + q;
-        q += n;
-        return r;
-      };
-      const auto count = get<std::uint32_t>(take(4));
-      need(count <= kMaxTensors, "claims " + std::to_string(count) + " tensors (at most 4096)");
-      ck.tensors.resize(count);
-      for (CheckpointTensor& t : ck.tensors) {
-        const auto nl = get<std::uint32_t>(take(4));
-        need(nl > 0 && nl <= kMaxNameBytes, "a tensor name of " + std::to_string(nl) + " bytes");
-        t.name.assign(reinterpret_cast<const char*>(take(nl)), nl);
-        const auto nd = get<std::uint32_t>(take(4));
-        need(nd >= 1 && nd <= kMaxDims, "tensor '" + t.name + "' has " + std::to_string(nd) + " dimensions");
-        t.shape.resize(nd);
-        std::int64_t elems = 1;
-        for (auto& d : t.shape) {
-          d = get<std::int64_t>(take(8));
-          need(d > 0 && d <= (std::int64_t{1} << 31), "tensor '" + t.name + "' has a bad dimension");
-          // checked before the product, which could overflow int64 (found by fuzz_checkpoint)
-          need(elems <= (std::int64_t{1} << 40) / d, "tensor '" + t.name + "' is implausibly large");
-          elems *= d;
-        }
-        t.offset = get<std::int64_t>(take(8));
-        t.size = get<std::int64_t>(take(8));
-        need(t.size == elems, "tensor '" + t.name + "' size disagrees with its shape");
-      }
-      need(q == length, "has trailing bytes");
+      ck.tensors = decode_tensor_index(payload, need);
     } else if (tag == "PARM") {
       once(seen_parm);
       parm = payload;
@@ -407,34 +427,7 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
                                      : nullptr;
   if (missing) corrupt(name, std::string("it has no '") + missing + "' section");
 
-  // The parts must agree with each other.
-  const CheckpointMeta& m = ck.meta;
-  const std::int64_t n = m.param_count;
-  if (n <= 0 || static_cast<std::uint64_t>(n) * sizeof(float) != parm.size())
-    corrupt(name,
-            "META says " + std::to_string(n) + " parameters, PARM holds " + std::to_string(parm.size()) + " bytes");
-  if (mom1.size() != parm.size()) corrupt(name, "MOM1 is not the size of PARM");
-  if (m.optimizer_kind > 1) corrupt(name, "unknown optimizer kind " + std::to_string(m.optimizer_kind));
-  if (mom2.size() != (m.optimizer_kind == 0 ? parm.size() : 0))
-    corrupt(name, "MOM2 does not fit the optimizer (Adam: the size of PARM; SGD: empty)");
-  if (m.schedule_kind > 2) corrupt(name, "unknown learning-rate schedule kind " + std::to_string(m.schedule_kind));
-  // Every field is a file's word, so the products are taken with overflow checks (a fuzzed
-  // steps_per_epoch * global_batch overflowed int64 here, which is undefined behaviour).
-  std::int64_t epoch_images = 0, position = 0;
-  if (m.steps_per_epoch <= 0 || m.global_batch <= 0 || m.step < 0 || m.optimizer_steps < 0 ||
-      __builtin_mul_overflow(m.steps_per_epoch, m.global_batch, &epoch_images) || epoch_images > m.train_count ||
-      m.epoch != m.step / m.steps_per_epoch || m.sampler_epoch != m.epoch ||
-      __builtin_mul_overflow(m.step % m.steps_per_epoch, m.global_batch, &position) || m.sampler_position != position ||
-      m.dropout_step != m.step)
-    corrupt(name, "its step, epoch, sampler position and RNG counters disagree with each other");
-  std::int64_t expect = 0;
-  for (const CheckpointTensor& t : ck.tensors) {  // contiguous, in order, covering [0, n)
-    if (t.offset != expect) corrupt(name, "tensor '" + t.name + "' is not where the previous one ends");
-    expect += t.size;
-  }
-  if (expect != n)
-    corrupt(name, "its tensors cover " + std::to_string(expect) + " of " + std::to_string(n) + " parameters");
-
+  check_parts_agree(ck, parm.size(), mom1.size(), mom2.size(), name);
   const auto copy = [](std::span<const std::uint8_t> s, std::vector<float>& out) {
     out.resize(s.size() / sizeof(float));
     if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());

@@ -286,6 +286,8 @@ void Monitor::on_preempted(const PreemptedFacts& f) {
   }
 }
 
+// Long on purpose (Note [Why a function is long] in docs/style.md): the final report, one line
+// after another in the order they are printed, then the "final" event with the same figures.
 void Monitor::on_final(const FinalFacts& f) {
   if (!rank0_) return;
   const StepTiming& t = f.per_step;
