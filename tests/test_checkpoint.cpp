@@ -22,6 +22,7 @@
 #include "mnist_mpi/crc32c.hpp"
 #include "mnist_mpi/io/file_kind.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
+#include "mnist_mpi/train/step_boundary.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -385,21 +386,21 @@ TEST(Checkpointer, ChecksTheStateThatTheSourceJustBroughtToHost) {
   Checkpointer ck(o, *comm, CheckpointRun{&spec, 10, 100, 10, 30});
   Optimizer opt(o.optimizer, spec.param_count);
   DeviceLikeSource source(static_cast<std::size_t>(spec.param_count), opt);
+  StepBoundary boundary(o, *comm, ck, source);
   StepEnd s;
-  s.source = &source;
   s.step = 9;  // not due: neither settled nor written
   s.validation_accuracy = s.validation_loss = s.train_loss = std::numeric_limits<double>::quiet_NaN();
-  EXPECT_FALSE(ck.after_step(s));
+  EXPECT_EQ(boundary.after_step(s, false), StepBoundary::Decision::kContinue);
   EXPECT_EQ(source.settled, 0);
   EXPECT_EQ(ck.stats().written, 0);
   s.step = 10;
   s.epoch_end = true;  // due
-  EXPECT_FALSE(ck.after_step(s));
+  EXPECT_EQ(boundary.after_step(s, false), StepBoundary::Decision::kContinue);
   EXPECT_EQ(source.settled, 1);
   EXPECT_EQ(ck.stats().written, 1) << "a good step was refused because of a stale host copy";
   source.device.assign(source.device.size(), std::numeric_limits<float>::infinity());  // diverged; host copy good
   s.step = 20;
-  EXPECT_THROW(ck.after_step(s), AgreedError) << "a diverged model was saved from a stale host copy";
+  EXPECT_THROW(boundary.after_step(s, false), AgreedError) << "a diverged model was saved from a stale host copy";
   EXPECT_EQ(source.settled, 2);
   EXPECT_EQ(ck.stats().written, 1);
   fs::remove_all(dir);

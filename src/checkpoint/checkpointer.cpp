@@ -1,5 +1,5 @@
-// Checkpointer: resume, periodic atomic writes by rank 0 on a background thread, retention, and
-// the per-step agreement on preemption and write errors (include/mnist_mpi/checkpoint/checkpointer.hpp).
+// Checkpointer: resume, atomic writes by rank 0 on a background thread, retention
+// (include/mnist_mpi/checkpoint/checkpointer.hpp).
 #include "mnist_mpi/checkpoint/checkpointer.hpp"
 
 #include <fcntl.h>
@@ -305,71 +305,15 @@ std::int64_t Checkpointer::restore(float* params,
   return ck.meta.step;
 }
 
-// Note [Agreeing at the step boundary]
-// After every step each rank contributes (the signal it received, 0 if none) and rank 0 adds
-// (1 if a checkpoint write failed) to one allreduce of two int64 (max). All ranks see the same
-// result after the same step, so they stop together: on a signal rank 0 writes a checkpoint,
-// waits for it, and a second allreduce tells everyone whether it was written (exit 75) or not
-// (exit 4); a write error ends every rank with exit 4 and rank 0's message. The allreduce is 16
-// bytes, a few microseconds, next to a step's gradient reduction.
-bool Checkpointer::after_step(const StepEnd& s) {
-  const bool due =
-      !dir_.empty() && (s.last || s.epoch_end || (opt_.checkpoint_every > 0 && s.step % opt_.checkpoint_every == 0));
-  if (due) {  // every rank: `due` does not depend on the rank
-    s.source->settle();
-    s.source->gather_state();
-  }
-  if (rank0_ && due) write(s);
-  std::int64_t flags[2] = {preemption_signal(), 0};
-  if (rank0_) {
-    std::lock_guard<std::mutex> lk(mu_);
-    flags[1] = error_.empty() ? 0 : 1;
-  }
-  const double t0 = now_s();
-  comm_.allreduce_max(std::span<std::int64_t>(flags, 2));
-  const double waited = now_s() - t0;
-  if (due && !s.epoch_end && !s.last) {
-    others_wait_s_ += waited;
-    ++others_n_;
-  } else if (!due) {
-    others_base_s_ += waited;
-    ++others_base_n_;
-  }
-  if (flags[1] != 0) agree_on_errors();       // throws on every rank
-  if (flags[0] == 0 || s.last) return false;  // a signal during the last step: the run is done anyway
-  stop_signal_ = static_cast<int>(flags[0]);
-  if (!dir_.empty() && !due) {  // a due step was written above (a failed write threw in agree_on_errors)
-    s.source->settle();
-    s.source->gather_state();
-    if (rank0_) write(s);
-  }
-  agree_on_errors();
-  return true;
+bool Checkpointer::write_failed() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return !error_.empty();
 }
 
-void Checkpointer::agree_on_errors() {
-  if (rank0_ && !dir_.empty()) wait_idle();
-  std::string msg;
-  if (rank0_) {
-    std::lock_guard<std::mutex> lk(mu_);
-    msg = error_;
-  }
-  std::int64_t failed = msg.empty() ? 0 : 1;
-  comm_.allreduce_max(std::span<std::int64_t>(&failed, 1));
-  if (failed) throw AgreedError(ExitCode::kCheckpoint, msg);
-}
-
-void Checkpointer::finish() {
-  agree_on_errors();
-  // The other ranks' waits, for the report: the worst rank's mean, in microseconds.
-  std::int64_t us[2] = {0, 0};
-  if (!rank0_) {
-    us[0] = others_n_ ? static_cast<std::int64_t>(1e6 * others_wait_s_ / static_cast<double>(others_n_)) : 0;
-    us[1] = others_base_n_ ? static_cast<std::int64_t>(1e6 * others_base_s_ / static_cast<double>(others_base_n_)) : 0;
-  }
-  comm_.allreduce_max(std::span<std::int64_t>(us, 2));
-  stats_.others_wait_ms = static_cast<double>(us[0]) / 1e3;
-  stats_.others_wait_baseline_ms = static_cast<double>(us[1]) / 1e3;
+std::string Checkpointer::wait_for_writes() {
+  if (!dir_.empty()) wait_idle();
+  std::lock_guard<std::mutex> lk(mu_);
+  return error_;
 }
 
 void Checkpointer::wait_idle() {
@@ -379,15 +323,15 @@ void Checkpointer::wait_idle() {
   stats_.wait_previous_ms += 1e3 * (now_s() - t0);
 }
 
-void Checkpointer::write(const StepEnd& s) {
+void Checkpointer::write(const StepEnd& s, const std::function<TrainingState()>& state_now) {
   wait_idle();  // the encoder's image belongs to the writer until its job is done
   // A diverged model is never saved. The trainer stops (or skips) a non-finite step
   // before it reaches the parameters, so this is the last line of defence: the write is refused,
-  // the last good checkpoint stays, and after_step() ends every rank with this message.
+  // the last good checkpoint stays, and the step boundary ends every rank with this message.
   // The state in host memory first: on a device the check below must see this step's parameters,
   // not those of the last host copy.
   const double t0 = now_s();
-  const TrainingState state = s.source->state();
+  const TrainingState state = state_now();
   if (!params_are_finite(state.params, run_.spec->param_count)) {
     std::lock_guard<std::mutex> lk(mu_);
     error_ = "not writing the checkpoint after step " + std::to_string(s.step) +

@@ -199,6 +199,7 @@ void Trainer::make_training_state() {
   guard_ = backend_->make_step_guard(!opt_.skip_nonfinite_steps);
   checkpointer_ = std::make_unique<Checkpointer>(
       opt_, comm_, CheckpointRun{&spec_, global_batch_, data_.train.count, steps_per_epoch_, total_steps_});
+  boundary_ = std::make_unique<StepBoundary>(opt_, comm_, *checkpointer_, static_cast<CheckpointSource&>(*this));
   // The state a checkpoint saves (Note [Host copies]): brought to host memory only when one is
   // written. Sharded, only this rank's moments (gather_state() collects them on rank 0); the
   // parameters are params_copy_'s.
@@ -462,8 +463,9 @@ RunResult Trainer::run() {
     }
     const EvalResult validation = evaluate_during_training(step, epoch_end, eval_now);
     const bool reached = (epoch_end || eval_now) && target_reached(step, validation, res.target);
-    if (checkpoint_or_stop(step, epoch_end, reached, lr, validation)) return stopped(step, res);
-    if (reached) {
+    const StepBoundary::Decision next = checkpoint_or_stop(step, epoch_end, reached, lr, validation);
+    if (next == StepBoundary::Decision::kStop) return stopped(step, res);
+    if (next == StepBoundary::Decision::kDone) {
       end_step = step + 1;
       break;
     }
@@ -471,7 +473,7 @@ RunResult Trainer::run() {
   settle_verdicts(end_step - 1);
   const std::int64_t steady_steps = end_step - first_step - clock_.warmup;  // <= 0: stopped in the warm-up
   if (steady_steps > 0) clock_.end_steady(*backend_);
-  checkpointer_->finish();
+  boundary_->finish();
   check_replicas(end_step);
   res.steps = end_step;
   res.epochs = static_cast<double>(end_step) / static_cast<double>(steps_per_epoch_);
@@ -481,7 +483,7 @@ RunResult Trainer::run() {
     res.timing = clock_.sum.mean_over(steady_steps);
   }
   res.timing.reduced_bytes = static_cast<double>(spec_.param_count) * sizeof(float);
-  res.checkpoints = checkpointer_->stats();
+  res.checkpoints = boundary_->stats();
   res.skipped_steps = skipped_;
   res.params_hash = hex64(hash_floats(host_params(), spec_.param_count));
   final_report(res);
@@ -603,11 +605,11 @@ bool Trainer::target_reached(std::int64_t step, const EvalResult& validation, Ta
   return true;
 }
 
-// A checkpoint when due (last: the run's last step, also when it stops at its target accuracy);
-// all ranks agree on a preemption signal (Note [Agreeing at the step boundary]). True: the run
-// must stop now.
-bool Trainer::checkpoint_or_stop(std::int64_t step, bool epoch_end, bool last, double lr,
-                                 const EvalResult& validation) {
+// The step boundary (include/mnist_mpi/train/step_boundary.hpp): a checkpoint when due (last: the
+// run's last step, also when it stops at its target accuracy); all ranks agree on a preemption
+// signal, on write errors and on the target (Note [Agreeing at the step boundary]).
+StepBoundary::Decision Trainer::checkpoint_or_stop(std::int64_t step, bool epoch_end, bool last, double lr,
+                                                   const EvalResult& validation) {
   StepEnd end;
   end.step = step + 1;
   end.epoch_end = epoch_end;
@@ -617,10 +619,9 @@ bool Trainer::checkpoint_or_stop(std::int64_t step, bool epoch_end, bool last, d
   end.validation_accuracy = validation.accuracy;
   end.validation_loss = validation.loss;
   end.train_loss = logged_loss_;
-  end.source = this;
   const auto tc = std::chrono::steady_clock::now();
   const std::int64_t written_before = checkpointer_->stats().written;
-  const bool stop = checkpointer_->after_step(end);
+  const StepBoundary::Decision next = boundary_->after_step(end, last);
   const bool wrote = checkpointer_->stats().written != written_before;  // rank 0 writes
   if (timeline_ && wrote) timeline_->record(SpanKind::kCheckpoint, tc, std::chrono::steady_clock::now(), step);
   // A checkpoint is not training time; the agreement on a signal at every other step is a
@@ -630,7 +631,7 @@ bool Trainer::checkpoint_or_stop(std::int64_t step, bool epoch_end, bool last, d
     clock_.exclude(tc);
   else
     clock_.pause_window(tc);
-  return stop;
+  return next;
 }
 
 void Trainer::RunClock::exclude(std::chrono::steady_clock::time_point since) {
@@ -646,10 +647,10 @@ std::chrono::steady_clock::duration Trainer::RunClock::pause_window(std::chrono:
 // The run stopped on a signal after `step` (exit code 75); a checkpoint has been written if there is a directory.
 RunResult Trainer::stopped(std::int64_t step, RunResult& res) {
   settle_verdicts(step);
-  res.preempted_signal = checkpointer_->stop_signal();
+  res.preempted_signal = boundary_->stop_signal();
   res.steps = step + 1;
   res.epochs = static_cast<double>(step + 1) / static_cast<double>(steps_per_epoch_);
-  res.checkpoints = checkpointer_->stats();
+  res.checkpoints = boundary_->stats();
   res.skipped_steps = skipped_;
   res.params_hash = hex64(hash_floats(host_params(), spec_.param_count));
   monitor_->on_preempted(PreemptedFacts{.signal = signal_name(res.preempted_signal),

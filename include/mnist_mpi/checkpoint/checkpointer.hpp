@@ -1,8 +1,8 @@
-// The trainer's side of checkpoints: which file to resume from (rank 0 reads and verifies it,
-// then broadcasts it), when to write (every --checkpoint-every steps, at each epoch end and at the
-// end of the run; rank 0 alone, atomically, from a snapshot on a background thread), what to keep
-// (the newest --keep-checkpoints plus the best by validation accuracy), and preemption: at every
-// step boundary the ranks agree on a received signal and on rank 0's write errors.
+// The checkpoint writer and its retention policy: which file to resume from (rank 0 reads and
+// verifies it, then broadcasts it), the writes themselves (rank 0 alone, atomically, from a
+// snapshot on a background thread) and what to keep (the newest --keep-checkpoints plus the best
+// by validation accuracy). When to write, and the ranks' agreement on signals and write errors at
+// every step boundary, are the step boundary's (include/mnist_mpi/train/step_boundary.hpp).
 #pragma once
 
 #include <condition_variable>
@@ -50,24 +50,6 @@ struct RestoredOptimizer {
   std::int64_t steps = 0;
 };
 
-// The trainer's side of a checkpoint; the checkpointer calls it only when it writes one.
-class CheckpointSource {
- public:
-  // EVERY rank, before a checkpoint of this step is written (scheduled or on a preemption
-  // signal): learns the non-finite verdicts still pending (Note [Non-finite steps]) and throws
-  // when the run must stop instead, so that no checkpoint follows a bad step.
-  virtual void settle() = 0;
-  // EVERY rank, after settle() when rank 0 may write: the collective part of bringing the state
-  // to rank 0 (the sharded optimiser's moments, Note [Sharded optimiser state]); nothing unsharded.
-  virtual void gather_state() = 0;
-  // Rank 0, just before the state is copied: the state in host memory, brought there now (on a
-  // device a copy; Note [Host copies]), never on other steps.
-  virtual TrainingState state() = 0;
-
- protected:
-  ~CheckpointSource() = default;
-};
-
 // The state after a step, for a checkpoint at that point.
 struct StepEnd {
   std::int64_t step = 0;  // steps completed
@@ -75,7 +57,6 @@ struct StepEnd {
   double lr = 0, next_lr = 0;                           // of the step just taken, of the next one
   double validation_accuracy = 0, validation_loss = 0;  // NaN unless evaluated after this step
   double train_loss = 0;                                // NaN unless known
-  CheckpointSource* source = nullptr;
 };
 
 
@@ -97,15 +78,17 @@ class Checkpointer {
   // rank. Returns the step to continue from (0 for a fresh start).
   // restore_optimizer receives the checkpoint's optimiser state (not called on a fresh start).
   std::int64_t restore(float* params, const std::function<void(const RestoredOptimizer&)>& restore_optimizer);
-  // Collective, after every step: writes a checkpoint when one is due, agrees with the other
-  // ranks on a preemption signal and on write errors (an error: AgreedError on every rank).
-  // Returns true when the run must stop now (a checkpoint has then been written, if there is a
-  // directory).
-  bool after_step(const StepEnd& s);
-  // Collective, after the last step: waits for the last write and agrees on its outcome.
-  void finish();
+  // Rank 0: a checkpoint of the state after step s.step, taken from state() now (the state in
+  // host memory: Note [Host copies]) and written on the writer thread (or at once without
+  // --checkpoint-async). A state with NaN or inf parameters is not written: that is a write error.
+  // When to write, and what every rank does around it, is the step boundary's
+  // (include/mnist_mpi/train/step_boundary.hpp).
+  void write(const StepEnd& s, const std::function<TrainingState()>& state);
+  // Rank 0: whether a write has failed so far (without waiting for the one in flight).
+  bool write_failed();
+  // Rank 0: waits for the write in flight; the first write error's message, or "" when none.
+  std::string wait_for_writes();
 
-  int stop_signal() const { return stop_signal_; }
   bool enabled() const { return !dir_.empty(); }
   const CheckpointStats& stats() const { return stats_; }
   std::string resumed_from() const { return resumed_from_; }
@@ -117,11 +100,9 @@ class Checkpointer {
   }
   // Throws when ck cannot continue this run; returns the options that differ (for a note).
   std::string check_compatible(const Checkpoint& ck, const std::string& path) const;
-  void write(const StepEnd& s);  // rank 0
-  void wait_idle();              // rank 0: the previous write has finished
+  void wait_idle();  // rank 0: the previous write has finished
   void write_job();              // rank 0: seal, write, prune (the writer thread, or inline)
   void prune();
-  void agree_on_errors();  // collective
   void writer_loop();
 
   const Options& opt_;
@@ -131,12 +112,9 @@ class Checkpointer {
   bool rank0_ = false;
   std::vector<std::uint8_t> resume_bytes_;  // rank 0: the verified file to resume from
   std::string resumed_from_;
-  int stop_signal_ = 0;
   std::unique_ptr<CheckpointEncoder> encoder_;   // rank 0
   std::map<std::string, double> validation_of_;  // file name -> validation accuracy (NaN: none)
   CheckpointStats stats_;
-  double others_wait_s_ = 0, others_base_s_ = 0;
-  std::int64_t others_n_ = 0, others_base_n_ = 0;
 
   int lock_fd_ = -1;  // rank 0: holds the directory's lock (Note [One job per checkpoint directory])
 

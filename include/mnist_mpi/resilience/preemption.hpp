@@ -1,6 +1,6 @@
 // Preemption: SIGTERM, SIGINT and SIGUSR1 (Slurm's --signal) only set a flag here, from a thread
 // of their own that waits for them (no compute thread is ever interrupted); the training loop reads it at each step
-// boundary and all ranks agree on it (Checkpointer::after_step), so the run stops with a checkpoint instead of dying
+// boundary and all ranks agree on it (the step boundary, include/mnist_mpi/train/step_boundary.hpp), so the run stops with a checkpoint instead of dying
 // mid-step.
 #pragma once
 

@@ -30,6 +30,7 @@
 #include "mnist_mpi/train/optimizer.hpp"
 #include "mnist_mpi/train/reducer.hpp"
 #include "mnist_mpi/train/step.hpp"
+#include "mnist_mpi/train/step_boundary.hpp"
 
 namespace mnist_mpi {
 
@@ -128,7 +129,8 @@ class Trainer final : private CheckpointSource {
   static EvalResult eval_result(std::int64_t count, const LossStats& s);
   EvalResult evaluate_during_training(std::int64_t step, bool epoch_end, bool eval_now);
   bool target_reached(std::int64_t step, const EvalResult& validation, TargetFacts& target);
-  bool checkpoint_or_stop(std::int64_t step, bool epoch_end, bool last, double lr, const EvalResult& validation);
+  StepBoundary::Decision checkpoint_or_stop(std::int64_t step, bool epoch_end, bool last, double lr,
+                                            const EvalResult& validation);
   RunResult stopped(std::int64_t step, RunResult& res);
   void final_report(RunResult& res);
   // CheckpointSource
@@ -162,7 +164,8 @@ class Trainer final : private CheckpointSource {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<StepGuard> guard_;            // the backend's (Note [Non-finite steps])
-  std::unique_ptr<Checkpointer> checkpointer_;  // resume, checkpoints, preemption (checkpointer.hpp)
+  std::unique_ptr<Checkpointer> checkpointer_;  // resume, the checkpoint writer, retention (checkpointer.hpp)
+  std::unique_ptr<StepBoundary> boundary_;      // the per-step agreement and decision (step_boundary.hpp)
   std::int64_t accumulation_ = 1;
   std::unique_ptr<Sampler> sampler_;
   std::int64_t batch_ = 0, global_batch_ = 0, steps_per_epoch_ = 0, total_steps_ = 0;
