@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/comm/communicator.hpp"
 
 namespace mnist_mpi {
 
@@ -32,12 +34,16 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count)
 }
 
 Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend)
-    : Optimizer(cfg, count, backend, std::vector<ParamRange>{{0, count}}) {}
+    : Optimizer(cfg, count, backend, {{ParamRange{0, count}}}, 0) {
+  every_rank_.clear();  // unsharded
+}
 
-Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend, std::vector<ParamRange> owned)
+Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend,
+                     std::vector<std::vector<ParamRange>> every_rank, int rank)
     : cfg_(cfg),
       count_(count),
-      owned_(std::move(owned)),
+      owned_(every_rank.at(static_cast<std::size_t>(rank))),
+      every_rank_(std::move(every_rank)),
       backend_(&backend),
       pass_(backend.make_optimizer_pass(cfg)) {
   check_kind(cfg);
@@ -57,6 +63,9 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& ba
     buf_v_ = backend.allocate(n);
     v_ = std::span<float>(buf_v_->data(), static_cast<std::size_t>(state_size_));
   }
+  std::vector<float*> moments{buf_m_->data()};
+  if (buf_v_) moments.push_back(buf_v_->data());
+  host_state_ = backend.make_host_copy(std::move(moments), n);  // Note [Host copies]
 }
 
 Optimizer::~Optimizer() = default;
@@ -108,6 +117,39 @@ void Optimizer::update(float* params, const float* grads, std::int64_t begin, st
   float* m = m_.data() + at;
   float* v = v_.empty() ? nullptr : v_.data() + at;  // sgd has no second moment
   pass_->update(params + begin, grads + begin, m, v, end - begin);
+}
+
+// Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp): every rank's packed
+// moments go to rank 0, which puts each rank's ranges where they belong in full-size buffers, the
+// checkpoint's layout. One moment at a time, through one byte buffer that is kept for the next
+// checkpoint.
+void Optimizer::gather_state(Communicator& comm) {
+  if (every_rank_.empty()) return;  // unsharded: checkpoint_moment() reads the moments themselves
+  host_state_->to_host();
+  const std::size_t mine = static_cast<std::size_t>(state_size_) * sizeof(float);
+  for (std::size_t i = 0; i < (cfg_.kind == "adam" ? 2u : 1u); ++i) {
+    comm.gather(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(host_state_->host(i)), mine),
+                gathered_, gathered_counts_, 0);
+    if (comm.rank() != 0) continue;
+    full_[i].resize(static_cast<std::size_t>(count_));
+    const std::uint8_t* from = gathered_.data();
+    for (const std::vector<ParamRange>& ranges : every_rank_)
+      for (const ParamRange& s : ranges) {
+        const auto bytes = static_cast<std::size_t>(s.end - s.begin) * sizeof(float);
+        std::memcpy(full_[i].data() + s.begin, from, bytes);
+        from += bytes;
+      }
+    MNIST_CHECK(from == gathered_.data() + gathered_.size(), ExitCode::kRuntime,
+                "gathered optimizer state does not match the ranks' shards");
+  }
+}
+
+const float* Optimizer::checkpoint_moment(std::size_t i) {
+  if (i == 1 && cfg_.kind != "adam") return nullptr;
+  if (!every_rank_.empty()) return full_[i].data();  // gather_state() put them together
+  if (!host_state_) return i == 0 ? m_.data() : v_.data();  // already in host memory
+  if (i == 0) host_state_->to_host();  // both moments, once per checkpoint
+  return host_state_->host(i);
 }
 
 double learning_rate(const ScheduleConfig& s, std::int64_t step, std::int64_t epoch, std::int64_t total_steps) {

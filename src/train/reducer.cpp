@@ -121,6 +121,13 @@ std::vector<ParamRange> Reducer::owned() const {
   return out;
 }
 
+std::vector<ParamRange> Reducer::owned(int rank) const {
+  std::vector<ParamRange> out;
+  for (std::size_t k = 0; k < buckets_.size(); ++k)
+    if (const ParamRange r = shard(k, rank); r.end > r.begin) out.push_back(r);
+  return out;
+}
+
 // Gathers go to the communicator after the sums started before them and complete in start order
 // with them; every rank starts them in bucket order after the same sums, so the order of the
 // collectives is the same on every rank (Note [Buckets start in index order]).

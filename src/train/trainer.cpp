@@ -191,22 +191,20 @@ void Trainer::make_training_state() {
       *grad_comm_, flat(*grads_), plan_buckets(spec_, mb_to_elems(opt_.bucket_mb), mb_to_elems(opt_.first_bucket_mb)),
       !opt_.no_overlap, sharded_ ? flat(*params_) : std::span<float>());
   // Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp)
-  optimizer_ = sharded_
-                   ? std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_, reducer_->owned())
-                   : std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_);
+  if (sharded_) {
+    std::vector<std::vector<ParamRange>> every_rank;
+    for (int r = 0; r < comm_.size(); ++r) every_rank.push_back(reducer_->owned(r));
+    optimizer_ =
+        std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_, std::move(every_rank), comm_.rank());
+  } else {
+    optimizer_ = std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_);
+  }
   train_data_ = backend_->make_data_source(data_.train, static_cast<int>(batch_));
   train_loss_ = backend_->make_loss_meter();
   guard_ = backend_->make_step_guard(!opt_.skip_nonfinite_steps);
   checkpointer_ = std::make_unique<Checkpointer>(
       opt_, comm_, CheckpointRun{&spec_, global_batch_, data_.train.count, steps_per_epoch_, total_steps_});
   boundary_ = std::make_unique<StepBoundary>(opt_, comm_, *checkpointer_, static_cast<CheckpointSource&>(*this));
-  // The state a checkpoint saves (Note [Host copies]): brought to host memory only when one is
-  // written. Sharded, only this rank's moments (gather_state() collects them on rank 0); the
-  // parameters are params_copy_'s.
-  std::vector<float*> state{optimizer_->first_moment().data()};
-  if (!sharded_) state.insert(state.begin(), params_->data());
-  if (opt_.optimizer.kind == "adam") state.push_back(optimizer_->second_moment().data());
-  state_copy_ = backend_->make_host_copy(std::move(state), optimizer_->state_size());
 }
 
 // Rank 0: the evaluation model (sharing the parameters) and the splits it reads.
@@ -274,41 +272,11 @@ std::vector<float> Trainer::params_to_host() {
   return std::vector<float>(p, p + spec_.param_count);
 }
 
+// Rank 0, at a checkpoint: the parameters and the optimiser's full moments in host memory.
 TrainingState Trainer::state() {
-  const bool adam = opt_.optimizer.kind == "adam";
-  const std::int64_t steps = optimizer_->steps_taken();
-  if (sharded_)  // the moments gather_state() collected
-    return {host_params(), full_moments_[0].data(), adam ? full_moments_[1].data() : nullptr, steps,
-            &optimizer_->config()};
-  state_copy_->to_host();
-  return {state_copy_->host(0), state_copy_->host(1), adam ? state_copy_->host(2) : nullptr, steps,
-          &optimizer_->config()};
-}
-
-// Sharded (Note [Sharded optimiser state]): every rank's moments go to rank 0, which puts each
-// rank's ranges where they belong in full-size buffers, the checkpoint's layout. One moment at a
-// time, through one byte buffer that is kept for the next checkpoint.
-void Trainer::gather_state() {
-  if (!sharded_) return;
-  state_copy_->to_host();
-  const std::size_t moments = opt_.optimizer.kind == "adam" ? 2 : 1;
-  const std::size_t mine = static_cast<std::size_t>(optimizer_->state_size()) * sizeof(float);
-  for (std::size_t i = 0; i < moments; ++i) {
-    comm_.gather(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(state_copy_->host(i)), mine),
-                 gathered_, gathered_counts_, 0);
-    if (!rank0_) continue;
-    full_moments_[i].resize(static_cast<std::size_t>(spec_.param_count));
-    const std::uint8_t* from = gathered_.data();
-    for (int r = 0; r < comm_.size(); ++r)
-      for (std::size_t k = 0; k < reducer_->buckets().size(); ++k) {
-        const ParamRange s = reducer_->shard(k, r);
-        const auto bytes = static_cast<std::size_t>(s.end - s.begin) * sizeof(float);
-        std::memcpy(full_moments_[i].data() + s.begin, from, bytes);
-        from += bytes;
-      }
-    MNIST_CHECK(from == gathered_.data() + gathered_.size(), ExitCode::kRuntime,
-                "gathered optimizer state does not match the ranks' shards");
-  }
+  const float* params = host_params();
+  const float* first = optimizer_->checkpoint_moment(0);
+  return {params, first, optimizer_->checkpoint_moment(1), optimizer_->steps_taken(), &optimizer_->config()};
 }
 
 // Note [Every rank evaluates a share]

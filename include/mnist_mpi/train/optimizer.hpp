@@ -17,6 +17,8 @@ namespace mnist_mpi {
 
 class Backend;
 class Buffer;
+class Communicator;
+class HostCopy;
 
 // A range of the flat parameter buffer, [begin, end) in elements.
 struct ParamRange {
@@ -40,9 +42,11 @@ class Optimizer {
   Optimizer(const OptimizerConfig& cfg, std::int64_t count);
   // State allocated by the backend (device memory on a GPU), the pass run by it.
   Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend);
-  // The same for the ranges `owned` alone (Note [Sharded optimiser state]): ascending, disjoint,
-  // non-empty ranges; none at all when this rank owns no element.
-  Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend, std::vector<ParamRange> owned);
+  // The same for this rank's ranges alone (Note [Sharded optimiser state]): every_rank[r] holds rank
+  // r's owned ranges (ascending, disjoint, non-empty; none at all when r owns no element), and
+  // this rank is `rank`; rank 0 puts every rank's moments in place for a checkpoint.
+  Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend,
+            std::vector<std::vector<ParamRange>> every_rank, int rank);
   ~Optimizer();
   // params -= update(grads); count elements; lr for this step. params and grads in the memory of
   // the backend given at construction (host memory without one). The same as begin_step(lr)
@@ -66,6 +70,12 @@ class Optimizer {
   // (v ignored for sgd), of which this optimiser keeps its owned ranges (uploaded when the state
   // lives on a device); and the step count.
   void restore(const float* m, const float* v, std::int64_t steps_taken);
+  // For a checkpoint. Collective when sharded (every rank's moments to rank 0, which puts each
+  // rank's ranges where they belong: the checkpoint's full-size layout); unsharded, nothing
+  // collective. Then, on rank 0, checkpoint_moment(0) and (adam) checkpoint_moment(1) are the full
+  // moments in host memory, in flat order (brought from the backend now: Note [Host copies]).
+  void gather_state(Communicator& comm);
+  const float* checkpoint_moment(std::size_t i);  // ask for 0 first: it brings both to host memory
 
  private:
   // The state offset of update()'s range: where its owned range's moments start.
@@ -74,6 +84,7 @@ class Optimizer {
   OptimizerConfig cfg_;
   std::int64_t count_;
   std::vector<ParamRange> owned_;           // ascending; [0, count) unsharded
+  std::vector<std::vector<ParamRange>> every_rank_;  // sharded: every rank's owned_, for gather_state
   std::vector<std::int64_t> owned_offset_;  // (owned_.size()): where each range's state starts
   std::int64_t state_size_ = 0;             // the sum of the owned ranges' sizes
   std::int64_t begun_ = 0;  // begin_step calls since construction or restore (a check of update's caller)
@@ -82,6 +93,10 @@ class Optimizer {
   std::vector<float> host_m_, host_v_;     // without a backend; allocated once, here
   std::unique_ptr<Buffer> buf_m_, buf_v_;  // with one
   std::span<float> m_, v_;
+  std::unique_ptr<HostCopy> host_state_;  // m_ and v_ in host memory (with a backend; made once)
+  std::vector<float> full_[2];            // sharded, rank 0: the gathered full-size moments
+  std::vector<std::uint8_t> gathered_;    // sharded: the gather's buffer, kept for the next checkpoint
+  std::vector<std::int64_t> gathered_counts_;
 };
 
 // The learning rate at global step `step` (0-based) of `total_steps`, in epoch `epoch`.

@@ -53,8 +53,9 @@ class Reducer {
   // offsets; may be empty): all of it unsharded, its shard (Note [Shards]) sharded.
   ParamRange shard(std::size_t k) const { return mine_[k]; }  // made at construction
   ParamRange shard(std::size_t k, int rank) const;            // rank's part of bucket k
-  // Every bucket's non-empty shard, in order: the optimiser's owned ranges.
+  // Every bucket's non-empty shard of this rank (or of `rank`), in order: the optimiser's owned ranges.
   std::vector<ParamRange> owned() const;
+  std::vector<ParamRange> owned(int rank) const;
   // Sharded: starts the allgather of bucket k's parameters (this rank's shard updated). Each
   // bucket once per step, in index order, after its wait_bucket().
   void start_gather(std::size_t k);

@@ -135,7 +135,7 @@ class Trainer final : private CheckpointSource {
   void final_report(RunResult& res);
   // CheckpointSource
   void settle() override { settle_verdicts(current_step_); }
-  void gather_state() override;
+  void gather_state() override { optimizer_->gather_state(comm_); }
   TrainingState state() override;
 
   Options opt_;
@@ -155,11 +155,6 @@ class Trainer final : private CheckpointSource {
   bool shared_gpus_ = false;
   std::unique_ptr<Buffer> params_, grads_;  // flat, spec_.param_count each (Note [Reverse layer order])
   std::unique_ptr<HostCopy> params_copy_;   // params_ in host memory: hashes, initialisation, resume
-  std::unique_ptr<HostCopy> state_copy_;    // params_ (unless sharded) and the optimiser's moments, for checkpoints
-  // Sharded: rank 0's full-size moments (m, v) for a checkpoint, and the bytes gathered into them.
-  std::vector<float> full_moments_[2];
-  std::vector<std::uint8_t> gathered_;
-  std::vector<std::int64_t> gathered_counts_;
   std::unique_ptr<Model> train_model_, eval_model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Reducer> reducer_;
