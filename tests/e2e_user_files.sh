@@ -158,6 +158,8 @@ expect data_under_the_current_directory 0 60 "test images from data/mnist" -- \
 mkdir empty
 expect data_variable_naming_no_data 3 30 "MNIST_MPI_DATA_DIR is '$work/empty', which holds none of the four MNIST files" -- \
   env MNIST_MPI_DATA_DIR="$work/empty" "$bin" "${opts[@]}" --max-steps 2
+expect show_config_needs_no_data 0 30 "options of the run that wrote it" -- \
+  env MNIST_MPI_DATA_DIR="$work/empty" "$bin" evaluate --checkpoint ck --show-config
 expect default_recipe_and_rss_per_rank 0 60 \
   "batch: 100 global, 50 per rank.*|peak RSS per rank [0-9]+\.[0-9], [0-9]+\.[0-9] MB" -- \
   "${run2[@]}" "${nobatch[@]}" --max-steps 2

@@ -167,9 +167,10 @@ int evaluate_checkpoint_main(int argc, char** argv) {
           throw_error(ExitCode::kUsage, "--split must be test or validation, got '" + split_name + "'");
         if (batch <= 0 || threads < 0)
           throw_error(ExitCode::kUsage, "--eval-batch-size must be > 0 and --threads >= 0");
-        data_dir = find_mnist_dir(data_dir);  // Note [Where the data is found]
-        {  // Note [No output is an input]
-          FileRoles roles;
+        const bool show_config = vm.count("show-config") > 0;  // reads the checkpoint alone
+        if (!show_config) {
+          data_dir = find_mnist_dir(data_dir);  // Note [Where the data is found]
+          FileRoles roles;                      // Note [No output is an input]
           declare_checkpoint_input(checkpoint, roles);
           for (const DataFile& f : mnist_files(data_dir)) roles.input("--data-dir (" + f.what + ")", f.path);
           if (!logits_file.empty()) roles.output("--logits-file", logits_file);
@@ -181,7 +182,7 @@ int evaluate_checkpoint_main(int argc, char** argv) {
         std::printf("checkpoint %s: step %lld of %lld (epoch %lld), model %s, %lld parameters\n", path.c_str(),
                     static_cast<long long>(m.step), static_cast<long long>(m.total_steps),
                     static_cast<long long>(m.epoch), ck.spec.c_str(), static_cast<long long>(m.param_count));
-        if (vm.count("show-config")) {
+        if (show_config) {
           std::printf(
               "global batch %lld, seed %llu, %lld ranks, optimizer %s (%lld steps), next lr %.6g, "
               "validation accuracy %.4f\noptions of the run that wrote it:\n%s",
