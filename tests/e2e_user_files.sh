@@ -67,14 +67,23 @@ expect timeline_and_report_on_one_file 2 30 "--timeline and --report both name '
 expect metrics_file_named_like_a_coming_checkpoint 2 30 \
   "--metrics-file 'ck/step-00000020.ckpt' is a name that --checkpoint-dir 'ck' writes or removes" -- \
   "${job[@]}" --max-steps 20 --checkpoint-dir ck --resume auto --metrics-file ck/step-00000020.ckpt
+[ ! -e ck/step-00000020.ckpt ] || fail "metrics_file_named_like_a_coming_checkpoint: the file was created"
 cp run.ini ck/step-00000030.ckpt.tmp  # what the checkpointer removes at start as a write that did not finish
 expect config_named_like_a_checkpoint_temporary 2 30 \
   "--config 'ck/step-00000030.ckpt.tmp' is a name that --checkpoint-dir 'ck' writes or removes .*the run would destroy it" -- \
   "${job[@]}" --checkpoint-dir ck --config ck/step-00000030.ckpt.tmp
 untouched config_named_like_a_checkpoint_temporary ck/step-00000030.ckpt.tmp "$d"
 rm ck/step-00000030.ckpt.tmp
+d=$(digest ck/.mnist_mpi.lock)
 expect metrics_file_is_the_lock_file 2 30 "--metrics-file and --checkpoint-dir \(its lock file\) both name 'ck/.mnist_mpi.lock'" -- \
   "${job[@]}" --max-steps 20 --checkpoint-dir ck --resume auto --metrics-file ck/.mnist_mpi.lock
+untouched metrics_file_is_the_lock_file ck/.mnist_mpi.lock "$d"
+cp $ckpt ck/step-00000040.ckpt.tmp; d=$(digest ck/step-00000040.ckpt.tmp)  # a copy, named like a leftover temporary
+expect resume_from_a_name_the_checkpointer_removes 2 30 \
+  "--resume 'ck/step-00000040.ckpt.tmp' is a name that --checkpoint-dir 'ck' writes or removes .*the run would destroy it" -- \
+  "${job[@]}" --max-steps 50 --checkpoint-dir ck --resume ck/step-00000040.ckpt.tmp
+untouched resume_from_a_name_the_checkpointer_removes ck/step-00000040.ckpt.tmp "$d"
+rm ck/step-00000040.ckpt.tmp
 expect metrics_file_named_like_a_tensorboard_file 2 30 "is a name that --tensorboard-dir 'tb' writes" -- \
   "${job[@]}" --max-steps 5 --tensorboard-dir tb --metrics-file tb/events.out.tfevents.1.x
 expect resume_auto_still_finds_the_newest 0 60 "resuming from ck/step-00000010.ckpt: step 10" -- \
@@ -82,9 +91,9 @@ expect resume_auto_still_finds_the_newest 0 60 "resuming from ck/step-00000010.c
 expect outputs_on_dev_null_share_it 0 60 "params_hash" -- \
   "${job[@]}" --max-steps 5 --metrics-file /dev/null --timeline /dev/null --report /dev/null
 d=$(digest $ckpt)
-expect export_onto_its_checkpoint 2 30 "--onnx and --checkpoint \(its step-00000010.ckpt\) both name '$ckpt'" -- \
+expect export_onto_a_checkpoint_of_its_directory 2 30 "--onnx and --checkpoint \(its step-00000010.ckpt\) both name '$ckpt'" -- \
   "$bin" export --checkpoint ck --onnx $ckpt
-untouched export_onto_its_checkpoint $ckpt "$d"
+untouched export_onto_a_checkpoint_of_its_directory $ckpt "$d"
 f=data/t10k-labels-idx1-ubyte; d=$(digest $f)
 expect logits_onto_the_test_labels 2 30 "--logits-file and --data-dir \(the test labels\) both name '$f'" -- \
   "$bin" evaluate --checkpoint ck --data-dir data --logits-file $f
@@ -119,10 +128,10 @@ expect train_with_stdin_and_stderr_closed 0 60 "params_hash" -- \
   bash -c 'exec "$0" "$@" <&- 2>&-' "$bin" "${base[@]}" --max-steps 5
 
 # 4. The same data on every rank: contents, not sizes. A copy elsewhere, or gzipped, is the same data.
-cp -r data copy; cp -r data gz; gzip gz/train-images-idx3-ubyte
+cp -r data data_copy; cp -r data data_gz; gzip data_gz/train-images-idx3-ubyte  # named data_*: expect() finds ranks left behind
 expect same_data_in_other_directories 0 60 "params_hash" -- \
-  mpirun -np 1 "$bin" "${base[@]}" --max-steps 5 : -np 1 "$bin" "${opts[@]}" --batch-size 10 --data-dir "$work/gz" --max-steps 5
-python3 - copy/train-images-idx3-ubyte <<'EOF'  # one pixel of one image, made different
+  mpirun -np 1 "$bin" "${base[@]}" --max-steps 5 : -np 1 "$bin" "${opts[@]}" --batch-size 10 --data-dir "$work/data_gz" --max-steps 5
+python3 - data_copy/train-images-idx3-ubyte <<'EOF'  # one pixel of one image, made different
 import sys
 with open(sys.argv[1], "r+b") as f:
     f.seek(16 + 784 * 42 + 400)
@@ -132,7 +141,7 @@ with open(sys.argv[1], "r+b") as f:
 EOF
 expect one_pixel_differs_on_one_rank 3 30 \
   "the training images \(train-images-idx3-ubyte\) differ: rank 0 \(host '[^']+'\) has [0-9a-f]{16}, rank 1 \(host '[^']+'\) has [0-9a-f]{16}" -- \
-  mpirun -np 1 "$bin" "${base[@]}" --max-steps 5 : -np 1 "$bin" "${opts[@]}" --batch-size 10 --data-dir "$work/copy" --max-steps 5
+  mpirun -np 1 "$bin" "${base[@]}" --max-steps 5 : -np 1 "$bin" "${opts[@]}" --batch-size 10 --data-dir "$work/data_copy" --max-steps 5
 
 # 5. A product of options out of range names every factor and a fix that can work.
 nobatch=(--data-dir "$work/data" "${opts[@]}")

@@ -13,7 +13,6 @@ namespace mnist_mpi {
 // crc32c(b, nb, crc32c(a, na)) == crc32c(a followed by b).
 std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t crc = 0);
 
-// TFRecord's masked form: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
 // Note [A digest of the training data]
 // The ranks compare what they are about to train on (check_same_data() in
 // include/mnist_mpi/comm/consistency.hpp), so each rank digests the decoded contents of its
@@ -28,6 +27,7 @@ std::uint64_t content_digest(const void* data, std::size_t size);
 // The same digest from the tables alone, whatever the CPU: what content_digest() must equal.
 std::uint64_t content_digest_portable(const void* data, std::size_t size);
 
+// TFRecord's masked form: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
 inline std::uint32_t crc32c_masked(std::uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
 
 }  // namespace mnist_mpi

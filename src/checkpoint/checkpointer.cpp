@@ -148,7 +148,13 @@ int lock_checkpoint_dir(const std::string& dir) {
 
 void Checkpointer::declare_files(const Options& o, FileRoles& roles) {
   const std::string owner = "checkpoints";
-  if (!o.resume.empty() && o.resume != "auto") roles.input("--resume", o.resume, owner);
+  // A finished checkpoint may sit in the directory the checkpointer writes (it resumes from there
+  // by design); a --resume file named like its temporary or its lock would be removed or
+  // overwritten, so that one clashes.
+  if (!o.resume.empty() && o.resume != "auto") {
+    const std::string name = std::filesystem::path(o.resume).filename().string();
+    roles.input("--resume", o.resume, checkpoint_file_step(name) >= 0 ? owner : std::string());
+  }
   if (o.checkpoint_dir.empty()) return;
   const std::string dir = o.checkpoint_dir;
   for (const auto& [step, name] : list_checkpoints(dir))

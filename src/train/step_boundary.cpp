@@ -25,10 +25,11 @@ StepBoundary::StepBoundary(const Options& options, Communicator& comm, Checkpoin
 // int64 (max). All ranks see the same result after the same step, so they stop together: on a
 // signal rank 0 writes a checkpoint, waits for it, and a second allreduce tells everyone whether
 // it was written (exit 75) or not (exit 4); a write error ends every rank with exit 4 and rank 0's
-// message. The ranks evaluate alike (Note [Every rank evaluates a share]), so they reach the
-// target together anyway; the flag makes the decision an agreed one. The allreduce is 24 bytes, a
-// few microseconds, next to a step's gradient reduction. Whether a checkpoint is due depends on
-// the step alone, so every rank knows it without asking.
+// message. Whether a checkpoint is due depends on the step and on `last`, which every rank knows
+// alike: the validation accuracy that decides the target is allreduced (Note [Every rank
+// evaluates a share]), so every rank sees the same value and reaches the target at the same step;
+// the flag in the allreduce is a check on that, and the decision to end is taken from it. The
+// allreduce is 24 bytes, a few microseconds, next to a step's gradient reduction.
 StepBoundary::Decision StepBoundary::after_step(const StepEnd& s, bool target_reached) {
   const bool due = writer_.enabled() &&
                    (s.last || s.epoch_end || (opt_.checkpoint_every > 0 && s.step % opt_.checkpoint_every == 0));

@@ -109,9 +109,11 @@ void Trainer::resolve_batch_sizes(std::int64_t train_count) {
   if (opt_.global_batch_size > 0) {  // Note [Uneven slices] (include/mnist_mpi/data/sampler.hpp)
     const std::int64_t g = opt_.global_batch_size;
     std::string fix = "give at least " + std::to_string(parts);  // a fix that can work, below
-    if (parts > train_count)
-      fix = g >= world ? "lower --accumulation-steps to at most " + std::to_string(g / world) + " with " + ranks
-                       : "run on at most " + std::to_string(g) + " ranks";
+    if (parts > train_count)  // more micro-batches than images: fewer of them, not a larger batch
+      fix = g >= world                  ? "lower --accumulation-steps to at most " + std::to_string(g / world) +
+                                              " with " + ranks
+            : g >= accumulation_ ? "run on at most " + std::to_string(g / accumulation_) + " ranks"
+                                 : "run on at most " + std::to_string(g) + " ranks with --accumulation-steps 1";
     else if (accumulation_ > 1)
       fix = "give a --global-batch-size of at least " + std::to_string(parts) + ", or lower --accumulation-steps";
     MNIST_CHECK(g >= parts, ExitCode::kUsage,

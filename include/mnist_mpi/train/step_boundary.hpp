@@ -43,7 +43,8 @@ class StepBoundary {
   };
   // Collective, after every step: writes a checkpoint when one is due, agrees with the other ranks
   // (an agreed write error: AgreedError(kCheckpoint) on every rank), and decides.
-  // target_reached: this rank's view (the ranks evaluate alike, so they agree; the flag makes it so).
+  // target_reached: this rank's view, the same on every rank (the validation accuracy is allreduced);
+  // s.last must include it, since it makes the last checkpoint due.
   Decision after_step(const StepEnd& s, bool target_reached);
   // Collective, after the last step: waits for the last write and agrees on its outcome.
   void finish();

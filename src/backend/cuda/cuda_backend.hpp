@@ -154,7 +154,7 @@ void launch_gather(cudaStream_t s, const std::uint8_t* images, const std::uint8_
                    const std::int64_t* offset, std::int64_t position, std::int64_t n, std::int64_t pixels, float* x,
                    std::int32_t* labels_out);
 // The optimiser's step count on the device (Note [The optimiser's step count] in
-// include/mnist_mpi/backend/backend.hpp): t and the scalars of the step it last counted.
+// include/mnist_mpi/backend/optimizer_pass.hpp): t and the scalars of the step it last counted.
 struct DeviceStepState {
   std::int64_t t = 0;
   OptimizerScalars scalars;
