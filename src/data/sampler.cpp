@@ -9,6 +9,20 @@
 
 namespace mnist_mpi {
 
+// Note [Chunks of the global batch] (include/mnist_mpi/data/sampler.hpp)
+ChunkRange rank_chunks(std::int64_t global_batch, std::int64_t chunk, std::int64_t world, std::int64_t rank) {
+  MNIST_CHECK(chunk > 0 && global_batch > 0 && global_batch % chunk == 0, ExitCode::kUsage,
+              "a chunk of " + std::to_string(chunk) + " images does not divide the global batch of " +
+                  std::to_string(global_batch) + "; give a chunk size that divides it");
+  const std::int64_t chunks = global_batch / chunk;
+  MNIST_CHECK(world >= 1 && world <= chunks, ExitCode::kUsage,
+              std::to_string(world) + " ranks are more than the " + std::to_string(chunks) + " chunks of " +
+                  std::to_string(chunk) + " images in the global batch of " + std::to_string(global_batch) +
+                  ": run on at most " + std::to_string(chunks) + " ranks, or use smaller chunks");
+  MNIST_CHECK(rank >= 0 && rank < world, ExitCode::kRuntime, "rank_chunks: rank outside the world");
+  return {part_first(chunks, world, rank), part_count(chunks, world, rank)};
+}
+
 Sampler::Sampler(std::int64_t dataset_size, std::int64_t global_batch, std::uint64_t seed)
     : dataset_size_(dataset_size), global_batch_(global_batch), seed_(seed) {
   MNIST_CHECK(global_batch > 0 && global_batch <= dataset_size, ExitCode::kUsage,

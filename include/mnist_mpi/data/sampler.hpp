@@ -40,6 +40,20 @@ inline std::int64_t images_in_parts(std::int64_t global_batch, std::int64_t part
   return n * (global_batch / parts) + (longer < 0 ? 0 : longer > n ? n : longer);
 }
 
+// Note [Chunks of the global batch]
+// Issue 28's --exact-sums (not wired in yet): the global batch of B images is cut into B / c
+// chunks of c images in global order, and every kernel runs with batch c, so that a chunk's
+// gradient is the same bits on whichever rank computes it; the chunks' gradients are then summed
+// exactly (Note [Exact sums in fixed point] in include/mnist_mpi/exact_sum.hpp). Each rank owns
+// whole chunks, contiguous and as evenly as it goes (the Note [Uneven slices] rule over chunks),
+// so the largest world size is the number of chunks.
+struct ChunkRange {
+  std::int64_t first = 0, count = 0;  // chunks [first, first + count) of the global batch
+};
+// Rank `rank`'s chunks. Throws Error(kUsage) when `chunk` does not divide the global batch, or the
+// world is larger than the number of chunks (the message says the largest world allowed).
+ChunkRange rank_chunks(std::int64_t global_batch, std::int64_t chunk, std::int64_t world, std::int64_t rank);
+
 class Sampler {
  public:
   Sampler(std::int64_t dataset_size, std::int64_t global_batch, std::uint64_t seed);
