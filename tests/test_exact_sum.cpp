@@ -68,11 +68,8 @@ TEST(ExactSum, AnyOrderAndAnyGroupingGiveTheSameBits) {
       tree = next;
     }
     ASSERT_EQ(tree[0], in_order) << i;
-    // The float result, and that the plain float sums of the same terms do depend on the order
-    // (so the test could tell the two apart).
-    const float exact = from_fixed(in_order, shift);
-    EXPECT_TRUE(std::isfinite(exact));
   }
+  // The plain float sums of the same terms do depend on the order, so the data can tell the two apart.
   int order_matters = 0;
   for (int i = 0; i < n; ++i) {
     float fwd = 0.0f, bwd = 0.0f;

@@ -3,18 +3,23 @@
 // names that a directory's owner writes, is a usage error naming both options; what clashes with
 // nothing passes, and nothing is created while checking. Also the data locator's order (Note
 // [Where the data is found]) and the digest the ranks compare (Note [A digest of the training data]).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/crc32c.hpp"
 #include "mnist_mpi/data/idx.hpp"
 #include "mnist_mpi/io/file_roles.hpp"
+#include "mnist_mpi/io/standard_streams.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -108,37 +113,67 @@ TEST_F(FileRolesTest, WhatClashesWithNothingPasses) {
 TEST_F(FileRolesTest, AFamilyOfNamesClashesWithOthersButNotWithItsOwnersInputs) {
   fs::create_directory("ck");
   std::ofstream("ck/step-00000010.ckpt") << "x";
-  const auto checkpoints = [](std::string_view name) { return name.rfind("step-", 0) == 0; };
-  {  // the checkpoint resumed from, inside the directory the checkpointer writes: by design
+  // The checkpointer's family in `dir`, and one more file: an input (of `owner`, or of nobody) or an output.
+  struct Case {
+    const char* what;
+    const char* dir;
+    bool output;
+    const char* option;
+    const char* path;
+    const char* owner;
+    const char* expected;  // in the message; "" for no clash
+  };
+  const Case cases[] = {
+      {"the checkpoint resumed from, in the directory the checkpointer writes: by design", "ck", false, "--resume",
+       "ck/step-00000010.ckpt", "checkpoints", ""},
+      {"an output named like a checkpoint that will be written there", "ck/", true, "--metrics-file",
+       "ck/step-00000020.ckpt", "",
+       "--metrics-file 'ck/step-00000020.ckpt' is a name that --checkpoint-dir 'ck/' writes or removes"},
+      {"someone else's input named like one: it would be replaced or removed", "ck", false, "--config",
+       "ck/step-00000010.ckpt", "",
+       "the run would destroy it; move it, or give --checkpoint-dir another directory"},
+      {"a name outside the family", "ck", true, "--metrics-file", "ck/metrics.jsonl", "", ""},
+  };
+  for (const Case& c : cases) {
     FileRoles r;
-    r.input("--resume", "ck/step-00000010.ckpt", "checkpoints");
-    r.outputs_in("--checkpoint-dir", "ck", checkpoints, "checkpoints", "checkpoints");
-    EXPECT_EQ(clash(r), "");
-  }
-  {  // an output named like a checkpoint that will be written there
-    FileRoles r;
-    r.outputs_in("--checkpoint-dir", "ck/", checkpoints, "checkpoints", "checkpoints");
-    r.output("--metrics-file", "ck/step-00000020.ckpt");
+    r.outputs_in(
+        "--checkpoint-dir", c.dir, [](std::string_view name) { return name.rfind("step-", 0) == 0; }, "checkpoints",
+        "checkpoints");
+    if (c.output)
+      r.output(c.option, c.path);
+    else
+      r.input(c.option, c.path, c.owner);
     const std::string m = clash(r);
-    EXPECT_NE(m.find("--metrics-file 'ck/step-00000020.ckpt' is a name that --checkpoint-dir 'ck/' writes or removes"),
-              std::string::npos)
-        << m;
+    if (*c.expected == '\0')
+      EXPECT_EQ(m, "") << c.what;
+    else
+      EXPECT_NE(m.find(c.expected), std::string::npos) << c.what << ": " << m;
   }
-  {  // someone else's input named like one: it would be replaced or removed
-    FileRoles r;
-    r.outputs_in("--checkpoint-dir", "ck", checkpoints, "checkpoints", "checkpoints");
-    r.input("--config", "ck/step-00000010.ckpt");
-    const std::string m = clash(r);
-    EXPECT_NE(m.find("the run would destroy it; move it, or give --checkpoint-dir another directory"),
-              std::string::npos)
-        << m;
-  }
-  {  // a name outside the family passes
-    FileRoles r;
-    r.outputs_in("--checkpoint-dir", "ck", checkpoints, "checkpoints", "checkpoints");
-    r.output("--metrics-file", "ck/metrics.jsonl");
-    EXPECT_EQ(clash(r), "");
-  }
+}
+
+// Note [Closed standard descriptors]: in a child process whose descriptors 0 and 2, then 1, are
+// closed, each is /dev/null afterwards, a file opened next does not take their numbers, and only a
+// closed stdout is remembered (and reported as a lost output).
+TEST(StandardStreams, ClosedDescriptorsAreOpenedOnDevNull) {
+  const auto in_child = [](const std::vector<int>& closed, bool stdout_closed) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      for (int fd : closed) ::close(fd);
+      open_closed_standard_descriptors();
+      bool ok = stdout_was_closed() == stdout_closed;
+      for (int fd : closed) ok = ok && descriptor_target(fd) == "/dev/null";
+      const int next = ::open("/dev/zero", O_RDONLY);
+      ok = ok && next > 2;
+      ok = ok && (standard_output_error().find("closed when the program started") != std::string::npos) == stdout_closed;
+      ::_exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  EXPECT_EQ(in_child({0, 2}, false), 0) << "stdin and stderr closed";
+  EXPECT_EQ(in_child({1}, true), 0) << "stdout closed";
+  EXPECT_EQ(in_child({0, 1, 2}, true), 0) << "all three closed";
 }
 
 // Note [Where the data is found]: --data-dir as given; else $MNIST_MPI_DATA_DIR, which must hold

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <type_traits>
 #include <limits>
@@ -84,18 +85,21 @@ void meta_fields(Meta& m, Field&& field) {
   for (auto* v : {&m.last_lr, &m.next_lr, &m.validation_accuracy, &m.validation_loss, &m.train_loss}) field(*v);
 }
 
-// The bytes meta_fields() lays out, which must be kCheckpointMetaBytes (a sum of 33 sizes, checked
-// at each use). scripts/read_checkpoint.py reads the same fields at docs/checkpoint.md's offsets,
-// independently of this code (tests/e2e_checkpoint.sh).
-std::size_t meta_bytes() {
-  CheckpointMeta m;
-  std::size_t n = 0;
-  meta_fields(m, [&](const auto& v) { n += sizeof v; });
-  return n;
+// The bytes meta_fields() lays out must be kCheckpointMetaBytes: checked once per process.
+// scripts/read_checkpoint.py reads the same fields at docs/checkpoint.md's offsets, independently
+// of this code (tests/e2e_checkpoint.sh).
+void check_meta_layout() {
+  static const std::size_t bytes = [] {
+    CheckpointMeta m;
+    std::size_t n = 0;
+    meta_fields(m, [&](const auto& v) { n += sizeof v; });
+    return n;
+  }();
+  MNIST_CHECK(bytes == kCheckpointMetaBytes, ExitCode::kRuntime, "the META layout is not 240 bytes");
 }
 
 void encode_meta(std::uint8_t* p, const CheckpointMeta& m) {
-  MNIST_CHECK(meta_bytes() == kCheckpointMetaBytes, ExitCode::kRuntime, "the META layout is not 240 bytes");
+  check_meta_layout();
   std::size_t at = 0;
   meta_fields(m, [&](const auto& v) {
     put(p + at, v);
@@ -104,7 +108,7 @@ void encode_meta(std::uint8_t* p, const CheckpointMeta& m) {
 }
 
 CheckpointMeta decode_meta(const std::uint8_t* p) {
-  MNIST_CHECK(meta_bytes() == kCheckpointMetaBytes, ExitCode::kRuntime, "the META layout is not 240 bytes");
+  check_meta_layout();
   CheckpointMeta m;
   std::size_t at = 0;
   meta_fields(m, [&](auto& v) {
@@ -150,6 +154,24 @@ std::string checkpoint_file_name(std::int64_t step) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "step-%08lld.ckpt", static_cast<long long>(step));
   return buf;
+}
+
+std::int64_t checkpoint_temporary_step(const std::string& name) {
+  const std::string_view suffix = kCheckpointTempSuffix;
+  if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) return -1;
+  return checkpoint_file_step(name.substr(0, name.size() - suffix.size()));
+}
+
+std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::int64_t step = checkpoint_file_step(name);
+    if (step >= 0) out.emplace_back(step, name);
+  }
+  std::sort(out.begin(), out.end(), std::greater<>());
+  return out;
 }
 
 std::int64_t checkpoint_file_step(const std::string& name) {

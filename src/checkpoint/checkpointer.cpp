@@ -63,28 +63,12 @@ std::string config_for_checkpoint(const std::string& resolved, std::int64_t glob
 
 std::uint32_t schedule_kind(const std::string& k) { return k == "step" ? 1u : k == "cosine" ? 2u : 0u; }
 
-// Checkpoint files of a directory, newest step first.
-std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& dir) {
-  std::vector<std::pair<std::int64_t, std::string>> out;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const std::int64_t step = checkpoint_file_step(name);
-    if (step >= 0) out.emplace_back(step, name);
-  }
-  std::sort(out.begin(), out.end(), std::greater<>());
-  return out;
-}
-
 std::vector<std::string> list_temporaries(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
-  const std::string suffix = kCheckpointTempSuffix;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-        checkpoint_file_step(name.substr(0, name.size() - suffix.size())) >= 0)
-      out.push_back(name);
+    if (checkpoint_temporary_step(name) >= 0) out.push_back(name);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -163,12 +147,10 @@ void Checkpointer::declare_files(const Options& o, FileRoles& roles) {
     roles.input("--checkpoint-dir (its lock file)", dir + "/" + kLockName, owner);
   roles.outputs_in(
       "--checkpoint-dir", dir,
-      [](std::string_view name) {
-        const std::string_view tmp = kCheckpointTempSuffix;
-        if (name == kLockName || name == kWriteProbeName) return true;
-        if (name.size() > tmp.size() && name.substr(name.size() - tmp.size()) == tmp)
-          name.remove_suffix(tmp.size());
-        return checkpoint_file_step(std::string(name)) >= 0;
+      [](std::string_view view) {
+        const std::string name(view);
+        return name == kLockName || name == kWriteProbeName || checkpoint_file_step(name) >= 0 ||
+               checkpoint_temporary_step(name) >= 0;
       },
       "checkpoints (step-NNNNNNNN.ckpt), their temporary files and its lock file", owner);
 }

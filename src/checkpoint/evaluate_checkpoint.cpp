@@ -62,14 +62,8 @@ Checkpoint pick_checkpoint(const std::string& path, std::string& chosen) {
   std::error_code ec;
   chosen = path;
   if (!fs::is_directory(path, ec)) return load_checkpoint(path);
-  std::vector<std::pair<std::int64_t, std::string>> files;
-  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (checkpoint_file_step(name) >= 0) files.emplace_back(checkpoint_file_step(name), name);
-  }
-  std::sort(files.begin(), files.end(), std::greater<>());
-  for (const auto& f : files) {
-    chosen = path + "/" + f.second;
+  for (const auto& [step, name] : list_checkpoints(path)) {
+    chosen = path + "/" + name;
     try {
       return load_checkpoint(chosen);
     } catch (const Error& e) {
@@ -84,10 +78,7 @@ void declare_checkpoint_input(const std::string& path, FileRoles& roles) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return roles.input("--checkpoint", path);
-  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (checkpoint_file_step(name) >= 0) roles.input("--checkpoint (its " + name + ")", path + "/" + name);
-  }
+  for (const auto& [step, name] : list_checkpoints(path)) roles.input("--checkpoint (its " + name + ")", path + "/" + name);
 }
 
 CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& split, int batch, int threads,
@@ -172,7 +163,7 @@ int evaluate_checkpoint_main(int argc, char** argv) {
           data_dir = find_mnist_dir(data_dir);  // Note [Where the data is found]
           FileRoles roles;                      // Note [No output is an input]
           declare_checkpoint_input(checkpoint, roles);
-          for (const DataFile& f : mnist_files(data_dir)) roles.input("--data-dir (" + f.what + ")", f.path);
+          declare_mnist_inputs(data_dir, roles);
           if (!logits_file.empty()) roles.output("--logits-file", logits_file);
           roles.check();
         }

@@ -99,12 +99,6 @@ std::string explain(const po::error& e, std::string name, const std::string* val
 
 }  // namespace
 
-std::string not_a_command(const std::string& word) {
-  return quote_input(word) +
-         " is not a command or an option of mnist_mpi (options start with --); the commands: train (the default), "
-         "evaluate, export, predict (see mnist_mpi --help)";
-}
-
 std::map<std::string, std::string> key_value_lines(const std::string& text) {
   std::map<std::string, std::string> out;
   std::istringstream in(text);
@@ -377,6 +371,13 @@ void add_option_table(po::options_description& all, Options& o, std::string& sha
       "report", po::value(&o.report_file),
       "write a self-contained HTML report (curves, where the time went) to this file at the end");
   all.add(general).add(data).add(model).add(train).add(red).add(ck).add(sys).add(rep);
+}
+
+// The usage error for `mnist_mpi WORD` where WORD is neither a command nor an option.
+std::string not_a_command(const std::string& word) {
+  return quote_input(word) +
+         " is not a command or an option of mnist_mpi (options start with --); the commands: train (the default), "
+         "evaluate, export, predict (see mnist_mpi --help)";
 }
 
 // The command-line pass (Note [Messages built from what the user wrote]): the first word, where a

@@ -405,6 +405,10 @@ std::vector<DataFile> mnist_files(const std::string& dir) {
   return files;
 }
 
+void declare_mnist_inputs(const std::string& dir, FileRoles& roles) {
+  for (const DataFile& f : mnist_files(dir)) roles.input("--data-dir (" + f.what + ")", f.path);
+}
+
 // Note [Where the data is found] (include/mnist_mpi/data/idx.hpp)
 std::string find_mnist_dir(const std::string& given) {
   if (!given.empty()) return given;

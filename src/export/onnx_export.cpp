@@ -282,8 +282,7 @@ int export_onnx_main(int argc, char** argv) {
           throw_error(ExitCode::kUsage, "give --checkpoint FILE and --onnx FILE (see mnist_mpi export --help)");
         FileRoles roles;  // Note [No output is an input]
         declare_checkpoint_input(checkpoint, roles);
-        roles.output("--onnx", onnx_path);
-        roles.output("--onnx (its temporary file)", onnx_path + kOnnxTempSuffix);
+        roles.replaced_output("--onnx", onnx_path, kOnnxTempSuffix);
         roles.check();
         // Before the work, not after it; a read-only file is refused, not replaced (Note [A
         // read-only output is not replaced] in include/mnist_mpi/io/file_kind.hpp).

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/io/file_kind.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -64,6 +65,11 @@ void FileRoles::input(std::string option, std::string path, std::string owner) {
 
 void FileRoles::output(std::string option, std::string path) {
   files_.push_back({std::move(option), std::move(path), {}, true});
+}
+
+void FileRoles::replaced_output(const std::string& option, const std::string& path, const std::string& suffix) {
+  output(option, path);
+  if (file_kind(path) != FileKind::kCharDevice) output(option + " (its temporary file)", path + suffix);
 }
 
 void FileRoles::outputs_in(std::string option, std::string dir, std::function<bool(std::string_view)> matches,

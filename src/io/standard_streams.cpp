@@ -34,16 +34,21 @@ void open_closed_standard_descriptors() {
 
 bool stdout_was_closed() { return g_stdout_was_closed; }
 
+std::string descriptor_target(int fd) {
+  std::error_code ec;
+  const auto target = std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(fd), ec);
+  return ec ? std::string() : target.string();
+}
+
 std::string standard_output_error() {
   if (g_stdout_was_closed) return "standard output: it was closed when the program started";
   errno = 0;
   const bool ok = std::fflush(stdout) == 0 && !std::ferror(stdout);
   if (ok) return {};
   const int err = errno;
-  std::error_code ec;
-  const auto target = std::filesystem::read_symlink("/proc/self/fd/1", ec);
+  const std::string target = descriptor_target(1);
   std::string text = "standard output";  // appended: GCC 12 warns falsely (-Wrestrict) on " " + string
-  if (!ec) text.append(" ").append(quote_input(target.string()));
+  if (!target.empty()) text.append(" ").append(quote_input(target));
   return text.append(": write: ").append(err != 0 ? std::strerror(err) : "an earlier write to it failed");
 }
 

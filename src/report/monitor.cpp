@@ -104,10 +104,7 @@ void Monitor::check_replaced_output(const char* option, const std::string& path)
 void Monitor::declare_files(const Options& o, FileRoles& roles) {
   if (!o.metrics_file.empty()) roles.output("--metrics-file", o.metrics_file);
   for (const auto& [option, path] : {std::pair{"--timeline", o.timeline_file}, std::pair{"--report", o.report_file}}) {
-    if (path.empty()) continue;
-    roles.output(option, path);
-    if (file_kind(path) != FileKind::kCharDevice)  // written through PATH.tmp (OutputFile::Mode::kReplace)
-      roles.output(std::string(option) + " (its temporary file)", path + ".tmp");
+    if (!path.empty()) roles.replaced_output(option, path, OutputFile::kReplaceSuffix);  // OutputFile::Mode::kReplace
   }
   if (!o.tensorboard_dir.empty())
     roles.outputs_in(

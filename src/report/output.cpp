@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cstdarg>
 #include <cstring>
-#include <filesystem>
 #include <utility>
 
 #include "mnist_mpi/io/file_kind.hpp"
@@ -58,7 +57,7 @@ OutputFile& OutputFile::standard_output() {
 
 int OutputFile::open_file(std::string& error) {
   tmp_.clear();
-  if (mode_ == Mode::kReplace && file_kind(path_) != FileKind::kCharDevice) tmp_ = path_ + ".tmp";
+  if (mode_ == Mode::kReplace && file_kind(path_) != FileKind::kCharDevice) tmp_ = path_ + kReplaceSuffix;
   const std::string& target = tmp_.empty() ? path_ : tmp_;
   std::string where;  // appended, not " " + string: GCC 12 warns falsely (-Wrestrict) on that
   if (!tmp_.empty()) where.append(" ").append(quote_input(tmp_));
@@ -177,9 +176,8 @@ void OutputFile::fail(const std::string& error) {
   failed_ = true;
   error_ = error;
   if (!owned_ && path_.empty()) {  // name the file behind stdout: "/dev/full", "/scratch/job.out"
-    std::error_code ec;
-    const auto target = std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(::fileno(file_)), ec);
-    path_ = ec ? "stdout" : target.string();
+    path_ = descriptor_target(::fileno(file_));
+    if (path_.empty()) path_ = "stdout";
   }
   discard();
   report_lost_output(what_, path_, error_);

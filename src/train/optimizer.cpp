@@ -124,7 +124,7 @@ void Optimizer::update(float* params, const float* grads, std::int64_t begin, st
 // checkpoint's layout. One moment at a time, through one byte buffer that is kept for the next
 // checkpoint.
 void Optimizer::gather_state(Communicator& comm) {
-  if (every_rank_.empty()) return;  // unsharded: checkpoint_moment() reads the moments themselves
+  if (every_rank_.empty()) return;  // unsharded: checkpoint_moments() reads the moments themselves
   host_state_->to_host();
   const std::size_t mine = static_cast<std::size_t>(state_size_) * sizeof(float);
   for (std::size_t i = 0; i < (cfg_.kind == "adam" ? 2u : 1u); ++i) {
@@ -144,12 +144,12 @@ void Optimizer::gather_state(Communicator& comm) {
   }
 }
 
-const float* Optimizer::checkpoint_moment(std::size_t i) {
-  if (i == 1 && cfg_.kind != "adam") return nullptr;
-  if (!every_rank_.empty()) return full_[i].data();  // gather_state() put them together
-  if (!host_state_) return i == 0 ? m_.data() : v_.data();  // already in host memory
-  if (i == 0) host_state_->to_host();  // both moments, once per checkpoint
-  return host_state_->host(i);
+Optimizer::Moments Optimizer::checkpoint_moments() {
+  const bool adam = cfg_.kind == "adam";
+  if (!every_rank_.empty()) return {full_[0].data(), adam ? full_[1].data() : nullptr};  // gather_state()'s
+  if (!host_state_) return {m_.data(), adam ? v_.data() : nullptr};                     // in host memory already
+  host_state_->to_host();
+  return {host_state_->host(0), adam ? host_state_->host(1) : nullptr};
 }
 
 double learning_rate(const ScheduleConfig& s, std::int64_t step, std::int64_t epoch, std::int64_t total_steps) {

@@ -114,12 +114,7 @@ ParamRange Reducer::shard(std::size_t k, int rank) const {
   return {b.begin + s.begin, b.begin + s.end};
 }
 
-std::vector<ParamRange> Reducer::owned() const {
-  std::vector<ParamRange> out;
-  for (std::size_t k = 0; k < buckets_.size(); ++k)
-    if (const ParamRange r = shard(k); r.end > r.begin) out.push_back(r);
-  return out;
-}
+std::vector<ParamRange> Reducer::owned() const { return owned(comm_.rank()); }
 
 std::vector<ParamRange> Reducer::owned(int rank) const {
   std::vector<ParamRange> out;

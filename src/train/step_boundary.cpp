@@ -33,12 +33,7 @@ StepBoundary::StepBoundary(const Options& options, Communicator& comm, Checkpoin
 StepBoundary::Decision StepBoundary::after_step(const StepEnd& s, bool target_reached) {
   const bool due = writer_.enabled() &&
                    (s.last || s.epoch_end || (opt_.checkpoint_every > 0 && s.step % opt_.checkpoint_every == 0));
-  const auto state = [this] { return source_.state(); };
-  if (due) {  // every rank: `due` does not depend on the rank
-    source_.settle();
-    source_.gather_state();
-  }
-  if (rank0_ && due) writer_.write(s, state);
+  if (due) checkpoint(s);  // every rank: `due` does not depend on the rank
   std::int64_t flags[3] = {preemption_signal(), 0, target_reached ? 1 : 0};
   if (rank0_) flags[1] = writer_.write_failed() ? 1 : 0;
   const double t0 = now_s();
@@ -55,13 +50,15 @@ StepBoundary::Decision StepBoundary::after_step(const StepEnd& s, bool target_re
   const Decision go_on = flags[2] != 0 ? Decision::kDone : Decision::kContinue;
   if (flags[0] == 0 || s.last) return go_on;  // a signal during the last step: the run is done anyway
   stop_signal_ = static_cast<int>(flags[0]);
-  if (writer_.enabled() && !due) {  // a due step was written above (a failed write threw in agree_on_errors)
-    source_.settle();
-    source_.gather_state();
-    if (rank0_) writer_.write(s, state);
-  }
+  if (writer_.enabled() && !due) checkpoint(s);  // a due step was written above (a failed write threw)
   agree_on_errors();
   return Decision::kStop;
+}
+
+void StepBoundary::checkpoint(const StepEnd& s) {
+  source_.settle();        // every rank: no checkpoint after a bad step
+  source_.gather_state();  // every rank: the collective part (sharded moments to rank 0)
+  if (rank0_) writer_.write(s, [this] { return source_.state(); });
 }
 
 void StepBoundary::agree_on_errors() {

@@ -82,7 +82,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
 // declared by the part that reads or writes it, compared on every rank before anything is written.
 void Trainer::check_file_roles() const {
   FileRoles roles;
-  for (const DataFile& f : mnist_files(opt_.data_dir)) roles.input("--data-dir (" + f.what + ")", f.path);
+  declare_mnist_inputs(opt_.data_dir, roles);
   if (!opt_.config_file.empty()) roles.input("--config", opt_.config_file);
   Checkpointer::declare_files(opt_, roles);
   Monitor::declare_files(opt_, roles);
@@ -277,8 +277,8 @@ std::vector<float> Trainer::params_to_host() {
 // Rank 0, at a checkpoint: the parameters and the optimiser's full moments in host memory.
 TrainingState Trainer::state() {
   const float* params = host_params();
-  const float* first = optimizer_->checkpoint_moment(0);
-  return {params, first, optimizer_->checkpoint_moment(1), optimizer_->steps_taken(), &optimizer_->config()};
+  const Optimizer::Moments m = optimizer_->checkpoint_moments();
+  return {params, m.first, m.second, optimizer_->steps_taken(), &optimizer_->config()};
 }
 
 // Note [Every rank evaluates a share]

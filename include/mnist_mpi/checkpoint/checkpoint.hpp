@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mnist_mpi/model/spec.hpp"
@@ -115,6 +116,10 @@ std::string checkpoint_file_name(std::int64_t step);
 // The step of a checkpoint file name, or -1 when `name` is not one.
 std::int64_t checkpoint_file_step(const std::string& name);
 inline constexpr const char* kCheckpointTempSuffix = ".tmp";
+// The step of a checkpoint's temporary file name (step-00000100.ckpt.tmp), or -1.
+std::int64_t checkpoint_temporary_step(const std::string& name);
+// The checkpoint files of a directory, (step, name), newest step first; none when it cannot be read.
+std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& dir);
 
 // Tensors of a spec in file form (names, shapes, offsets).
 std::vector<CheckpointTensor> checkpoint_tensors(const ModelSpec& spec);

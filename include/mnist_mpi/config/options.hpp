@@ -93,9 +93,6 @@ inline constexpr const char* kCommands =
     "  export    write a checkpoint's model as ONNX\n"
     "  predict   classify digit images (PNG or PGM) with a checkpoint's model\n";
 
-// The usage error for `mnist_mpi WORD` where WORD is neither a command nor an option.
-std::string not_a_command(const std::string& word);
-
 enum class ParseOutcome { kRun, kExitOk };
 
 // Parses argv. On --help / --version writes the text into `text` and returns kExitOk.

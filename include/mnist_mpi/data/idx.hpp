@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "mnist_mpi/io/file_roles.hpp"
+
 namespace mnist_mpi {
 
 struct IdxImages {
@@ -58,6 +60,8 @@ struct Mnist {
 // The four files of `dir`, as load_mnist() reads them (digest 0): what a command lists as its
 // inputs (Note [No output is an input] in include/mnist_mpi/io/file_roles.hpp).
 std::vector<DataFile> mnist_files(const std::string& dir);
+// The four files of `dir` as inputs of `roles`, each named "--data-dir (the training images)".
+void declare_mnist_inputs(const std::string& dir, FileRoles& roles);
 
 // Note [Where the data is found]
 // `given` (--data-dir) when it is set, used as it is. Otherwise the first of these places that

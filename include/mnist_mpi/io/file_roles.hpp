@@ -40,6 +40,10 @@ class FileRoles {
   // A file the command creates, truncates or replaces (for one written through PATH.tmp, give
   // both: the temporary is an output too).
   void output(std::string option, std::string path);
+  // An output written whole to PATH + suffix and renamed onto PATH (Note [Whole or absent] in
+  // include/mnist_mpi/io/file_kind.hpp): both names are outputs. A character device (/dev/null) is
+  // written directly, with no temporary.
+  void replaced_output(const std::string& option, const std::string& path, const std::string& suffix);
   // The files the command will create in `dir` whose names are not known yet: every name for
   // which `matches` is true; `names` says which in messages ("checkpoints step-NNNNNNNN.ckpt").
   void outputs_in(std::string option, std::string dir, std::function<bool(std::string_view name)> matches,

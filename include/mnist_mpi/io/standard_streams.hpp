@@ -19,6 +19,8 @@ namespace mnist_mpi {
 void open_closed_standard_descriptors();
 // Whether descriptor 1 was closed when open_closed_standard_descriptors() ran.
 bool stdout_was_closed();
+// The file behind descriptor fd, for messages ("/dev/full", "/scratch/job.out"); "" when unknown.
+std::string descriptor_target(int fd);
 
 // Flushes stdout and says whether everything printed to it was written: "" when it was, else what
 // failed, naming the file behind it ("standard output '/dev/full': write: No space left on

@@ -44,6 +44,7 @@ class OutputFile {
   // kStream: PATH itself, written as the run goes (metrics, TensorBoard). kReplace: written whole
   // at the end through PATH.tmp and a rename on close (timeline, report).
   enum class Mode { kStream, kReplace };
+  static constexpr const char* kReplaceSuffix = ".tmp";  // kReplace writes PATH + this, then renames
 
   // what: how messages name the output, e.g. "the metrics file (--metrics-file)". Opens nothing.
   OutputFile(std::string what, std::string path, Mode mode = Mode::kStream);

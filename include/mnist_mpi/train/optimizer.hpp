@@ -72,10 +72,14 @@ class Optimizer {
   void restore(const float* m, const float* v, std::int64_t steps_taken);
   // For a checkpoint. Collective when sharded (every rank's moments to rank 0, which puts each
   // rank's ranges where they belong: the checkpoint's full-size layout); unsharded, nothing
-  // collective. Then, on rank 0, checkpoint_moment(0) and (adam) checkpoint_moment(1) are the full
-  // moments in host memory, in flat order (brought from the backend now: Note [Host copies]).
+  // collective. Then, on rank 0, checkpoint_moments() gives the full moments in host memory, in
+  // flat order (brought from the backend now: Note [Host copies]); second is null for sgd.
   void gather_state(Communicator& comm);
-  const float* checkpoint_moment(std::size_t i);  // ask for 0 first: it brings both to host memory
+  struct Moments {
+    const float* first = nullptr;
+    const float* second = nullptr;
+  };
+  Moments checkpoint_moments();
 
  private:
   // The state offset of update()'s range: where its owned range's moments start.

@@ -54,7 +54,8 @@ class StepBoundary {
   CheckpointStats stats() const;
 
  private:
-  void agree_on_errors();  // collective: rank 0's write error, if any, thrown on every rank
+  void checkpoint(const StepEnd& s);  // collective: settle, gather, and rank 0 writes
+  void agree_on_errors();             // collective: rank 0's write error, if any, thrown on every rank
 
   const Options& opt_;
   Communicator& comm_;
