@@ -184,5 +184,18 @@ PY
 ); then passed=$((passed + 1)); echo "ok   target accuracy: $verdict"
 else failed=$((failed + 1)); echo "FAIL target accuracy: $verdict"; cat "$work/t.jsonl" "$work/t0.jsonl"; fi
 
+# Note [A singleton's own session directory]: a run without mpirun keeps out of Open MPI's shared
+# session tree (<tmp>/ompi.<host>.<uid>) and removes its own. The shared tree's name is taken by a
+# plain file here, so a run that used it would fail in MPI_Init (measured before the change: exit
+# 1, "A call to mkdir was unable to create the desired directory").
+tmp_here="$work/tmpdir"
+mkdir -p "$tmp_here"
+touch "$tmp_here/ompi.$(hostname | cut -d. -f1).$(id -u)"
+check singleton_own_session_tree 0 "params_hash" -- env -u OMPI_MCA_orte_tmpdir_base TMPDIR="$tmp_here" \
+  "$bin" "${base[@]}" --batch-size 10 --max-steps 1
+left=$(find "$tmp_here" -mindepth 1 ! -name 'ompi.*' | head -5)
+if [ -z "$left" ]; then passed=$((passed + 1)); echo "ok   the singleton's session tree is removed at exit"
+else failed=$((failed + 1)); echo "FAIL the singleton left in its TMPDIR: $left"; fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -64,6 +64,23 @@ TEST(LaunchEnv, MpirunInsideSlurmIgnoresInheritedLocalId) {
   EXPECT_EQ(e.step_tasks, 0);
 }
 
+// Note [A singleton's own session directory]: any launcher's rank variable means MPI was started
+// for this process by a launcher; none means a singleton.
+TEST(LaunchEnv, LaunchedAloneOnlyWithoutALaunchersRankVariables) {
+  auto alone = [](const std::map<std::string, std::string>& vars) {
+    return launched_alone([&](const char* name) -> const char* {
+      const auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    });
+  };
+  EXPECT_TRUE(alone({}));
+  EXPECT_TRUE(alone({{"SLURM_JOB_ID", "8"}, {"SLURM_LOCALID", "0"}}));  // a batch shell running it
+  EXPECT_FALSE(alone({{"OMPI_COMM_WORLD_SIZE", "1"}}));                 // mpirun -np 1
+  EXPECT_FALSE(alone({{"PMIX_RANK", "0"}}));                            // srun --mpi=pmix
+  EXPECT_FALSE(alone({{"PMI_RANK", "3"}}));                             // srun --mpi=pmi2
+  EXPECT_FALSE(alone({{"PMI_FD", "5"}}));
+}
+
 TEST(LaunchEnv, BatchShellRunningTheProgramItself) {
   const LaunchEnv e = read({{"SLURM_JOB_ID", "8"}, {"SLURM_JOB_NAME", "x"}, {"SLURM_LOCALID", "0"}});
   EXPECT_EQ(e.launcher, "batch");

@@ -6,6 +6,7 @@
 #include <mpi.h>
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,8 +14,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -439,10 +442,40 @@ class MpiCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_mpi_communicator() { return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD); }
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) { return std::make_unique<MpiCommunicator>(comm); }
 
+namespace {
+
+// The singleton's session tree and the process that made it (a forked child must not remove it).
+std::string g_session_tree;
+pid_t g_session_owner = 0;
+
+void remove_session_tree() {
+  if (g_session_tree.empty() || getpid() != g_session_owner) return;
+  std::error_code ignored;  // at exit nothing can be reported; a leftover is only an empty tree in tmp
+  std::filesystem::remove_all(g_session_tree, ignored);
+}
+
+// Note [A singleton's own session directory] (include/mnist_mpi/launch/launch_env.hpp). When no
+// directory can be made, Open MPI is left to its default (and to its own message if that fails).
+void give_the_singleton_its_own_session_tree() {
+  setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+  const char* base = std::getenv("OMPI_MCA_orte_tmpdir_base");
+  if (!base || !*base) base = std::getenv("TMPDIR");
+  if (!base || !*base) base = "/tmp";
+  std::string tree = std::string(base) + "/mnist_mpi-session.XXXXXX";
+  if (!mkdtemp(tree.data())) return;
+  g_session_tree = tree;
+  g_session_owner = getpid();
+  std::atexit(remove_session_tree);
+  setenv("OMPI_MCA_orte_tmpdir_base", tree.c_str(), 1);
+}
+
+}  // namespace
+
 int init_mpi(int* argc, char*** argv) {
+  const auto lookup = [](const char* name) -> const char* { return std::getenv(name); };
   // Note [Open MPI's point-to-point layer on one node] (include/mnist_mpi/launch/launch_env.hpp)
-  if (const char* pml = pml_for_launch([](const char* name) { return std::getenv(name); }))
-    setenv("OMPI_MCA_pml", pml, 0);
+  if (const char* pml = pml_for_launch(lookup)) setenv("OMPI_MCA_pml", pml, 0);
+  if (launched_alone(lookup)) give_the_singleton_its_own_session_tree();
   int provided = MPI_THREAD_SINGLE;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   return provided;

@@ -41,6 +41,13 @@ const char* pml_for_launch(const std::function<const char*(const char*)>& lookup
   return "ob1";  // a singleton: one process
 }
 
+// Note [A singleton's own session directory] (launch_env.hpp)
+bool launched_alone(const std::function<const char*(const char*)>& lookup) {
+  for (const char* launcher_variable : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_FD"})
+    if (lookup(launcher_variable)) return false;
+  return true;
+}
+
 LaunchEnv read_launch_env(const std::function<const char*(const char*)>& lookup) {
   LaunchEnv e;
   e.slurm_job_id = get(lookup, "SLURM_JOB_ID");

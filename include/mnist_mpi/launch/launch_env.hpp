@@ -46,6 +46,28 @@ struct LaunchEnv {
 // launcher at all (a singleton). Returns the pml to ask for, or nullptr to leave it to Open MPI.
 const char* pml_for_launch(const std::function<const char*(const char*)>& lookup);
 
+// Note [A singleton's own session directory]
+// A process started without a launcher is an Open MPI singleton. Open MPI 4.1 (Debian 12) then
+// forks a helper daemon and both put their session directories under one shared tree,
+// <tmp>/ompi.<host>.<uid>/, which the last process to finish removes. Two failures follow when
+// singletons start and end side by side (CTest -j2, a predict next to a training run), each
+// measured with 16 concurrent copies of one unit test on 2 cores:
+//   - MPI_Init fails ("A call to mkdir was unable to create the desired directory ... No such file
+//     or directory") when a neighbour removes the shared tree between this process's mkdirs (CI,
+//     2026-12-04; open-mpi/ompi#8510);
+//   - MPI_Finalize segfaults in Open MPI's progress thread after all work is done (1 in about
+//     1000 processes; core: a libevent callback at an unmapped address while
+//     opal_progress_thread_finalize joins it).
+// So a singleton (no OMPI_COMM_WORLD_SIZE from mpirun, no PMIX_RANK or PMI_RANK from srun) asks
+// for ess_singleton_isolated (no helper daemon: it could only serve MPI_Comm_spawn, never called
+// here; MPI_Init also takes 27 ms instead of 113 ms) and gets a session tree of its own, a fresh
+// directory under OMPI_MCA_orte_tmpdir_base, TMPDIR or /tmp, removed at exit. Both are needed:
+// isolated singletons name their session directory jf.0/1/0, the same for all of them, and 189 of
+// 3000 failed at MPI_Init with a shared tree; with their own trees, 0 of 3000 (against 2 of 2500
+// before any change). A user's own ess_singleton_isolated is kept. Returns whether this process
+// starts as a singleton.
+bool launched_alone(const std::function<const char*(const char*)>& lookup);
+
 // Reads the variables through lookup (getenv's contract: nullptr when unset), for tests.
 LaunchEnv read_launch_env(const std::function<const char*(const char*)>& lookup);
 // Reads this process's environment.
