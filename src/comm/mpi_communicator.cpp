@@ -127,6 +127,9 @@ class MpiCommunicator final : public Communicator {
   void allreduce_sum(std::span<double> d) override {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_DOUBLE, MPI_SUM, comm_));
   }
+  void allreduce_sum(std::span<std::int64_t> d) override {
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_INT64_T, MPI_SUM, comm_));
+  }
   void allreduce_max(std::span<std::int64_t> d) override {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_INT64_T, MPI_MAX, comm_));
   }
@@ -137,6 +140,7 @@ class MpiCommunicator final : public Communicator {
   CommRequest start_allreduce_sum(std::span<float> d) override { return start(d, Kind::kSum); }
   CommRequest start_reduce_scatter_sum(std::span<float> d) override { return start(d, Kind::kScatter); }
   CommRequest start_allgather_shards(std::span<float> d) override { return start(d, Kind::kGather); }
+  CommRequest start_allreduce_sum(std::span<std::int64_t> d) override { return start({}, Kind::kSumInt64, d); }
 
   bool test(CommRequest& req) override {
     std::lock_guard<std::mutex> lk(mu_);
@@ -152,7 +156,7 @@ class MpiCommunicator final : public Communicator {
       while (op.state != Op::kDone) {
         Op& next = *find_queued(run_seq_);
         lk.unlock();
-        reduce(next.data, next.kind);
+        run_op(next);
         lk.lock();
         next.state = Op::kDone;
         next.done_at = Clock::now();
@@ -199,23 +203,26 @@ class MpiCommunicator final : public Communicator {
 
  private:
   // A whole sum, or one of its halves (Note [Shards]).
-  enum class Kind { kSum, kScatter, kGather };
+  // A whole sum of integers (exact: any order; Note [Exact sums in fixed point]).
+  enum class Kind { kSum, kScatter, kGather, kSumInt64 };
   struct Op {
     enum State { kFree, kQueued, kDone } state = kFree;
     std::int64_t seq = 0;
     std::span<float> data;
+    std::span<std::int64_t> ints;  // kSumInt64
     Kind kind = Kind::kSum;
     Clock::time_point done_at;
   };
 
   // Queues a sum or a half of one for the communication thread (one rank: done at once).
-  CommRequest start(std::span<float> d, Kind kind) {
+  CommRequest start(std::span<float> d, Kind kind, std::span<std::int64_t> ints = {}) {
     std::unique_lock<std::mutex> lk(mu_);
     std::size_t slot = 0;
     while (slot < ops_.size() && ops_[slot].state != Op::kFree) ++slot;
     if (slot == ops_.size()) ops_.emplace_back();  // grows to the number of buckets, in the first step
     Op& op = ops_[slot];
     op.data = d;
+    op.ints = ints;
     op.kind = kind;
     op.seq = next_seq_++;
     op.state = size_ == 1 ? Op::kDone : Op::kQueued;
@@ -256,7 +263,7 @@ class MpiCommunicator final : public Communicator {
       lk.unlock();
       if (worker_error_.empty()) {
         try {
-          reduce(op->data, op->kind);
+          run_op(*op);
         } catch (const Error& e) {
           std::lock_guard<std::mutex> g(mu_);
           worker_error_ = e.what();
@@ -268,6 +275,32 @@ class MpiCommunicator final : public Communicator {
       op->done_at = Clock::now();
       ++run_seq_;
       done_cv_.notify_all();
+    }
+  }
+
+  void run_op(Op& op) {
+    if (op.kind == Kind::kSumInt64)
+      reduce_ints(op.ints);
+    else
+      reduce(op.data, op.kind);
+  }
+
+  // An exact sum of integers: the order does not matter (Note [Exact sums in fixed point]), so
+  // Open MPI's own non-blocking allreduce, polled with the naps of Note [A thread for the sums].
+  void reduce_ints(std::span<std::int64_t> d) {
+    if (size_ == 1) return;
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_INT64_T, MPI_SUM, red_, &req));
+    int done = 0, idle = 0;
+    std::chrono::microseconds nap{0};
+    for (;;) {
+      MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      if (++idle > 64 && waiters_.load(std::memory_order_relaxed) == 0) {
+        nap = std::min(kLongestNap, std::max(kShortestNap, 2 * nap));
+        std::unique_lock<std::mutex> lk(mu_);
+        waiter_cv_.wait_for(lk, nap, [&] { return waiters_.load(std::memory_order_relaxed) > 0; });
+      }
     }
   }
 

@@ -133,6 +133,13 @@ class WatchedCommunicator final : public Communicator {
     WatchScope s(&w_, "allreduce_sum (double)");
     in_->allreduce_sum(d);
   }
+  void allreduce_sum(std::span<std::int64_t> d) override {
+    WatchScope s(&w_, "allreduce_sum (int64)");
+    in_->allreduce_sum(d);
+  }
+  CommRequest start_allreduce_sum(std::span<std::int64_t> d) override {
+    return named(in_->start_allreduce_sum(d), "wait for allreduce_sum (int64)");
+  }
   void allreduce_max(std::span<std::int64_t> d) override {
     WatchScope s(&w_, "allreduce_max");
     in_->allreduce_max(d);

@@ -309,6 +309,12 @@ void add_option_table(po::options_description& all, Options& o, std::string& sha
       "MB: cap of the first bucket (the last layers' gradients), which starts earliest")(
       "accumulation-steps", po::value(&o.accumulation_steps)->default_value(d.accumulation_steps),
       "micro-batches per step, summed locally and reduced once (like DDP's no_sync)")(
+      "exact-sums", po::bool_switch(&o.exact_sums),
+      "the same bits on any number of ranks: the global batch is computed in chunks of --exact-chunk images, "
+      "whose gradients are summed exactly as 64-bit integers (one thread per rank; docs/reduction.md)")(
+      "exact-chunk", po::value(&o.exact_chunk)->default_value(d.exact_chunk),
+      "--exact-sums: images per chunk; it divides the global batch, and the number of chunks is the most ranks "
+      "(0 = the largest divisor of the global batch up to 10)")(
       "no-overlap", po::bool_switch(&o.no_overlap),
       "one blocking sum of all gradients after backward (sharded: one blocking reduce-scatter per bucket), "
       "no overlap (for comparison)")(
@@ -462,6 +468,7 @@ void check_counts(const Options& o) {
   positive(o.global_batch_size, "global-batch-size", true);
   positive(o.epochs, "epochs", false);
   positive(o.accumulation_steps, "accumulation-steps", false);
+  positive(o.exact_chunk, "exact-chunk", true);
   positive(o.max_steps, "max-steps", true);
   positive(o.log_every, "log-every", true);
   positive(o.eval_every, "eval-every", true);

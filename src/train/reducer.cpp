@@ -39,12 +39,13 @@ std::vector<Bucket> plan_buckets(const ModelSpec& spec, std::int64_t cap, std::i
 }
 
 Reducer::Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket> buckets, bool overlap,
-                 std::span<float> sharded_params)
+                 std::span<float> sharded_params, std::span<std::int64_t> fixed)
     : comm_(comm),
       grads_(grads),
       buckets_(std::move(buckets)),
       overlap_(overlap),
       params_(sharded_params),
+      fixed_(fixed),
       requests_(buckets_.size()),
       gathers_(params_.empty() ? 0 : buckets_.size()),
       timings_(buckets_.size()) {
@@ -57,6 +58,8 @@ Reducer::Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket>
   }
   MNIST_CHECK(expect == static_cast<std::int64_t>(grads_.size()), ExitCode::kRuntime,
               "buckets must cover the whole gradient buffer: every gradient is averaged");
+  MNIST_CHECK(fixed_.empty() || fixed_.size() >= grads_.size(), ExitCode::kRuntime,
+              "Reducer: the exact sums' integers must cover the gradient buffer");
   for (std::size_t k = 0; k < buckets_.size(); ++k) mine_.push_back(shard(k, comm_.rank()));
 }
 
@@ -75,8 +78,14 @@ void Reducer::start_ready(int layer) {
   while (next_ < buckets_.size() && buckets_[next_].ready_after_layer >= layer) {
     const Bucket& b = buckets_[next_];
     timings_[next_].start = std::chrono::steady_clock::now();
-    const auto range = grads_.subspan(static_cast<std::size_t>(b.begin), static_cast<std::size_t>(b.end - b.begin));
-    requests_[next_] = sharded() ? comm_.start_reduce_scatter_sum(range) : comm_.start_allreduce_sum(range);
+    const auto begin = static_cast<std::size_t>(b.begin), size = static_cast<std::size_t>(b.end - b.begin);
+    if (!fixed_.empty()) {  // the last bucket carries the counters after the gradients
+      const bool last = next_ + 1 == buckets_.size();
+      requests_[next_] = comm_.start_allreduce_sum(last ? fixed_.subspan(begin) : fixed_.subspan(begin, size));
+    } else {
+      const auto range = grads_.subspan(begin, size);
+      requests_[next_] = sharded() ? comm_.start_reduce_scatter_sum(range) : comm_.start_allreduce_sum(range);
+    }
     ++next_;
   }
 }
@@ -89,7 +98,10 @@ double Reducer::start_remaining() {
     start_ready(-1);
     for (std::size_t k = buckets_.size(); k-- > 0;) wait_bucket(k);
   } else {
-    comm_.allreduce_sum(grads_);
+    if (fixed_.empty())
+      comm_.allreduce_sum(grads_);
+    else
+      comm_.allreduce_sum(fixed_);
     const auto t1 = std::chrono::steady_clock::now();
     for (BucketTiming& t : timings_) t = BucketTiming{t0, t1};
   }

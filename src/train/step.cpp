@@ -36,6 +36,7 @@ Step::Step(const StepParts& parts, const StepShape& shape)
   // On the last micro-batch of a step, a layer's gradients become final when the earlier
   // micro-batches' sum is added to them; only then may their bucket start.
   on_layer_done_ = [this](int layer) {
+    if (p_.exact) p_.exact->absorb_layer(p_.grads->data(), layer, exact_first_chunk_);
     if (accumulating_) {
       const auto [begin, size] = layer_params_[static_cast<std::size_t>(layer)];
       if (size > 0) p_.backend->add(p_.grads->data() + begin, accum_->data() + begin, size);
@@ -71,7 +72,10 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
     graph_->replay();  // host times of the parts are not known: one launch
     ++replays_;
   } else {
-    body(step, lr, poison, r.timing);
+    if (p_.exact)
+      body_exact(step, lr, poison, r.timing);
+    else
+      body(step, lr, poison, r.timing);
   }
   ++runs_;
   p_.guard->end_step(step);
@@ -140,7 +144,83 @@ void Step::body(std::int64_t step, double lr, bool poison, StepTiming& timing) {
 // sum is this rank's shard of it, which is all the rank checks and updates; the guard's verdicts
 // are then agreed on, and every bucket's parameters are gathered, updated or not, so that every
 // rank starts the same collectives in the same order.
-void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, StepTiming& t) {
+// Note [Exact sums in fixed point]; the limits: Note [Where the shift comes from]. Every rank runs
+// its chunks one after another with kernels of the chunk's batch, so a chunk's gradient is the
+// same bits on whichever rank computes it; backward of the last one starts the buckets of integers
+// as its layers finish. The sums' counters decide, the same on every rank: a value beyond its
+// tensor's limit means probe and compute the step again.
+void Step::body_exact(std::int64_t step, double lr, bool poison, StepTiming& timing) {
+  p_.guard->begin_step();
+  ExactSums& x = *p_.exact;
+  LossMeter* loss = p_.loss;  // the loss of the step is counted once, whatever is computed again
+  for (;;) {
+    if (x.needs_probe()) {
+      exact_pass(step, /*probe=*/true, false, *p_.scratch_loss, timing);
+      x.finish_probe(p_.reducer->communicator());
+    }
+    const Clock::time_point backward_end = exact_pass(step, false, poison, *loss, timing);
+    timing.exposed_comm += p_.reducer->start_remaining();
+    for (std::size_t k = p_.reducer->buckets().size(); k-- > 0;)  // in start order they complete
+      timing.exposed_comm += p_.reducer->wait_bucket(k);
+    if (x.out_of_range() == 0 || x.nonfinite() > 0) {
+      const auto c0 = Clock::now();
+      x.to_float(p_.grads->data());
+      timing.optimizer += seconds(Clock::now() - c0);
+      apply(step, lr, backward_end, timing, /*sums_in=*/true);
+      return;
+    }
+    x.require_probe();  // out of range: the exact limits of this step, then the step again
+    loss = p_.scratch_loss;
+  }
+}
+
+Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, LossMeter& loss, StepTiming& timing) {
+  ExactSums& x = *p_.exact;
+  const ModelSpec& spec = p_.model->spec();
+  Timeline* const tl = probe ? nullptr : p_.timeline;
+  if (probe)
+    x.begin_probe();
+  else
+    x.begin_pass();
+  Clock::time_point backward_end;
+  for (std::int64_t j = 0; j < shape_.my_chunks.count; ++j) {
+    const bool last = j + 1 == shape_.my_chunks.count;
+    const Slice slice = p_.sampler->slice(step, shape_.my_chunks.first + j, shape_.chunks);  // c images
+    const auto m0 = Clock::now();
+    p_.data->gather(slice.position, slice.count, p_.model->input());
+    const auto m1 = Clock::now();
+    const StepContext ctx{true, shape_.seed, step, slice.first};
+    p_.model->forward(ctx);
+    p_.backend->softmax_cross_entropy(p_.model->logits(), p_.data->labels(), static_cast<int>(slice.count),
+                                      spec.num_classes(), p_.model->dlogits(), grad_scale_, loss);
+    p_.guard->after_loss(loss, p_.model->dlogits(), poison && last);
+    const auto m2 = Clock::now();
+    if (tl) tl->backward_starts(m2, step);
+    exact_first_chunk_ = j == 0;
+    if (probe) {
+      p_.model->backward(ctx);
+      x.probe_chunk(p_.grads->data());
+    } else if (last) {
+      p_.model->backward(ctx, on_layer_done_);  // absorbs each layer, then starts its buckets
+    } else {
+      p_.model->backward(ctx);
+      x.absorb_all(p_.grads->data(), exact_first_chunk_);
+    }
+    const auto m3 = Clock::now();
+    if (tl) {
+      tl->record(SpanKind::kData, m0, m1, step, static_cast<std::int32_t>(j));
+      tl->record(SpanKind::kForward, m1, m2, step, static_cast<std::int32_t>(j));
+      if (!last) tl->record(SpanKind::kBackward, m2, m3, step);
+    }
+    backward_end = m3;
+    timing.data += seconds(m1 - m0);
+    timing.forward += seconds(m2 - m1);
+    timing.backward += seconds(m3 - m2);
+  }
+  return backward_end;
+}
+
+void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, StepTiming& t, bool sums_in) {
   Reducer& reducer = *p_.reducer;
   const std::vector<Bucket>& buckets = reducer.buckets();
   const bool sharded = reducer.sharded();
@@ -148,10 +228,15 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
     const ParamRange mine = reducer.shard(k);
     return p_.guard->bucket_ok(p_.grads->data() + mine.begin, mine.end - mine.begin);
   };
-  t.exposed_comm = reducer.start_remaining();
   bool finite = true;
   std::size_t waited = 0;  // buckets whose sums are in
-  if (shape_.check_all_first) {
+  if (sums_in) {
+    for (; waited < buckets.size(); ++waited) finite = finite && ok(waited);
+    if (sharded) finite = p_.guard->agree(reducer.communicator()) && finite;
+  } else {
+    t.exposed_comm = reducer.start_remaining();
+  }
+  if (shape_.check_all_first && !sums_in) {
     for (; waited < buckets.size(); ++waited) {
       t.exposed_comm += reducer.wait_bucket(waited);
       finite = finite && ok(waited);
@@ -187,7 +272,7 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
   // The gathers first: on the CPU the caller then sleeps in wait() while the communication thread
   // has the core, where a blocking collective beside it would spin against it.
   t.exposed_comm += reducer.wait_gathers();
-  if (!shape_.check_all_first) p_.guard->agree(reducer.communicator());
+  if (!shape_.check_all_first && !sums_in) p_.guard->agree(reducer.communicator());
 }
 
 }  // namespace mnist_mpi

@@ -38,6 +38,9 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   MNIST_CHECK(!opt_.cuda_graph || device_.cuda, ExitCode::kUsage,
               "--cuda-graph needs a GPU, and --device auto found none on " + comm_.host() + ": drop --cuda-graph");
   const std::int64_t world = comm_.size();
+  MNIST_CHECK(!opt_.exact_sums || !device_.cuda, ExitCode::kUsage,
+              "--exact-sums runs on the CPU backend only so far (the GPU's integer sums are not written yet): "
+              "use --device cpu, or drop --exact-sums");
   // --shard-optimizer auto: sharded on the CPU with 2 or more ranks (Note [Sharded optimiser state]
   // in include/mnist_mpi/train/optimizer.hpp); the CUDA path shards only when asked, until NCCL's
   // reduce-scatter and all-gather have run across two GPUs (on one GPU: docs/gpu.md).
@@ -72,9 +75,10 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   timeline_ = monitor_->timeline();
   step_ = std::make_unique<Step>(
       StepParts{backend_.get(), train_model_.get(), params_.get(), grads_.get(), reducer_.get(), optimizer_.get(),
-                guard_.get(), sampler_.get(), train_data_.get(), train_loss_.get(), timeline_},
+                guard_.get(), sampler_.get(), train_data_.get(), train_loss_.get(), timeline_, exact_.get(),
+                scratch_loss_.get()},
       StepShape{comm_.rank(), comm_.size(), accumulation_, batch_, global_batch_, opt_.seed, opt_.skip_nonfinite_steps,
-                opt_.cuda_graph});
+                opt_.cuda_graph, exact_ ? global_batch_ / exact_chunk_ : 0, my_chunks_});
   monitor_->on_start(start_facts(threads, gpus));  // which GPU (every rank), the banner, the "start" event
 }
 
@@ -138,6 +142,12 @@ void Trainer::resolve_batch_sizes(std::int64_t train_count) {
                     (accumulation_ > 1 ? " or --accumulation-steps" : "") + (world > 1 ? ", or use fewer ranks" : ""));
   }
   rank_images_ = images_in_parts(global_batch_, parts, comm_.rank() * accumulation_, accumulation_);
+  if (opt_.exact_sums) {  // Note [Chunks of the global batch]: the model runs one chunk at a time
+    exact_chunk_ = opt_.exact_chunk > 0 ? opt_.exact_chunk : default_exact_chunk(global_batch_);
+    my_chunks_ = rank_chunks(global_batch_, exact_chunk_, world, comm_.rank());
+    batch_ = exact_chunk_;
+    rank_images_ = my_chunks_.count * exact_chunk_;
+  }
   MNIST_CHECK(batch_ <= std::numeric_limits<int>::max(), ExitCode::kUsage,
               "a batch of " + std::to_string(batch_) +
                   " images per rank is more than this program can hold; give a "
@@ -148,6 +158,12 @@ void Trainer::resolve_batch_sizes(std::int64_t train_count) {
 // threads per rank (CPU).
 int Trainer::set_up_backend(const GpuProbe& gpus) {
   int threads = opt_.threads;
+  // --exact-sums: a chunk's gradient must be the same bits on every rank, and the CPU kernels'
+  // sums over threads are cut by the number of threads (measured: lenet, 1 and 2 threads, other bits).
+  MNIST_CHECK(!opt_.exact_sums || threads <= 1, ExitCode::kUsage,
+              "--exact-sums computes with one thread per rank (the kernels' sums depend on the number of threads); "
+              "drop --threads " + std::to_string(threads) + " and start more ranks to use more cores");
+  if (opt_.exact_sums) threads = 1;
   if (threads == 0)
     threads = comm_.local_size() > 1 ? 1 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   backend_ = make_backend(device_, threads, opt_.precision == "tf32");
@@ -189,9 +205,14 @@ void Trainer::make_training_state() {
     return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * 1048576.0 / sizeof(float)));
   };
   const auto flat = [&](Buffer& b) { return std::span<float>(b.data(), static_cast<std::size_t>(spec_.param_count)); };
+  if (opt_.exact_sums) {
+    exact_ = std::make_unique<ExactSums>(spec_, global_batch_ / exact_chunk_);
+    scratch_loss_ = backend_->make_loss_meter();
+  }
   reducer_ = std::make_unique<Reducer>(
       *grad_comm_, flat(*grads_), plan_buckets(spec_, mb_to_elems(opt_.bucket_mb), mb_to_elems(opt_.first_bucket_mb)),
-      !opt_.no_overlap, sharded_ ? flat(*params_) : std::span<float>());
+      !opt_.no_overlap, sharded_ ? flat(*params_) : std::span<float>(),
+      exact_ ? exact_->fixed() : std::span<std::int64_t>());
   // Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp)
   if (sharded_) {
     std::vector<std::vector<ParamRange>> every_rank;

@@ -73,11 +73,15 @@ class Communicator {
   // to rounding, not bitwise.
   virtual void allreduce_sum(std::span<float> data) = 0;
   virtual void allreduce_sum(std::span<double> data) = 0;
+  // Sums of 64-bit integers (--exact-sums: Note [Exact sums in fixed point]), always in host
+  // memory: exact, so neither the order nor the grouping of the additions changes a bit.
+  virtual void allreduce_sum(std::span<std::int64_t> data) = 0;
   virtual void allreduce_max(std::span<std::int64_t> data) = 0;
   virtual void allreduce_min(std::span<std::int64_t> data) = 0;
   // Starts an in-place sum (as allreduce_sum); data must stay valid and untouched until wait()
   // returns. Sums complete in the order they were started.
   virtual CommRequest start_allreduce_sum(std::span<float> data) = 0;
+  virtual CommRequest start_allreduce_sum(std::span<std::int64_t> data) = 0;  // host memory, exact
   // The halves of a sum (Note [Shards]), started like start_allreduce_sum and completing in start
   // order with the sums. After a reduce-scatter this rank's shard shard_of(data.size(), rank(),
   // size()) holds exactly the bits allreduce_sum would leave there; the rest of data is undefined

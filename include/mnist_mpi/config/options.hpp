@@ -49,6 +49,12 @@ struct Options {
   enum class Sharding { kAuto, kOn, kOff };
   Sharding shard_optimizer = Sharding::kAuto;
   std::int64_t accumulation_steps = 1;
+  // --exact-sums (Note [Exact sums in fixed point], docs/reduction.md): the gradient of the global
+  // batch summed in chunks of exact_chunk images as 64-bit integers, so that the parameters are the
+  // same bits on any number of ranks. exact_chunk 0: the largest divisor of the global batch that
+  // is at most kDefaultExactChunk.
+  bool exact_sums = false;
+  std::int64_t exact_chunk = 0;
   // checkpoints (docs/checkpoint.md)
   std::string checkpoint_dir;         // empty: no checkpoints
   std::int64_t checkpoint_every = 0;  // steps; 0: only at epoch ends and at the end of the run

@@ -33,8 +33,11 @@ class Reducer {
   // reduce-scattered instead of summed, so that only this rank's shard of it (shard()) holds the
   // summed gradient, and start_gather() hands the updated shards of a bucket's parameters to every
   // rank. --no-overlap then reduce-scatters every bucket, blocking, after backward.
+  // fixed (--exact-sums, include/mnist_mpi/train/exact_sums.hpp): the integers to sum instead of
+  // grads, param_count of them and then extra counters, which the last bucket carries. Every
+  // bucket's integers are then summed whole (an allreduce, sharded or not), exactly.
   Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket> buckets, bool overlap,
-          std::span<float> sharded_params = {});
+          std::span<float> sharded_params = {}, std::span<std::int64_t> fixed = {});
 
   // Call after backward finished `layer` (layers come in descending order): starts every bucket
   // whose gradients are now final, in index order.
@@ -76,6 +79,7 @@ class Reducer {
   std::vector<ParamRange> mine_;  // shard(k, this rank) per bucket: computed once, read every step
   bool overlap_;
   std::span<float> params_;            // sharded: the parameters to gather; empty otherwise
+  std::span<std::int64_t> fixed_;      // --exact-sums: the integers summed instead of grads_
   std::vector<CommRequest> requests_;  // one per bucket, made once
   std::vector<CommRequest> gathers_;   // sharded: one per bucket
   std::vector<BucketTiming> timings_;  // one per bucket, made once

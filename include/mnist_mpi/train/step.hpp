@@ -18,6 +18,7 @@
 #include "mnist_mpi/run_facts.hpp"  // StepTiming
 #include "mnist_mpi/report/timeline.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
+#include "mnist_mpi/train/exact_sums.hpp"
 #include "mnist_mpi/train/reducer.hpp"
 
 namespace mnist_mpi {
@@ -35,6 +36,8 @@ struct StepParts {
   DataSource* data = nullptr;    // the training split where the backend computes
   LossMeter* loss = nullptr;     // the training loss, summed over the log window
   Timeline* timeline = nullptr;  // null unless --timeline
+  ExactSums* exact = nullptr;    // --exact-sums; null otherwise
+  LossMeter* scratch_loss = nullptr;  // --exact-sums: the loss of a pass computed again (not counted twice)
 };
 
 // The shape of the step, fixed for the run.
@@ -46,6 +49,10 @@ struct StepShape {
   std::uint64_t seed = 0;         // dropout key
   bool check_all_first = false;   // --skip-nonfinite-steps: every bucket checked before any is applied
   bool graph = false;             // --cuda-graph: Note [A step as one CUDA graph]
+  // --exact-sums: the global batch's chunks and this rank's (Note [Chunks of the global batch]);
+  // batch is then the chunk's size.
+  std::int64_t chunks = 0;
+  ChunkRange my_chunks;
 };
 
 struct StepResult {
@@ -67,7 +74,15 @@ class Step {
   void use_order(std::int64_t epoch);  // the data source's order is that of `epoch`
   // Waits for every bucket's sum, checks it and applies it; stops applying at the first bucket the
   // guard refuses (every sum is still waited for: none is left in flight).
-  void apply(std::int64_t step, double lr, std::chrono::steady_clock::time_point backward_end, StepTiming& t);
+  // sums_in: every bucket's sum is already in (--exact-sums); all are checked before any is applied.
+  void apply(std::int64_t step, double lr, std::chrono::steady_clock::time_point backward_end, StepTiming& t,
+             bool sums_in = false);
+  // --exact-sums: the step's work (include/mnist_mpi/train/exact_sums.hpp).
+  void body_exact(std::int64_t step, double lr, bool poison, StepTiming& timing);
+  // One pass over this rank's chunks: probe (only the largest values) or sum into the integers;
+  // returns when backward of the last chunk ended.
+  std::chrono::steady_clock::time_point exact_pass(std::int64_t step, bool probe, bool poison, LossMeter& loss,
+                                                   StepTiming& timing);
 
   StepParts p_;
   StepShape shape_;
@@ -77,6 +92,7 @@ class Step {
   std::vector<std::pair<std::int64_t, std::int64_t>> layer_params_;  // (offset, size) per layer
   bool accumulating_ = false;                                        // the last micro-batch of an accumulated step
   std::function<void(int)> on_layer_done_;  // made once: finishes a layer's gradient, starts buckets
+  bool exact_first_chunk_ = false;          // --exact-sums: the pass's first chunk assigns the integers
   std::int64_t order_epoch_ = -1;           // the epoch whose order p_.data holds
   std::unique_ptr<StepGraph> graph_;        // --cuda-graph: the step, captured at its second run
   std::int64_t runs_ = 0;                   // steps run by this Step

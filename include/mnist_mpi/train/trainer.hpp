@@ -28,6 +28,7 @@
 #include "mnist_mpi/report/monitor.hpp"
 #include "mnist_mpi/resilience/fault.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
+#include "mnist_mpi/train/exact_sums.hpp"
 #include "mnist_mpi/train/reducer.hpp"
 #include "mnist_mpi/train/step.hpp"
 #include "mnist_mpi/train/step_boundary.hpp"
@@ -158,6 +159,12 @@ class Trainer final : private CheckpointSource {
   std::unique_ptr<Model> train_model_, eval_model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Reducer> reducer_;
+  // --exact-sums (include/mnist_mpi/train/exact_sums.hpp): the chunk, this rank's chunks, the
+  // integers and limits, and a loss meter for passes computed again.
+  std::int64_t exact_chunk_ = 0;
+  ChunkRange my_chunks_;
+  std::unique_ptr<ExactSums> exact_;
+  std::unique_ptr<LossMeter> scratch_loss_;
   std::unique_ptr<StepGuard> guard_;            // the backend's (Note [Non-finite steps])
   std::unique_ptr<Checkpointer> checkpointer_;  // resume, the checkpoint writer, retention (checkpointer.hpp)
   std::unique_ptr<StepBoundary> boundary_;      // the per-step agreement and decision (step_boundary.hpp)

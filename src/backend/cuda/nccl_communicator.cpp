@@ -32,6 +32,8 @@ class HostForwarding : public Communicator {
   std::string host() const override { return host_.host(); }
   bool device_buffers() const override { return true; }
   void allreduce_sum(std::span<double> d) override { host_.allreduce_sum(d); }
+  void allreduce_sum(std::span<std::int64_t> d) override { host_.allreduce_sum(d); }
+  CommRequest start_allreduce_sum(std::span<std::int64_t> d) override { return host_.start_allreduce_sum(d); }
   void allreduce_max(std::span<std::int64_t> d) override { host_.allreduce_max(d); }
   void allreduce_min(std::span<std::int64_t> d) override { host_.allreduce_min(d); }
   void broadcast(std::span<std::uint8_t> d, int root) override { host_.broadcast(d, root); }

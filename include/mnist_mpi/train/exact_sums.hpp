@@ -1,0 +1,93 @@
+// --exact-sums: the gradient of the global batch as an exact sum of its chunks' gradients (Note
+// [Chunks of the global batch] in include/mnist_mpi/data/sampler.hpp), so that the parameters do
+// not depend on the number of ranks. Each rank turns each of its chunks' gradients into 64-bit
+// fixed point (Note [Exact sums in fixed point] in include/mnist_mpi/exact_sum.hpp) with one shift
+// per parameter tensor, adds them up as integers, the reducer sums the integers over the ranks
+// (exact, in any order), and every rank turns the sum back into float once.
+//
+// Note [Where the shift comes from]
+// The shift of a tensor must be the same on every rank and for every number of ranks, and must be
+// known before the first chunk is turned into integers. Taking it from the exact MAX of this
+// step's chunks would need every chunk's gradient kept until all are computed (lenet: 13 MB a
+// chunk) or computed twice. Instead it is predicted: a tensor's limit is 2^(e + kHeadroomBits),
+// where 2^(e-1) <= max|g| < 2^e over the tensor's summed gradient of the previous step, which
+// every rank holds bit for bit whatever the number of ranks. A chunk value at or beyond the limit
+// cannot be represented; such values are counted (as are non-finite ones) in two counters summed
+// with the last bucket, so every rank learns the same counts from the same integers. A step
+// with a value out of range is computed again: first a probe pass that takes the exact MAX over
+// all chunks of every rank (one allreduce of one integer per tensor), then the step with limits
+// from it, which cannot be exceeded. The first step of a run has no previous gradient and is
+// probed. Everything that chooses a limit is a function of bits that do not depend on the number
+// of ranks, so neither do the limits, the integers or the parameters; the limits of the next step
+// are saved in checkpoints, so a resumed run continues with the limits the straight run had.
+// Precision: a value is rounded to a multiple of 2^-shift = 2^(limit + ceil(log2 chunks) - 62),
+// that is 2^(e - 46 + ceil(log2 chunks)): 46 - ceil(log2 chunks) bits below the previous step's
+// largest element of the tensor (40 for 100 chunks; a float has 24). A tensor whose gradient
+// shrinks by 2^k in one step keeps k bits fewer, for that step. A gradient that grows past the
+// headroom costs one probe and a second pass (counted: the "final" event's exact_sum_probes).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/model/spec.hpp"
+
+namespace mnist_mpi {
+
+// The largest default chunk (--exact-chunk 0): the largest divisor of the global batch up to this.
+inline constexpr std::int64_t kDefaultExactChunk = 10;
+std::int64_t default_exact_chunk(std::int64_t global_batch);
+
+class ExactSums {
+ public:
+  static constexpr int kHeadroomBits = 16;
+  static constexpr std::int32_t kUnknown = INT32_MIN;  // no limit yet: the next step is probed
+
+  // chunks: of the global batch (every rank's); the terms of every sum.
+  ExactSums(const ModelSpec& spec, std::int64_t chunks);
+
+  // The integers the reducer sums: param_count sums, then the out-of-range and non-finite counts.
+  std::span<std::int64_t> fixed() { return fixed_; }
+  std::int64_t out_of_range() const { return fixed_[count_]; }
+  std::int64_t nonfinite() const { return fixed_[count_ + 1]; }
+
+  bool needs_probe() const { return needs_probe_; }
+  void require_probe() { needs_probe_ = true; }
+  // A probe pass: begin_probe, probe_chunk for each of this rank's chunks, finish_probe on every rank.
+  void begin_probe();
+  void probe_chunk(const float* grads);
+  void finish_probe(Communicator& comm);
+
+  // A pass: begin_pass, then each chunk's gradients added to the integers, tensor by tensor
+  // (absorb_layer as backward finishes each layer of the last chunk, absorb_all for the others).
+  void begin_pass();
+  void absorb_layer(const float* grads, int layer, bool first_chunk);
+  void absorb_all(const float* grads, bool first_chunk);
+  // After the sums: the mean gradient in float (every element; NaN everywhere when a chunk had a
+  // non-finite value, for the step guard), and the next step's limits from it.
+  void to_float(float* grads);
+
+  // The limits of the next step, one exponent per tensor (checkpoints); kUnknown: probe.
+  const std::vector<std::int32_t>& limits() const { return limit_; }
+  void set_limits(std::span<const std::int32_t> limits);
+  std::int64_t probes() const { return probes_; }
+
+ private:
+  void set_scales(std::size_t t);
+  void absorb(const float* grads, std::size_t t, bool first_chunk);
+
+  std::vector<ParamTensor> tensors_;
+  std::vector<std::vector<std::size_t>> layer_tensors_;  // tensors of each layer
+  std::int64_t count_ = 0, chunks_ = 0;
+  std::vector<std::int64_t> fixed_;   // count_ + 2
+  std::vector<std::int32_t> limit_;   // per tensor: values must be < 2^limit
+  std::vector<double> scale_, unscale_;  // 2^shift and 2^-shift per tensor
+  std::vector<float> bound_;              // 2^limit as a float (inf when beyond float's range)
+  std::vector<std::int64_t> probe_max_;   // per tensor: the largest exponent seen (probe)
+  bool needs_probe_ = true;
+  std::int64_t probes_ = 0;
+};
+
+}  // namespace mnist_mpi

@@ -1,0 +1,155 @@
+// --exact-sums: chunks' gradients to 64-bit fixed point and back (include/mnist_mpi/train/exact_sums.hpp).
+#include "mnist_mpi/train/exact_sums.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "mnist_mpi/check.hpp"
+#include "mnist_mpi/exact_sum.hpp"
+
+namespace mnist_mpi {
+
+std::int64_t default_exact_chunk(std::int64_t global_batch) {
+  for (std::int64_t c = std::min(kDefaultExactChunk, global_batch); c > 1; --c)
+    if (global_batch % c == 0) return c;
+  return 1;
+}
+
+ExactSums::ExactSums(const ModelSpec& spec, std::int64_t chunks)
+    : tensors_(spec.params),
+      layer_tensors_(spec.layers.size()),
+      count_(spec.param_count),
+      chunks_(chunks),
+      fixed_(static_cast<std::size_t>(spec.param_count) + 2, 0),
+      limit_(spec.params.size(), kUnknown),
+      scale_(spec.params.size(), 1.0),
+      unscale_(spec.params.size(), 1.0),
+      bound_(spec.params.size(), 0.0f),
+      probe_max_(spec.params.size(), 0) {
+  MNIST_CHECK(chunks >= 1 && chunks <= (std::int64_t{1} << 30), ExitCode::kRuntime, "exact sums: 1 to 2^30 chunks");
+  for (std::size_t t = 0; t < tensors_.size(); ++t)
+    layer_tensors_.at(static_cast<std::size_t>(tensors_[t].layer)).push_back(t);
+}
+
+// Note [Exact sums in fixed point]: |q| <= 2^(62 - ceil(log2 chunks)) for |x| < 2^limit.
+void ExactSums::set_scales(std::size_t t) {
+  const int shift = 62 - ceil_log2(chunks_) - limit_[t];
+  scale_[t] = std::ldexp(1.0, shift);
+  unscale_[t] = std::ldexp(1.0, -shift);
+  bound_[t] = limit_[t] >= 128 ? std::numeric_limits<float>::infinity() : std::ldexp(1.0f, limit_[t]);
+}
+
+void ExactSums::set_limits(std::span<const std::int32_t> limits) {
+  MNIST_CHECK(limits.size() == limit_.size(), ExitCode::kCheckpoint,
+              "the checkpoint's exact-sum limits are for " + std::to_string(limits.size()) + " tensors, the model has " +
+                  std::to_string(limit_.size()));
+  needs_probe_ = false;
+  for (std::size_t t = 0; t < limit_.size(); ++t) {
+    MNIST_CHECK(limits[t] == kUnknown || (limits[t] > -400 && limits[t] < 400), ExitCode::kCheckpoint,
+                "the checkpoint's exact-sum limit of tensor " + tensors_[t].name + " is out of range");
+    limit_[t] = limits[t];
+    if (limit_[t] == kUnknown)
+      needs_probe_ = true;
+    else
+      set_scales(t);
+  }
+}
+
+void ExactSums::begin_probe() { std::fill(probe_max_.begin(), probe_max_.end(), std::int64_t{-1000}); }
+
+// The exponent e of max|x| (max|x| < 2^e); a non-finite value counts as the largest there is.
+void ExactSums::probe_chunk(const float* grads) {
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    const float* g = grads + tensors_[t].offset;
+    float m = 0.0f;
+    bool finite = true;
+    for (std::int64_t i = 0; i < tensors_[t].size; ++i) {
+      const float a = std::fabs(g[i]);
+      finite = finite && std::isfinite(a);
+      m = a > m ? a : m;
+    }
+    int e = 0;
+    if (m > 0.0f && finite) std::frexp(m, &e);
+    if (!finite) e = 200;  // beyond every float: the pass then counts it as non-finite
+    if (m > 0.0f || !finite) probe_max_[t] = std::max<std::int64_t>(probe_max_[t], e);
+  }
+}
+
+void ExactSums::finish_probe(Communicator& comm) {
+  comm.allreduce_max(probe_max_);
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    // All zero: any limit holds them; keep a known one, or take 0.
+    if (probe_max_[t] > -1000)
+      limit_[t] = static_cast<std::int32_t>(probe_max_[t]);
+    else if (limit_[t] == kUnknown)
+      limit_[t] = 0;
+    set_scales(t);
+  }
+  needs_probe_ = false;
+  ++probes_;
+}
+
+void ExactSums::begin_pass() {
+  MNIST_CHECK(!needs_probe_, ExitCode::kRuntime, "exact sums: a pass before the limits are known");
+  fixed_[static_cast<std::size_t>(count_)] = 0;
+  fixed_[static_cast<std::size_t>(count_) + 1] = 0;
+}
+
+void ExactSums::absorb(const float* grads, std::size_t t, bool first_chunk) {
+  const ParamTensor& p = tensors_[t];
+  const float* g = grads + p.offset;
+  std::int64_t* q = fixed_.data() + p.offset;
+  const double scale = scale_[t];
+  const float bound = bound_[t];
+  std::int64_t outside = 0, nonfinite = 0;
+  for (std::int64_t i = 0; i < p.size; ++i) {
+    const float x = g[i];
+    std::int64_t v = 0;
+    if (std::fabs(x) < bound) {  // false for NaN
+      v = std::llrint(static_cast<double>(x) * scale);  // exact product; rounded to nearest even
+    } else if (std::isfinite(x)) {
+      ++outside;
+    } else {
+      ++nonfinite;
+    }
+    q[i] = first_chunk ? v : q[i] + v;
+  }
+  fixed_[static_cast<std::size_t>(count_)] += outside;
+  fixed_[static_cast<std::size_t>(count_) + 1] += nonfinite;
+}
+
+void ExactSums::absorb_layer(const float* grads, int layer, bool first_chunk) {
+  for (const std::size_t t : layer_tensors_.at(static_cast<std::size_t>(layer))) absorb(grads, t, first_chunk);
+}
+
+void ExactSums::absorb_all(const float* grads, bool first_chunk) {
+  for (std::size_t t = 0; t < tensors_.size(); ++t) absorb(grads, t, first_chunk);
+}
+
+void ExactSums::to_float(float* grads) {
+  if (nonfinite() > 0) {  // the step guard refuses it (Note [Non-finite steps]); the limits stay
+    std::fill(grads, grads + count_, std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    const ParamTensor& p = tensors_[t];
+    const std::int64_t* q = fixed_.data() + p.offset;
+    float* g = grads + p.offset;
+    const double unscale = unscale_[t];
+    float m = 0.0f;
+    for (std::int64_t i = 0; i < p.size; ++i) {
+      g[i] = static_cast<float>(static_cast<double>(q[i]) * unscale);
+      m = std::max(m, std::fabs(g[i]));
+    }
+    if (m > 0.0f && std::isfinite(m)) {  // Note [Where the shift comes from]; an all-zero gradient keeps its limit
+      int e = 0;
+      std::frexp(m, &e);
+      limit_[t] = e + kHeadroomBits;
+      set_scales(t);
+    }
+  }
+}
+
+}  // namespace mnist_mpi
