@@ -89,6 +89,8 @@ struct FinalFacts {
   CheckpointStats checkpoints;  // capture_ms and write_ms: totals over the checkpoints written
   std::int64_t skipped_steps = 0;
   TargetFacts target;
+  // --exact-sums: the chunk (0: off) and the probe passes (Note [Where the shift comes from]).
+  std::int64_t exact_chunk = 0, exact_sum_probes = 0;
 };
 
 }  // namespace mnist_mpi

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <string_view>
 #include <type_traits>
 #include <limits>
 
@@ -191,8 +192,9 @@ std::int64_t checkpoint_file_step(const std::string& name) {
 
 // ---- encoder ----
 
-CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& config, bool second_moment)
-    : count_(spec.param_count), second_(second_moment) {
+CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& config, bool second_moment,
+                                     std::int64_t exact_chunk)
+    : count_(spec.param_count), second_(second_moment), exact_chunk_(exact_chunk), tensors_(spec.params.size()) {
   // The fixed sections, each built as its payload first.
   std::vector<std::uint8_t> spec_p, conf_p, pidx_p;
   Appender s{spec_p};
@@ -227,9 +229,12 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
                         {"PARM", tensor_bytes, &parm_at_},
                         {"MOM1", tensor_bytes, &mom1_at_},
                         {"MOM2", second_ ? tensor_bytes : 0, &mom2_at_},
+                        {"EXSM", 12 + 4 * tensors_, &exsm_at_},  // --exact-sums runs only
                         {"END ", 16, &end_at}};
-  std::size_t size = kHeaderBytes;
+  std::size_t size = kHeaderBytes, sections = 0;
   for (const Part& p : parts) {
+    if (std::string_view(p.tag) == "EXSM" && exact_chunk_ == 0) continue;
+    ++sections;
     *p.at = size;
     size += kSectionHeaderBytes + pad8(p.length);
   }
@@ -239,15 +244,20 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
   put<std::uint32_t>(b + 8, kCheckpointVersion);
   put<std::uint32_t>(b + 12, crc32c(b, 12));
   for (const Part& p : parts) {
+    if (std::string_view(p.tag) == "EXSM" && exact_chunk_ == 0) continue;
     std::memcpy(b + *p.at, p.tag, 4);
     put<std::uint64_t>(b + *p.at + 8, p.length);
+  }
+  if (exact_chunk_ > 0) {
+    put<std::int64_t>(b + exsm_at_ + kSectionHeaderBytes, exact_chunk_);
+    put<std::uint32_t>(b + exsm_at_ + kSectionHeaderBytes + 8, static_cast<std::uint32_t>(tensors_));
   }
   // std::copy, not memcpy: a section may be empty (a CONF without options), and memcpy from
   // an empty vector's null data() is undefined even for zero bytes.
   std::copy(spec_p.begin(), spec_p.end(), b + spec_at + kSectionHeaderBytes);
   std::copy(conf_p.begin(), conf_p.end(), b + conf_at + kSectionHeaderBytes);
   std::copy(pidx_p.begin(), pidx_p.end(), b + pidx_at + kSectionHeaderBytes);
-  put<std::uint64_t>(b + end_at + kSectionHeaderBytes, std::size(parts) - 1);  // sections before END
+  put<std::uint64_t>(b + end_at + kSectionHeaderBytes, sections - 1);  // sections before END
   put<std::uint64_t>(b + end_at + kSectionHeaderBytes + 8, size);
   for (std::size_t at : {spec_at, conf_at, pidx_at, end_at}) {
     const std::size_t len = get<std::uint64_t>(b + at + 8);
@@ -255,9 +265,14 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
   }
 }
 
-void CheckpointEncoder::capture(const CheckpointMeta& meta, const float* params, const float* m, const float* v) {
+void CheckpointEncoder::capture(const CheckpointMeta& meta, const float* params, const float* m, const float* v,
+                                std::span<const std::int32_t> exact_limits) {
   meta_ = meta;
   std::uint8_t* b = image_.data();
+  MNIST_CHECK(exact_limits.size() == (exact_chunk_ > 0 ? tensors_ : 0), ExitCode::kRuntime,
+              "checkpoint: exact-sum limits for every tensor of an --exact-sums run, and only then");
+  for (std::size_t t = 0; t < exact_limits.size(); ++t)
+    put<std::int32_t>(b + exsm_at_ + kSectionHeaderBytes + 12 + 4 * t, exact_limits[t]);
   encode_meta(b + meta_at_ + kSectionHeaderBytes, meta);
   const std::size_t n = static_cast<std::size_t>(count_) * sizeof(float);
   std::memcpy(b + parm_at_ + kSectionHeaderBytes, params, n);
@@ -267,7 +282,8 @@ void CheckpointEncoder::capture(const CheckpointMeta& meta, const float* params,
 
 void CheckpointEncoder::seal() {
   std::uint8_t* b = image_.data();
-  for (std::size_t at : {meta_at_, parm_at_, mom1_at_, mom2_at_}) {
+  for (std::size_t at : {meta_at_, parm_at_, mom1_at_, mom2_at_, exsm_at_}) {
+    if (at == 0) continue;  // no EXSM
     const std::size_t len = get<std::uint64_t>(b + at + 8);
     put<std::uint32_t>(b + at + 4, section_crc(b + at, {b + at + kSectionHeaderBytes, len}));
   }
@@ -365,7 +381,7 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
 
   Checkpoint ck;
   bool seen_meta = false, seen_spec = false, seen_conf = false, seen_pidx = false, seen_parm = false, seen_mom1 = false,
-       seen_mom2 = false, seen_end = false;
+       seen_mom2 = false, seen_exsm = false, seen_end = false;
   std::span<const std::uint8_t> parm, mom1, mom2;
   std::uint64_t sections = 0;
   std::size_t at = kHeaderBytes;
@@ -427,6 +443,14 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
     } else if (tag == "MOM2") {
       once(seen_mom2);
       mom2 = payload;
+    } else if (tag == "EXSM") {
+      once(seen_exsm);
+      need(length >= 12, "too short");
+      ck.exact_chunk = get<std::int64_t>(p);
+      const auto n = get<std::uint32_t>(p + 8);
+      need(ck.exact_chunk > 0 && length == 12 + 4 * static_cast<std::uint64_t>(n),
+           "holds no chunk, or not one limit per tensor");
+      for (std::uint32_t t = 0; t < n; ++t) ck.exact_limits.push_back(get<std::int32_t>(p + 12 + 4 * t));
     } else if (tag == "END ") {
       once(seen_end);
       need(length == 16, "is not 16 bytes");
@@ -450,6 +474,9 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
   if (missing) corrupt(name, std::string("it has no '") + missing + "' section");
 
   check_parts_agree(ck, parm.size(), mom1.size(), mom2.size(), name);
+  if (seen_exsm && ck.exact_limits.size() != ck.tensors.size())
+    corrupt(name, "section 'EXSM' holds " + std::to_string(ck.exact_limits.size()) + " limits for " +
+                      std::to_string(ck.tensors.size()) + " tensors");
   const auto copy = [](std::span<const std::uint8_t> s, std::vector<float>& out) {
     out.resize(s.size() / sizeof(float));
     if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());

@@ -184,7 +184,7 @@ Checkpointer::Checkpointer(const Options& options, Communicator& comm, const Che
     fs::remove(fs::path(dir_) / probe, ec);
     encoder_ = std::make_unique<CheckpointEncoder>(
         *run_.spec, config_for_checkpoint(opt_.resolved, run_.global_batch, per_rank_batch()),
-        opt_.optimizer.kind == "adam");
+        opt_.optimizer.kind == "adam", run_.exact_chunk);
     stats_.bytes = static_cast<double>(encoder_->size());
   }
   if (!opt_.resume.empty()) find_resume_checkpoint();  // may refuse: no thread runs yet
@@ -254,6 +254,18 @@ std::string Checkpointer::check_compatible(const Checkpoint& ck, const std::stri
                     " images, this run's is " + std::to_string(run_.global_batch) +
                     ": the sampler position is counted in global batches; give --global-batch-size " +
                     std::to_string(m.global_batch) + " (on any number of ranks up to it)");
+  if (ck.exact_chunk != run_.exact_chunk) {
+    const auto mode = [](std::int64_t chunk) {
+      return chunk > 0 ? "with --exact-sums, chunks of " + std::to_string(chunk) + " images"
+                       : std::string("without --exact-sums");
+    };
+    throw_error(ExitCode::kCheckpoint,
+                "checkpoint '" + path + "' was trained " + mode(ck.exact_chunk) + "; this run is " +
+                    mode(run_.exact_chunk) +
+                    ": the gradient sums would change; resume " +
+                    (ck.exact_chunk > 0 ? "with --exact-sums --exact-chunk " + std::to_string(ck.exact_chunk)
+                                        : std::string("without --exact-sums")));
+  }
   if (m.train_count != run_.train_count)
     throw_error(ExitCode::kCheckpoint, "checkpoint '" + path + "' was trained on " + std::to_string(m.train_count) +
                                            " training images, this run has " + std::to_string(run_.train_count) +
@@ -288,7 +300,7 @@ std::int64_t Checkpointer::restore(float* params,
               "checkpoint from rank 0 does not fit this rank's model");
   std::copy(ck.params.begin(), ck.params.end(), params);
   restore_optimizer({ck.first_moment.data(), ck.second_moment.empty() ? nullptr : ck.second_moment.data(),
-                     ck.meta.optimizer_steps});
+                     ck.meta.optimizer_steps, ck.exact_limits});
   std::vector<std::uint8_t>().swap(resume_bytes_);
   return ck.meta.step;
 }
@@ -360,7 +372,7 @@ void Checkpointer::write(const StepEnd& s, const std::function<TrainingState()>&
   m.validation_accuracy = s.validation_accuracy;
   m.validation_loss = s.validation_loss;
   m.train_loss = s.train_loss;
-  encoder_->capture(m, state.params, state.first_moment, state.second_moment);
+  encoder_->capture(m, state.params, state.first_moment, state.second_moment, state.exact_limits);
   stats_.capture_ms += 1e3 * (now_s() - t0);
   if (!opt_.quiet)
     std::printf("checkpoint after step %lld: %s/step-%08lld.ckpt\n", static_cast<long long>(s.step), dir_.c_str(),

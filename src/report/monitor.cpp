@@ -311,6 +311,10 @@ void Monitor::on_final(const FinalFacts& f) {
           c.capture_ms / n, c.write_ms / n, opt_.checkpoint_async ? "in the background" : "inline", c.others_wait_ms,
           c.others_wait_baseline_ms);
     }
+    if (f.exact_chunk > 0)
+      out.print("exact sums: chunks of %lld images, %lld probe pass(es) (the first step's, and each value out of "
+                "its predicted range)\n",
+                static_cast<long long>(f.exact_chunk), static_cast<long long>(f.exact_sum_probes));
     if (opt_.skip_nonfinite_steps || f.skipped_steps > 0)
       out.print("%lld non-finite step(s) skipped\n", static_cast<long long>(f.skipped_steps));
     if (f.target.accuracy > 0 && f.target.reached)
@@ -346,6 +350,8 @@ void Monitor::on_final(const FinalFacts& f) {
              {"reduced_bytes_per_step", json_number(t.reduced_bytes)},
              {"buckets", setup_.buckets},
              {"skipped_steps", f.skipped_steps},
+             {"exact_chunk", f.exact_chunk},
+             {"exact_sum_probes", f.exact_sum_probes},
              {"params_hash", f.params_hash},
              {"checkpoints",
               {{"written", c.written},

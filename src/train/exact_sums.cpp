@@ -7,9 +7,52 @@
 #include <string>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/cpu_clones.hpp"
 #include "mnist_mpi/exact_sum.hpp"
 
 namespace mnist_mpi {
+namespace {
+
+// One tensor's chunk gradient into its integers (q = or += its fixed point); values at or beyond
+// bound, and non-finite ones, add nothing and are counted. Branch-free, so that it vectorises
+// (Note [Fixed point without a conversion instruction]).
+struct Counts {
+  std::int64_t beyond = 0, nonfinite = 0;  // beyond: out of range or non-finite
+};
+// The value of x in fixed point, 0 when !in (a NaN or a value beyond the bound included), as
+// arithmetic on the bits (a select of doubles did not vectorise).
+[[gnu::always_inline]] inline std::int64_t fixed_or_zero(float x, double scale, std::int64_t in) {
+  return to_fixed_scaled(x, scale) & -in;
+}
+MNIST_MPI_CPU_CLONES Counts to_fixed_pass(const float* g, std::int64_t* q, std::int64_t n, double scale, float bound,
+                                          bool assign) {
+  std::int64_t beyond = 0, nonfinite = 0;
+  const auto count = [&](float a) {
+    const std::int64_t in = a < bound;  // 0 for NaN
+    beyond += 1 - in;
+    nonfinite += !(a <= std::numeric_limits<float>::max());
+    return in;
+  };
+  if (assign) {
+    for (std::int64_t i = 0; i < n; ++i) q[i] = fixed_or_zero(g[i], scale, count(std::fabs(g[i])));
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) q[i] = fixed_or_zero(g[i], scale, count(std::fabs(g[i]))) + q[i];
+  }
+  return {beyond, nonfinite};
+}
+
+// The summed integers back to float; returns the largest magnitude.
+MNIST_MPI_CPU_CLONES float from_fixed_pass(const std::int64_t* q, float* g, std::int64_t n, double unscale) {
+  float m = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = from_fixed_scaled(q[i], unscale);
+    g[i] = v;
+    m = std::fmax(m, std::fabs(v));  // fmax: a ?: select kept the loop from vectorising
+  }
+  return m;
+}
+
+}  // namespace
 
 std::int64_t default_exact_chunk(std::int64_t global_batch) {
   for (std::int64_t c = std::min(kDefaultExactChunk, global_batch); c > 1; --c)
@@ -35,7 +78,7 @@ ExactSums::ExactSums(const ModelSpec& spec, std::int64_t chunks)
 
 // Note [Exact sums in fixed point]: |q| <= 2^(62 - ceil(log2 chunks)) for |x| < 2^limit.
 void ExactSums::set_scales(std::size_t t) {
-  const int shift = 62 - ceil_log2(chunks_) - limit_[t];
+  const int shift = shift_for_limit(limit_[t], chunks_);
   scale_[t] = std::ldexp(1.0, shift);
   unscale_[t] = std::ldexp(1.0, -shift);
   bound_[t] = limit_[t] >= 128 ? std::numeric_limits<float>::infinity() : std::ldexp(1.0f, limit_[t]);
@@ -99,25 +142,9 @@ void ExactSums::begin_pass() {
 
 void ExactSums::absorb(const float* grads, std::size_t t, bool first_chunk) {
   const ParamTensor& p = tensors_[t];
-  const float* g = grads + p.offset;
-  std::int64_t* q = fixed_.data() + p.offset;
-  const double scale = scale_[t];
-  const float bound = bound_[t];
-  std::int64_t outside = 0, nonfinite = 0;
-  for (std::int64_t i = 0; i < p.size; ++i) {
-    const float x = g[i];
-    std::int64_t v = 0;
-    if (std::fabs(x) < bound) {  // false for NaN
-      v = std::llrint(static_cast<double>(x) * scale);  // exact product; rounded to nearest even
-    } else if (std::isfinite(x)) {
-      ++outside;
-    } else {
-      ++nonfinite;
-    }
-    q[i] = first_chunk ? v : q[i] + v;
-  }
-  fixed_[static_cast<std::size_t>(count_)] += outside;
-  fixed_[static_cast<std::size_t>(count_) + 1] += nonfinite;
+  const Counts c = to_fixed_pass(grads + p.offset, fixed_.data() + p.offset, p.size, scale_[t], bound_[t], first_chunk);
+  fixed_[static_cast<std::size_t>(count_)] += c.beyond - c.nonfinite;
+  fixed_[static_cast<std::size_t>(count_) + 1] += c.nonfinite;
 }
 
 void ExactSums::absorb_layer(const float* grads, int layer, bool first_chunk) {
@@ -135,14 +162,7 @@ void ExactSums::to_float(float* grads) {
   }
   for (std::size_t t = 0; t < tensors_.size(); ++t) {
     const ParamTensor& p = tensors_[t];
-    const std::int64_t* q = fixed_.data() + p.offset;
-    float* g = grads + p.offset;
-    const double unscale = unscale_[t];
-    float m = 0.0f;
-    for (std::int64_t i = 0; i < p.size; ++i) {
-      g[i] = static_cast<float>(static_cast<double>(q[i]) * unscale);
-      m = std::max(m, std::fabs(g[i]));
-    }
+    const float m = from_fixed_pass(fixed_.data() + p.offset, grads + p.offset, p.size, unscale_[t]);
     if (m > 0.0f && std::isfinite(m)) {  // Note [Where the shift comes from]; an all-zero gradient keeps its limit
       int e = 0;
       std::frexp(m, &e);

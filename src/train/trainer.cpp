@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/exact_sum.hpp"
 #include "mnist_mpi/comm/watchdog.hpp"
 #include "mnist_mpi/comm/consistency.hpp"
 #include "mnist_mpi/resilience/preemption.hpp"
@@ -226,7 +227,7 @@ void Trainer::make_training_state() {
   train_loss_ = backend_->make_loss_meter();
   guard_ = backend_->make_step_guard(!opt_.skip_nonfinite_steps);
   checkpointer_ = std::make_unique<Checkpointer>(
-      opt_, comm_, CheckpointRun{&spec_, global_batch_, data_.train.count, steps_per_epoch_, total_steps_});
+      opt_, comm_, CheckpointRun{&spec_, global_batch_, data_.train.count, steps_per_epoch_, total_steps_, exact_chunk_});
   boundary_ = std::make_unique<StepBoundary>(opt_, comm_, *checkpointer_, static_cast<CheckpointSource&>(*this));
 }
 
@@ -238,6 +239,7 @@ void Trainer::make_evaluation() {
   if (data_.validation.count > 0) validation_data_ = backend_->make_data_source(data_.validation, eb);
   test_data_ = backend_->make_data_source(data_.test, eb);
   eval_loss_ = backend_->make_loss_meter();
+  if (exact_) batch_losses_.reserve(static_cast<std::size_t>((largest + eb - 1) / eb));  // no allocation later
 }
 
 // What the banner says (Monitor::on_start).
@@ -299,7 +301,12 @@ std::vector<float> Trainer::params_to_host() {
 TrainingState Trainer::state() {
   const float* params = host_params();
   const Optimizer::Moments m = optimizer_->checkpoint_moments();
-  return {params, m.first, m.second, optimizer_->steps_taken(), &optimizer_->config()};
+  return {params,
+          m.first,
+          m.second,
+          optimizer_->steps_taken(),
+          &optimizer_->config(),
+          exact_ ? std::span<const std::int32_t>(exact_->limits()) : std::span<const std::int32_t>()};
 }
 
 // Note [Every rank evaluates a share]
@@ -317,14 +324,23 @@ TrainingState Trainer::state() {
 EvalResult Trainer::evaluate(const Split& split) {
   const std::int64_t batches = eval_batches(split);
   const std::int64_t first = part_first(batches, comm_.size(), comm_.rank());
+  batch_losses_.clear();
+  exact_correct_ = 0;
   const LossStats mine = evaluate_batches(split, first, part_count(batches, comm_.size(), comm_.rank()));
+  if (exact_) return eval_result(split.count, exact_loss_sum(batches));
   double v[2] = {mine.loss_sum, static_cast<double>(mine.correct)};
   comm_.allreduce_sum(std::span<double>(v, 2));
   return eval_result(split.count, LossStats{v[0], static_cast<std::int64_t>(v[1])});
 }
 
 EvalResult Trainer::evaluate_alone(const Split& split) {
-  return eval_result(split.count, evaluate_batches(split, 0, eval_batches(split)));
+  batch_losses_.clear();
+  exact_correct_ = 0;
+  const LossStats all = evaluate_batches(split, 0, eval_batches(split));
+  if (!exact_) return eval_result(split.count, all);
+  LossStats sum{0.0, exact_correct_};  // the batches in order (evaluate()'s exact sum rounds once)
+  for (const double l : batch_losses_) sum.loss_sum += l;
+  return eval_result(split.count, sum);
 }
 
 // The split's batches of the evaluation model's size (the last one may be short). The model is
@@ -370,8 +386,35 @@ LossStats Trainer::evaluate_batches(const Split& split, std::int64_t first, std:
     backend_->softmax_cross_entropy(eval_model_->logits(), source->labels(), static_cast<int>(rows),
                                     spec_.num_classes(), nullptr, 0.0f, *eval_loss_);
     eval_images_ += rows;
+    if (exact_) {  // each batch's loss on its own, summed exactly by evaluate()
+      const LossStats one = eval_loss_->read();
+      eval_loss_->reset();
+      batch_losses_.push_back(one.loss_sum);
+      exact_correct_ += one.correct;
+    }
   }
   return eval_loss_->read();  // the one synchronisation of an evaluation
+}
+
+// --exact-sums: the split's loss as an exact sum of its batches' losses (Note [Exact sums in fixed
+// point], the shift from the largest batch loss of every rank), so that it is the same bits on any
+// number of ranks, like the accuracy. The loss of a batch is >= 0; a non-finite one makes it NaN.
+LossStats Trainer::exact_loss_sum(std::int64_t batches) {
+  std::int64_t top[2] = {-1100, 0};  // the largest exponent (double's least is -1074), non-finite seen
+  for (const double l : batch_losses_) {
+    if (!std::isfinite(l)) top[1] = 1;
+    int e = 0;
+    if (std::isfinite(l) && l > 0.0) std::frexp(l, &e);
+    if (l > 0.0) top[0] = std::max<std::int64_t>(top[0], e);
+  }
+  comm_.allreduce_max(top);
+  const int shift = static_cast<int>(62 - std::max<std::int64_t>(top[0], -1000) - ceil_log2(std::max<std::int64_t>(batches, 1)));
+  std::int64_t v[2] = {0, exact_correct_};
+  if (top[1] == 0)
+    for (const double l : batch_losses_) v[0] += std::llrint(std::ldexp(l, shift));  // exact scaling, then rounded
+  comm_.allreduce_sum(v);
+  return LossStats{top[1] ? std::numeric_limits<double>::quiet_NaN() : std::ldexp(static_cast<double>(v[0]), -shift),
+                   v[1]};
 }
 
 void Trainer::check_replicas(std::int64_t step) {
@@ -408,6 +451,7 @@ RunResult Trainer::run() {
   // A checkpoint's parameters and optimiser state, on every rank (none: first_step 0).
   const std::int64_t first_step = checkpointer_->restore(params_copy_->host(0), [&](const RestoredOptimizer& r) {
     optimizer_->restore(r.first_moment, r.second_moment, r.steps);
+    if (exact_) exact_->set_limits(r.exact_limits);  // checked against the mode when it was chosen
   });
   if (first_step > 0) params_copy_->to_backend();
   res.first_step = first_step;
@@ -473,7 +517,9 @@ RunResult Trainer::run() {
     res.images_per_s = clock_.images_per_s(steady_steps, global_batch_);
     res.timing = clock_.sum.mean_over(steady_steps);
   }
-  res.timing.reduced_bytes = static_cast<double>(spec_.param_count) * sizeof(float);
+  res.timing.reduced_bytes =  // --exact-sums: 64-bit integers and two counters
+      exact_ ? static_cast<double>(exact_->fixed().size()) * sizeof(std::int64_t)
+             : static_cast<double>(spec_.param_count) * sizeof(float);
   res.checkpoints = boundary_->stats();
   res.skipped_steps = skipped_;
   res.params_hash = hex64(hash_floats(host_params(), spec_.param_count));
@@ -682,7 +728,9 @@ void Trainer::final_report(RunResult& res) {
                          .params = spec_.param_count,
                          .checkpoints = res.checkpoints,
                          .skipped_steps = res.skipped_steps,
-                         .target = res.target};
+                         .target = res.target,
+                         .exact_chunk = exact_chunk_,
+                         .exact_sum_probes = exact_ ? exact_->probes() : 0};
   monitor_->on_final(facts);  // rank 0: the final report and the "final" event
   monitor_->finish(comm_, facts);
   res.outputs_lost = monitor_->outputs_lost();  // agreed by every rank (exit code 7)

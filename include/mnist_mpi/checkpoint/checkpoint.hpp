@@ -72,16 +72,23 @@ struct Checkpoint {
   std::vector<float> params;         // (param_count), the flat layout of ModelSpec
   std::vector<float> first_moment;   // (param_count): Adam's m, SGD's momentum buffer
   std::vector<float> second_moment;  // (param_count) for Adam, empty for SGD
+  // EXSM, written by --exact-sums runs only: the chunk and each tensor's limit exponent for the
+  // next step (Note [Where the shift comes from] in include/mnist_mpi/train/exact_sums.hpp).
+  std::int64_t exact_chunk = 0;  // 0: not an --exact-sums run
+  std::vector<std::int32_t> exact_limits;
 };
 
 // Lays out one run's file once (the sizes never change during a run) and writes the parts that
 // never change (header, SPEC, CONF, PIDX, END); allocates once.
 class CheckpointEncoder {
  public:
-  CheckpointEncoder(const ModelSpec& spec, const std::string& config, bool second_moment);
+  // exact_chunk > 0: an --exact-sums run, whose file also holds EXSM.
+  CheckpointEncoder(const ModelSpec& spec, const std::string& config, bool second_moment,
+                    std::int64_t exact_chunk = 0);
   std::size_t size() const { return image_.size(); }
   // The training thread's part: copies the state into the file image (memcpy; no allocation).
-  void capture(const CheckpointMeta& meta, const float* params, const float* first_moment, const float* second_moment);
+  void capture(const CheckpointMeta& meta, const float* params, const float* first_moment, const float* second_moment,
+               std::span<const std::int32_t> exact_limits = {});
   // The writer's part: checksums of the sections capture() changed. Then bytes() is the file.
   void seal();
   std::span<const std::uint8_t> bytes() const { return image_; }
@@ -89,9 +96,11 @@ class CheckpointEncoder {
 
  private:
   std::vector<std::uint8_t> image_;
-  std::size_t meta_at_ = 0, parm_at_ = 0, mom1_at_ = 0, mom2_at_ = 0;  // section header offsets
+  std::size_t meta_at_ = 0, parm_at_ = 0, mom1_at_ = 0, mom2_at_ = 0, exsm_at_ = 0;  // section header offsets
   std::int64_t count_ = 0;
   bool second_ = false;
+  std::int64_t exact_chunk_ = 0;
+  std::size_t tensors_ = 0;
   CheckpointMeta meta_;
 };
 

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +32,7 @@ namespace mnist_mpi {
 struct CheckpointRun {
   const ModelSpec* spec = nullptr;
   std::int64_t global_batch = 0, train_count = 0, steps_per_epoch = 0, total_steps = 0;
+  std::int64_t exact_chunk = 0;  // --exact-sums: the chunk (0: off); a resume must keep both
 };
 
 // The training state a checkpoint saves, in host memory.
@@ -40,6 +42,7 @@ struct TrainingState {
   const float* second_moment = nullptr;  // (count); null for sgd
   std::int64_t optimizer_steps = 0;                 // the optimiser's step count
   const OptimizerConfig* optimizer = nullptr;      // its configuration
+  std::span<const std::int32_t> exact_limits;      // --exact-sums: the next step's limits
 };
 
 // A checkpoint's optimiser state in host memory, handed to the optimiser on resume: full-size
@@ -48,6 +51,7 @@ struct RestoredOptimizer {
   const float* first_moment = nullptr;
   const float* second_moment = nullptr;
   std::int64_t steps = 0;
+  std::span<const std::int32_t> exact_limits;  // --exact-sums runs: one per tensor
 };
 
 // The state after a step, for a checkpoint at that point.

@@ -41,7 +41,7 @@ inline std::int64_t images_in_parts(std::int64_t global_batch, std::int64_t part
 }
 
 // Note [Chunks of the global batch]
-// Issue 28's --exact-sums (not wired in yet): the global batch of B images is cut into B / c
+// --exact-sums (include/mnist_mpi/train/exact_sums.hpp): the global batch of B images is cut into B / c
 // chunks of c images in global order, and every kernel runs with batch c, so that a chunk's
 // gradient is the same bits on whichever rank computes it; the chunks' gradients are then summed
 // exactly (Note [Exact sums in fixed point] in include/mnist_mpi/exact_sum.hpp). Each rank owns

@@ -20,11 +20,11 @@
 // probed. Everything that chooses a limit is a function of bits that do not depend on the number
 // of ranks, so neither do the limits, the integers or the parameters; the limits of the next step
 // are saved in checkpoints, so a resumed run continues with the limits the straight run had.
-// Precision: a value is rounded to a multiple of 2^-shift = 2^(limit + ceil(log2 chunks) - 62),
-// that is 2^(e - 46 + ceil(log2 chunks)): 46 - ceil(log2 chunks) bits below the previous step's
-// largest element of the tensor (40 for 100 chunks; a float has 24). A tensor whose gradient
-// shrinks by 2^k in one step keeps k bits fewer, for that step. A gradient that grows past the
-// headroom costs one probe and a second pass (counted: the "final" event's exact_sum_probes).
+// Precision: a value is rounded to a multiple of 2^-shift = 2^(limit - b) (b = 51 for up to 2048
+// chunks, Note [Exact sums in fixed point]), that is 2^(e - 35): 35 bits below the previous
+// step's largest element of the tensor (a float has 24). A tensor whose gradient shrinks by 2^k
+// in one step keeps k bits fewer, for that step. A gradient that grows past the headroom costs one
+// probe and a second pass (counted: the "final" event's exact_sum_probes).
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# --exact-sums end to end (include/mnist_mpi/train/exact_sums.hpp): lenet with dropout, global
+# batch 100 in chunks of 10, trains to the same params_hash, test loss and test accuracy on 1, 2,
+# 3, 4, 5 and 7 ranks (7: uneven), sharded or not, for another --bucket-mb, with
+# --accumulation-steps 2, and when checkpointed on 2 ranks and resumed on 3 or 1; the default mode
+# on the same runs does differ (so the comparison can fail); and the refusals: more ranks than
+# chunks, a chunk that does not divide the batch, --threads 2, a resume that changes the mode or
+# the chunk.
+# Usage: e2e_exact_sums.sh MNIST_MPI MAKE_SYNTHETIC_MNIST
+set -uo pipefail
+bin=$1 make_data=$2
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$make_data" "$work/data" 1200 200 || { echo "cannot write synthetic data"; exit 1; }
+passed=0 failed=0
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+fail() { failed=$((failed + 1)); echo "FAIL $1"; }
+lenet="conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10"
+common=(--data-dir "$work/data" --validation-size 0 --model "$lenet" --global-batch-size 100 --max-steps 12
+        --log-every 0 --eval-batch-size 30 --seed 7)
+
+# run NAME NP ARGS...: trains, keeps "params_hash test_loss test_accuracy" of the final event in $work/NAME.
+run() {
+  local name=$1 np=$2
+  shift 2
+  if ! timeout 300 mpirun -np "$np" --oversubscribe "$bin" "${common[@]}" --metrics-file "$work/$name.jsonl" "$@" \
+      >"$work/$name.out" 2>&1; then
+    fail "$name: exit code $?"; tail -15 "$work/$name.out"; echo none >"$work/$name"; return
+  fi
+  python3 - "$work/$name.jsonl" >"$work/$name" <<'PY'
+import json, sys
+f = next(e for e in map(json.loads, open(sys.argv[1])) if e.get("event") == "final")
+print(f["params_hash"], repr(f["test_loss"]), repr(f["test_accuracy"]))
+PY
+}
+same() {  # same WHAT REFERENCE NAME...
+  local what=$1 ref=$2
+  shift 2
+  local n
+  for n in "$@"; do
+    if [ "$(cat "$work/$n")" = "$(cat "$work/$ref")" ]; then ok "$what: $n = $ref ($(cat "$work/$n"))"
+    else fail "$what: $n gives '$(cat "$work/$n")', $ref '$(cat "$work/$ref")'"; fi
+  done
+}
+
+for np in 1 2 3 4 5 7; do run "exact_np$np" "$np" --exact-sums; done
+same "any number of ranks" exact_np1 exact_np2 exact_np3 exact_np4 exact_np5 exact_np7
+run exact_np3_unsharded 3 --exact-sums --shard-optimizer off
+run exact_np2_buckets 2 --exact-sums --bucket-mb 0.05 --first-bucket-mb 0.01
+run exact_np2_accumulated 2 --exact-sums --accumulation-steps 2
+run exact_np2_no_overlap 2 --exact-sums --no-overlap
+same "sharding, buckets, accumulation, overlap" exact_np1 exact_np3_unsharded exact_np2_buckets \
+  exact_np2_accumulated exact_np2_no_overlap
+grep -q '"exact_chunk":10,' "$work/exact_np3.jsonl" && grep -qE '"exact_sum_probes":[1-9]' "$work/exact_np3.jsonl" &&
+  ok "the final event names the chunk and the probes" || fail "no exact_chunk / exact_sum_probes in the final event"
+
+# Checkpointed on 2 ranks at step 6, resumed on 3 and on 1: the straight run's bits.
+run exact_ck 2 --exact-sums --checkpoint-dir "$work/ck" --checkpoint-every 6
+cp "$work/ck/step-00000006.ckpt" "$work/six.ckpt"
+run exact_resume_np3 3 --exact-sums --resume "$work/six.ckpt"
+run exact_resume_np1 1 --exact-sums --resume "$work/six.ckpt"
+same "resume on another number of ranks" exact_np1 exact_ck exact_resume_np3 exact_resume_np1
+
+# The default mode on the same runs: the sums are grouped by rank, so the bits move.
+run default_np1 1
+run default_np3 3
+if [ "$(cut -d' ' -f1 "$work/default_np1")" != "$(cut -d' ' -f1 "$work/default_np3")" ]; then
+  ok "without --exact-sums 1 and 3 ranks differ ($(cut -d' ' -f1 "$work/default_np1") vs $(cut -d' ' -f1 "$work/default_np3"))"
+else fail "without --exact-sums 1 and 3 ranks gave the same bits: this test could not tell the modes apart"; fi
+
+# refuse NAME CODE PATTERN -- command...
+refuse() {
+  local name=$1 want=$2 pattern=$3
+  shift 4
+  timeout 120 "$@" >"$work/r.out" 2>&1
+  local rc=$?
+  if [ "$rc" -eq "$want" ] && grep -qE -- "$pattern" "$work/r.out"; then ok "$name (exit $rc)"
+  else fail "$name: exit $rc (expected $want), output:"; tail -5 "$work/r.out"; fi
+}
+refuse more_ranks_than_chunks 2 "11 ranks are more than the 10 chunks .* run on at most 10 ranks" -- \
+  mpirun -np 11 --oversubscribe "$bin" "${common[@]}" --exact-sums
+refuse chunk_does_not_divide 2 "a chunk of 7 images does not divide the global batch of 100" -- \
+  "$bin" "${common[@]}" --exact-sums --exact-chunk 7
+refuse threads 2 "--exact-sums computes with one thread per rank" -- "$bin" "${common[@]}" --exact-sums --threads 2
+refuse resume_without_exact 4 "was trained with --exact-sums, chunks of 10 images; this run is without --exact-sums" -- \
+  "$bin" "${common[@]}" --resume "$work/six.ckpt"
+refuse resume_other_chunk 4 "this run is with --exact-sums, chunks of 20 images.*--exact-chunk 10" -- \
+  "$bin" "${common[@]}" --exact-sums --exact-chunk 20 --resume "$work/six.ckpt"
+mpirun -np 2 --oversubscribe "$bin" "${common[@]}" --checkpoint-dir "$work/ck_default" --checkpoint-every 6 >/dev/null 2>&1
+refuse resume_default_with_exact 4 "was trained without --exact-sums; this run is with --exact-sums" -- \
+  "$bin" "${common[@]}" --exact-sums --resume "$work/ck_default/step-00000006.ckpt"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
