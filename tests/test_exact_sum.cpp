@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
+#include <limits>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +17,8 @@
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/data/sampler.hpp"
 #include "mnist_mpi/exact_sum.hpp"
+#include "mnist_mpi/model/spec.hpp"
+#include "mnist_mpi/train/exact_sums.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -90,7 +94,7 @@ TEST(ExactSum, WithinTheNotesBoundOfALongDoubleSum) {
       long double ref = 0;
       for (const auto& v : c) {
         const std::int64_t q = to_fixed(v[i], shift);
-        ASSERT_LE(std::llabs(q), std::int64_t{1} << (62 - ceil_log2(terms))) << "a term outside the Note's range";
+        ASSERT_LE(std::llabs(q), std::int64_t{1} << term_bits(terms)) << "a term outside the Note's range";
         sum += q;
         ref += v[i];
       }
@@ -155,6 +159,102 @@ TEST(ExactSum, ChunksForEveryWorldSizeUpToTheNumberOfChunks) {
     EXPECT_NE(std::string(e.what()).find("run on at most 25 ranks"), std::string::npos) << e.what();
   }
   EXPECT_THROW(rank_chunks(batch, 3, 2, 0), Error);  // 3 does not divide 100
+}
+
+// Note [Fixed point without a conversion instruction]: the additions give the bits of nearbyint
+// and of the int64-to-double cast, ties and both ends of the range included.
+TEST(ExactSum, ConversionsByAdditionEqualThePlainOnes) {
+  std::mt19937_64 gen(3);
+  std::uniform_int_distribution<int> shift_of(-30, 60);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::vector<std::pair<float, int>> cases = {{0.5f, 0},  {1.5f, 0},  {2.5f, 0},  {-0.5f, 0},      {-2.5f, 0},
+                                              {0.0f, 10}, {-0.0f, 5}, {1.0f, 50}, {-1.0f, 50},     {0.75f, 51},
+                                              {FLT_TRUE_MIN, 149}, {FLT_MAX, -77}, {-FLT_MAX, -77}};
+  for (int i = 0; i < 200000; ++i) {
+    const int shift = shift_of(gen);
+    const float x = std::ldexp(mant(gen), 50 - shift);  // |x| * 2^shift < 2^50
+    cases.push_back({x, shift});
+  }
+  for (const auto& [x, shift] : cases) {
+    ASSERT_LT(std::fabs(std::ldexp(static_cast<double>(x), shift)), std::ldexp(1.0, 51));
+    const std::int64_t q = to_fixed(x, shift);
+    ASSERT_EQ(to_fixed_scaled(x, std::ldexp(1.0, shift)), q) << x << " * 2^" << shift;
+    ASSERT_EQ(from_fixed_scaled(q, std::ldexp(1.0, -shift)), from_fixed(q, shift)) << q;
+  }
+  std::uniform_int_distribution<std::int64_t> any(std::numeric_limits<std::int64_t>::min() / 2,
+                                                  std::numeric_limits<std::int64_t>::max() / 2);
+  std::vector<std::int64_t> qs = {0, 1, -1, (std::int64_t{1} << 53) + 1, -(std::int64_t{1} << 53) - 1,
+                                  (std::int64_t{1} << 62), -(std::int64_t{1} << 62), 0xffffffffLL, -0x100000000LL};
+  for (int i = 0; i < 200000; ++i) qs.push_back(any(gen));
+  for (const std::int64_t q : qs) ASSERT_EQ(int64_to_double(q), static_cast<double>(q)) << q;
+}
+
+// The engine of --exact-sums on its own: chunk gradients absorbed in any grouping (as 1, 2 or 3
+// ranks hold them) and summed give the same float bits; a value beyond its predicted limit is
+// counted (the step is then probed and computed again); a non-finite one makes the result NaN.
+TEST(ExactSum, EngineGivesTheSameBitsForAnyGroupingAndCountsWhatItCannotHold) {
+  ModelSpec spec = parse_model_spec("fc:7,relu,fc:3", Shape{1, 2, 3}, 3);
+  const std::int64_t P = spec.param_count, chunks = 6;
+  const auto grads = chunks_of(static_cast<int>(chunks), static_cast<int>(P), 5);
+  auto run = [&](int world) {
+    // Every "rank" absorbs its chunks into its own engine; the integers are then added up.
+    std::vector<std::int64_t> total(static_cast<std::size_t>(P) + 2, 0);
+    std::vector<ExactSums> engines;
+    for (int r = 0; r < world; ++r) {
+      engines.emplace_back(spec, chunks);
+      ExactSums& x = engines.back();
+      x.set_limits(std::vector<std::int32_t>(spec.params.size(), 12));  // 2^12 holds every value of chunks_of
+      x.begin_pass();
+      const ChunkRange k = rank_chunks(chunks, 1, world, r);
+      for (std::int64_t j = 0; j < k.count; ++j) x.absorb_all(grads[static_cast<std::size_t>(k.first + j)].data(), j == 0);
+      for (std::size_t i = 0; i < total.size(); ++i) total[i] += x.fixed()[i];
+    }
+    ExactSums& x = engines.front();
+    std::copy(total.begin(), total.end(), x.fixed().begin());
+    std::vector<float> out(static_cast<std::size_t>(P));
+    EXPECT_EQ(x.out_of_range(), 0);
+    x.to_float(out.data());
+    return std::make_pair(out, x.limits());
+  };
+  const auto [one, limits1] = run(1);
+  for (int world : {2, 3, 6}) {
+    const auto [other, limits] = run(world);
+    for (std::int64_t i = 0; i < P; ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(other[static_cast<std::size_t>(i)]),
+                std::bit_cast<std::uint32_t>(one[static_cast<std::size_t>(i)]))
+          << "world " << world << " element " << i;
+    EXPECT_EQ(limits, limits1) << "the next step's limits depend on the number of ranks";
+  }
+  // The next limit is the summed gradient's exponent plus the headroom.
+  for (std::size_t t = 0; t < spec.params.size(); ++t) {
+    float m = 0.0f;
+    for (std::int64_t i = 0; i < spec.params[t].size; ++i)
+      m = std::max(m, std::fabs(one[static_cast<std::size_t>(spec.params[t].offset + i)]));
+    int e = 0;
+    std::frexp(m, &e);
+    EXPECT_EQ(limits1[t], e + ExactSums::kHeadroomBits) << spec.params[t].name;
+  }
+  // A value at its limit and a NaN: counted apart; the result is then NaN for the step guard.
+  ExactSums x(spec, chunks);
+  x.set_limits(std::vector<std::int32_t>(spec.params.size(), 0));  // values must be below 1
+  std::vector<float> g(static_cast<std::size_t>(P), 0.25f);
+  g[3] = 1.0f;
+  g[5] = -3.0f;
+  x.begin_pass();
+  x.absorb_all(g.data(), true);
+  EXPECT_EQ(x.out_of_range(), 2);
+  EXPECT_EQ(x.nonfinite(), 0);
+  g[4] = std::numeric_limits<float>::quiet_NaN();
+  g[6] = -std::numeric_limits<float>::infinity();
+  x.absorb_all(g.data(), false);
+  EXPECT_EQ(x.out_of_range(), 4);
+  EXPECT_EQ(x.nonfinite(), 2);
+  std::vector<float> out(static_cast<std::size_t>(P));
+  x.to_float(out.data());
+  EXPECT_TRUE(std::isnan(out[0]) && std::isnan(out.back()));
+  EXPECT_EQ(default_exact_chunk(100), 10);
+  EXPECT_EQ(default_exact_chunk(256), 8);
+  EXPECT_EQ(default_exact_chunk(97), 1);
 }
 
 }  // namespace

@@ -717,7 +717,7 @@ TEST(Monitor, WritesEveryMetricsEventWithItsMembersInOrder) {
       "{\"event\":\"final\",\"test_accuracy\":0.9,\"test_loss\":0.25,\"steps\":4,\"epochs\":2,\"world_size\":1,"
       "\"global_batch\":8,\"wall_s\":1.5,\"images_per_s\":1000.25,\"startup_s\":0.25,"
       "\"peak_rss_mb\":[108.9599609375,100],\"step_ms\":{\"data\":125,\"forward\":62.5,\"backward\":250,"
-      "\"exposed_comm\":500,\"optimizer\":31.25},\"reduced_bytes_per_step\":40,\"buckets\":1,\"skipped_steps\":1,"
+      "\"exposed_comm\":500,\"optimizer\":31.25},\"reduced_bytes_per_step\":40,\"buckets\":1,\"skipped_steps\":1,\"exact_chunk\":0,\"exact_sum_probes\":0,"
       "\"params_hash\":\"0123456789abcdef\",\"checkpoints\":{\"written\":2,\"bytes\":1234,\"capture_ms\":1.5,"
       "\"write_ms\":2.5,\"others_wait_ms\":0.5,\"others_wait_baseline_ms\":0.25}" +
           slurm};
