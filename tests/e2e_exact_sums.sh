@@ -52,6 +52,9 @@ run exact_np2_accumulated 2 --exact-sums --accumulation-steps 2
 run exact_np2_no_overlap 2 --exact-sums --no-overlap
 same "sharding, buckets, accumulation, overlap" exact_np1 exact_np3_unsharded exact_np2_buckets \
   exact_np2_accumulated exact_np2_no_overlap
+grep -q "^batch: 100 global, 30-40 per rank in chunks of 10;" "$work/exact_np3.out" &&
+  grep -q "^batch: 100 global, 10-20 per rank in chunks of 10;" "$work/exact_np7.out" &&
+  ok "the banner gives each rank's images in whole chunks" || { fail "the banner's batch line:"; grep "^batch" "$work"/exact_np[37].out; }
 grep -q '"exact_chunk":10,' "$work/exact_np3.jsonl" && grep -qE '"exact_sum_probes":[1-9]' "$work/exact_np3.jsonl" &&
   ok "the final event names the chunk and the probes" || fail "no exact_chunk / exact_sum_probes in the final event"
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/data/sampler.hpp"
 #include "mnist_mpi/exact_sum.hpp"
 #include "mnist_mpi/model/spec.hpp"
@@ -252,6 +253,18 @@ TEST(ExactSum, EngineGivesTheSameBitsForAnyGroupingAndCountsWhatItCannotHold) {
   std::vector<float> out(static_cast<std::size_t>(P));
   x.to_float(out.data());
   EXPECT_TRUE(std::isnan(out[0]) && std::isnan(out.back()));
+  // A probe takes the largest finite value: a NaN or inf in a chunk leaves no limit of 2^200 behind
+  // (which would round every later gradient of the tensor to 0); the pass counts it instead.
+  const auto comm = make_mpi_communicator();
+  ExactSums probed(spec, chunks);
+  probed.begin_probe();
+  std::vector<float> h(static_cast<std::size_t>(P), 0.75f);
+  h[1] = std::numeric_limits<float>::quiet_NaN();
+  h[2] = std::numeric_limits<float>::infinity();
+  probed.probe_chunk(h.data());
+  probed.finish_probe(*comm);
+  EXPECT_FALSE(probed.needs_probe());
+  for (const std::int32_t limit : probed.limits()) EXPECT_EQ(limit, 0);  // 0.75 < 2^0
   EXPECT_EQ(default_exact_chunk(100), 10);
   EXPECT_EQ(default_exact_chunk(256), 8);
   EXPECT_EQ(default_exact_chunk(97), 1);

@@ -82,9 +82,14 @@ Monitor::Monitor(const Options& options, MonitorSetup setup)
   if (!opt_.timeline_file.empty())
     timeline_ =
         std::make_unique<Timeline>(setup_.rank,
-                                   timeline_capacity(setup_.total_steps, setup_.accumulation, setup_.layer_names.size(),
+                                   timeline_capacity(setup_.total_steps, micro_batches_per_step(), setup_.layer_names.size(),
                                                      setup_.buckets, evaluations, setup_.world),
                                    setup_.layer_names);
+}
+
+std::int64_t Monitor::micro_batches_per_step() const {
+  if (setup_.exact_chunk == 0) return setup_.accumulation;
+  return largest_part(setup_.global_batch / setup_.exact_chunk, setup_.world);
 }
 
 // An output written at the end through PATH.tmp and a rename: a directory, a FIFO or a missing
@@ -149,8 +154,15 @@ void Monitor::on_start(const StartFacts& f) {
   // "34" or, when the global batch does not divide evenly, "33-34" (Note [Uneven slices]).
   const auto per_rank_text = [&](std::int64_t largest) {
     const std::int64_t parts = setup_.world * setup_.accumulation;
-    const std::int64_t smallest = part_count(setup_.global_batch, parts, parts - 1);  // the last part
-    return (smallest == largest ? "" : std::to_string(smallest) + "-") + std::to_string(largest);
+    std::int64_t smallest = part_count(setup_.global_batch, parts, parts - 1);  // the last part
+    std::string chunks;
+    if (setup_.exact_chunk > 0) {  // Note [Chunks of the global batch]: whole chunks per rank
+      const std::int64_t c = setup_.exact_chunk, n = setup_.global_batch / c;
+      largest = largest_part(n, setup_.world) * c;
+      smallest = part_count(n, setup_.world, setup_.world - 1) * c;
+      chunks = " in chunks of " + std::to_string(c);
+    }
+    return (smallest == largest ? "" : std::to_string(smallest) + "-") + std::to_string(largest) + " per rank" + chunks;
   };
   std::ostringstream os;
   if (!f.device_note.empty()) os << f.device_note << "\n";
@@ -166,7 +178,7 @@ void Monitor::on_start(const StartFacts& f) {
   os << "data: " << f.train_images << " train, " << f.validation_images << " validation, " << f.test_images
      << " test images from " << opt_.data_dir << "\n"
      << "model: " << f.model << " (" << f.params << " parameters)\n"
-     << f.layers << "batch: " << setup_.global_batch << " global, " << per_rank_text(f.per_rank_batch) << " per rank; "
+     << f.layers << "batch: " << setup_.global_batch << " global, " << per_rank_text(f.per_rank_batch) << "; "
      << setup_.steps_per_epoch << " steps per epoch, " << setup_.total_steps << " steps\n"
      << "gradients: " << setup_.buckets << " bucket(s) of at most " << opt_.bucket_mb << " MB (first "
      << opt_.first_bucket_mb << " MB), " << (opt_.no_overlap ? "one blocking sum after backward" : f.gradient_progress)

@@ -102,21 +102,21 @@ void ExactSums::set_limits(std::span<const std::int32_t> limits) {
 
 void ExactSums::begin_probe() { std::fill(probe_max_.begin(), probe_max_.end(), std::int64_t{-1000}); }
 
-// The exponent e of max|x| (max|x| < 2^e); a non-finite value counts as the largest there is.
+// The exponent e of the largest finite |x| (max|x| < 2^e). A non-finite value has no limit to
+// give: the pass that follows counts it, and the step guard refuses the step.
 void ExactSums::probe_chunk(const float* grads) {
   for (std::size_t t = 0; t < tensors_.size(); ++t) {
     const float* g = grads + tensors_[t].offset;
     float m = 0.0f;
-    bool finite = true;
     for (std::int64_t i = 0; i < tensors_[t].size; ++i) {
       const float a = std::fabs(g[i]);
-      finite = finite && std::isfinite(a);
-      m = a > m ? a : m;
+      if (a <= std::numeric_limits<float>::max()) m = std::fmax(m, a);  // false for NaN and inf
     }
     int e = 0;
-    if (m > 0.0f && finite) std::frexp(m, &e);
-    if (!finite) e = 200;  // beyond every float: the pass then counts it as non-finite
-    if (m > 0.0f || !finite) probe_max_[t] = std::max<std::int64_t>(probe_max_[t], e);
+    if (m > 0.0f) {
+      std::frexp(m, &e);
+      probe_max_[t] = std::max<std::int64_t>(probe_max_[t], e);
+    }
   }
 }
 

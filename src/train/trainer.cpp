@@ -70,7 +70,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   make_evaluation();
   replica_hashes_.resize(static_cast<std::size_t>(comm_.size()));
   MonitorSetup ms{comm_.rank(),     comm_.size(),  comm_.host(),  {},    reducer_->buckets().size(), total_steps_,
-                  steps_per_epoch_, global_batch_, accumulation_, start_};
+                  steps_per_epoch_, global_batch_, accumulation_, start_,     exact_chunk_};
   for (const LayerSpec& l : spec_.layers) ms.layer_names.push_back(l.text);
   monitor_ = std::make_unique<Monitor>(opt_, std::move(ms));  // opens the metrics file (rank 0)
   timeline_ = monitor_->timeline();

@@ -40,6 +40,7 @@ struct MonitorSetup {
   std::size_t buckets = 0;
   std::int64_t total_steps = 0, steps_per_epoch = 1, global_batch = 0, accumulation = 1;
   std::chrono::steady_clock::time_point process_start;
+  std::int64_t exact_chunk = 0;  // --exact-sums: images per chunk, each rank's micro-batch (0: off)
 };
 
 // The run as the trainer set it up: rank 0's banner, every rank's GPU line, the "start" event.
@@ -106,6 +107,8 @@ class Monitor {
   std::vector<std::string> lost_outputs() const;
 
  private:
+  // The micro-batches a rank runs in one step, at most: --accumulation-steps, or its chunks.
+  std::int64_t micro_batches_per_step() const;
   void check_replaced_output(const char* option, const std::string& path) const;
   // One event of the metrics file (rank 0; nothing without --metrics-file), flushed so that a
   // reader following the file sees it. Under Slurm, events that say where a run stands (start,
