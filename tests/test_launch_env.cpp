@@ -3,6 +3,7 @@
 // start-up line and metrics fields, and the usage error for srun tasks that MPI left alone.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -13,12 +14,15 @@
 namespace mnist_mpi {
 namespace {
 
-LaunchEnv read(const std::map<std::string, std::string>& vars) {
-  return read_launch_env([&](const char* name) -> const char* {
+// getenv's contract over a map of variables.
+std::function<const char*(const char*)> lookup_in(const std::map<std::string, std::string>& vars) {
+  return [&vars](const char* name) -> const char* {
     const auto it = vars.find(name);
     return it == vars.end() ? nullptr : it->second.c_str();
-  });
+  };
 }
+
+LaunchEnv read(const std::map<std::string, std::string>& vars) { return read_launch_env(lookup_in(vars)); }
 
 // The members add_json_fields gives an event that already holds one, as the metrics line reads.
 std::string json_fields(const LaunchEnv& e) {
@@ -67,12 +71,7 @@ TEST(LaunchEnv, MpirunInsideSlurmIgnoresInheritedLocalId) {
 // Note [A singleton's own session directory]: any launcher's rank variable means MPI was started
 // for this process by a launcher; none means a singleton.
 TEST(LaunchEnv, LaunchedAloneOnlyWithoutALaunchersRankVariables) {
-  auto alone = [](const std::map<std::string, std::string>& vars) {
-    return launched_alone([&](const char* name) -> const char* {
-      const auto it = vars.find(name);
-      return it == vars.end() ? nullptr : it->second.c_str();
-    });
-  };
+  auto alone = [](const std::map<std::string, std::string>& vars) { return launched_alone(lookup_in(vars)); };
   EXPECT_TRUE(alone({}));
   EXPECT_TRUE(alone({{"SLURM_JOB_ID", "8"}, {"SLURM_LOCALID", "0"}}));  // a batch shell running it
   EXPECT_FALSE(alone({{"OMPI_COMM_WORLD_SIZE", "1"}}));                 // mpirun -np 1
@@ -132,12 +131,7 @@ TEST(LaunchEnv, LocalRankFromMpiUnlessTheRankIsAlone) {
 
 // Note [Open MPI's point-to-point layer on one node]: ob1 exactly when the job is known to be on
 // one node and the user chose no pml.
-const char* pml(const std::map<std::string, std::string>& vars) {
-  return pml_for_launch([&](const char* name) -> const char* {
-    const auto it = vars.find(name);
-    return it == vars.end() ? nullptr : it->second.c_str();
-  });
-}
+const char* pml(const std::map<std::string, std::string>& vars) { return pml_for_launch(lookup_in(vars)); }
 
 TEST(LaunchEnv, Ob1OnlyForJobsOnOneNode) {
   const auto is = [](const char* got, const char* want) {

@@ -231,9 +231,10 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
                         {"MOM2", second_ ? tensor_bytes : 0, &mom2_at_},
                         {"EXSM", 12 + 4 * tensors_, &exsm_at_},  // --exact-sums runs only
                         {"END ", 16, &end_at}};
+  const auto written = [&](const Part& p) { return exact_chunk_ > 0 || std::string_view(p.tag) != "EXSM"; };
   std::size_t size = kHeaderBytes, sections = 0;
   for (const Part& p : parts) {
-    if (std::string_view(p.tag) == "EXSM" && exact_chunk_ == 0) continue;
+    if (!written(p)) continue;
     ++sections;
     *p.at = size;
     size += kSectionHeaderBytes + pad8(p.length);
@@ -244,7 +245,7 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
   put<std::uint32_t>(b + 8, kCheckpointVersion);
   put<std::uint32_t>(b + 12, crc32c(b, 12));
   for (const Part& p : parts) {
-    if (std::string_view(p.tag) == "EXSM" && exact_chunk_ == 0) continue;
+    if (!written(p)) continue;
     std::memcpy(b + *p.at, p.tag, 4);
     put<std::uint64_t>(b + *p.at + 8, p.length);
   }

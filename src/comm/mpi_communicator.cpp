@@ -296,11 +296,17 @@ class MpiCommunicator final : public Communicator {
     for (;;) {
       MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
       if (done) return;
-      if (++idle > 64 && waiters_.load(std::memory_order_relaxed) == 0) {
-        nap = std::min(kLongestNap, std::max(kShortestNap, 2 * nap));
-        std::unique_lock<std::mutex> lk(mu_);
-        waiter_cv_.wait_for(lk, nap, [&] { return waiters_.load(std::memory_order_relaxed) > 0; });
-      }
+      nap_if_idle(idle, nap);
+    }
+  }
+
+  // After a poll that found nothing: Note [A thread for the sums]'s nap, once 64 polls in a row
+  // found nothing and no caller waits (a caller arriving in wait() ends the nap).
+  void nap_if_idle(int& idle, std::chrono::microseconds& nap) {
+    if (++idle > 64 && waiters_.load(std::memory_order_relaxed) == 0) {
+      nap = std::min(kLongestNap, std::max(kShortestNap, 2 * nap));
+      std::unique_lock<std::mutex> lk(mu_);
+      waiter_cv_.wait_for(lk, nap, [&] { return waiters_.load(std::memory_order_relaxed) > 0; });
     }
   }
 
@@ -424,11 +430,7 @@ class MpiCommunicator final : public Communicator {
       MPI_CHECK(MPI_Testsome(static_cast<int>(total), reqs_.data(), &outcount, indices_.data(), MPI_STATUSES_IGNORE));
       MNIST_CHECK(outcount != MPI_UNDEFINED, ExitCode::kRuntime, "allreduce: no active request left before the end");
       if (outcount == 0) {
-        if (++idle > 64 && waiters_.load(std::memory_order_relaxed) == 0) {
-          nap = std::min(kLongestNap, std::max(kShortestNap, 2 * nap));
-          std::unique_lock<std::mutex> lk(mu_);  // a caller arriving in wait() ends the nap
-          waiter_cv_.wait_for(lk, nap, [&] { return waiters_.load(std::memory_order_relaxed) > 0; });
-        }
+        nap_if_idle(idle, nap);
         continue;
       }
       idle = 0;

@@ -84,31 +84,53 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
   return r;
 }
 
+// One micro-batch up to its backward: its images, forward, the loss (added to `loss`) and its
+// gradient, with the rows past a short slice zeroed, and the guard's look at the loss.
+StepContext Step::forward_and_loss(std::int64_t step, const Slice& slice, LossMeter& loss, bool poison, Timeline* tl,
+                                   MicroTimes& at) {
+  const ModelSpec& spec = p_.model->spec();
+  at.start = Clock::now();
+  p_.data->gather(slice.position, slice.count, p_.model->input());
+  at.data = Clock::now();
+  const StepContext ctx{true, shape_.seed, step, slice.first};
+  p_.model->forward(ctx);
+  p_.backend->softmax_cross_entropy(p_.model->logits(), p_.data->labels(), static_cast<int>(slice.count),
+                                    spec.num_classes(), p_.model->dlogits(), grad_scale_, loss);
+  if (slice.count < shape_.batch) {  // a short micro-batch: its rows past the slice add nothing
+    const std::int64_t classes = spec.num_classes();
+    p_.backend->copy(p_.model->dlogits() + slice.count * classes, zeros_->data(), (shape_.batch - slice.count) * classes);
+  }
+  p_.guard->after_loss(loss, p_.model->dlogits(), poison);
+  at.loss = Clock::now();
+  if (tl) tl->backward_starts(at.loss, step);
+  return ctx;
+}
+
+// Micro-batch `index`'s spans (the last one's backward is recorded by layer) and host times, its
+// backward ended at `end`.
+void Step::record_micro(std::int64_t step, std::int64_t index, bool last, const MicroTimes& at,
+                        Clock::time_point end, Timeline* tl, StepTiming& timing) {
+  if (tl) {
+    tl->record(SpanKind::kData, at.start, at.data, step, static_cast<std::int32_t>(index));
+    tl->record(SpanKind::kForward, at.data, at.loss, step, static_cast<std::int32_t>(index));
+    if (!last) tl->record(SpanKind::kBackward, at.loss, end, step);
+  }
+  timing.data += seconds(at.data - at.start);
+  timing.forward += seconds(at.loss - at.data);
+  timing.backward += seconds(end - at.loss);
+}
+
 void Step::body(std::int64_t step, double lr, bool poison, StepTiming& timing) {
   p_.guard->begin_step();
   const ModelSpec& spec = p_.model->spec();
-  Timeline* const tl = p_.timeline;
   Clock::time_point backward_end;
   for (std::int64_t micro = 0; micro < shape_.accumulation; ++micro) {
     const bool last = micro + 1 == shape_.accumulation;
     // Note [Micro-batches and positions] (include/mnist_mpi/data/sampler.hpp)
     const Slice slice =
         p_.sampler->slice(step, shape_.rank * shape_.accumulation + micro, shape_.world * shape_.accumulation);
-    const auto m0 = Clock::now();
-    p_.data->gather(slice.position, slice.count, p_.model->input());
-    const auto m1 = Clock::now();
-    const StepContext ctx{true, shape_.seed, step, slice.first};
-    p_.model->forward(ctx);
-    p_.backend->softmax_cross_entropy(p_.model->logits(), p_.data->labels(), static_cast<int>(slice.count),
-                                      spec.num_classes(), p_.model->dlogits(), grad_scale_, *p_.loss);
-    if (slice.count < shape_.batch) {  // a short micro-batch: its rows past the slice add nothing
-      const std::int64_t classes = spec.num_classes();
-      p_.backend->copy(p_.model->dlogits() + slice.count * classes, zeros_->data(),
-                       (shape_.batch - slice.count) * classes);
-    }
-    p_.guard->after_loss(*p_.loss, p_.model->dlogits(), poison && last);
-    const auto m2 = Clock::now();
-    if (tl) tl->backward_starts(m2, step);
+    MicroTimes at;
+    const StepContext ctx = forward_and_loss(step, slice, *p_.loss, poison && last, p_.timeline, at);
     if (last) {
       accumulating_ = shape_.accumulation > 1;
       p_.model->backward(ctx, on_layer_done_);
@@ -120,30 +142,12 @@ void Step::body(std::int64_t step, double lr, bool poison, StepTiming& timing) {
       else
         p_.backend->add(accum_->data(), p_.grads->data(), spec.param_count);
     }
-    const auto m3 = Clock::now();
-    if (tl) {
-      tl->record(SpanKind::kData, m0, m1, step, static_cast<std::int32_t>(micro));
-      tl->record(SpanKind::kForward, m1, m2, step, static_cast<std::int32_t>(micro));
-      if (!last) tl->record(SpanKind::kBackward, m2, m3, step);
-    }
-    backward_end = m3;
-    timing.data += seconds(m1 - m0);
-    timing.forward += seconds(m2 - m1);
-    timing.backward += seconds(m3 - m2);
+    backward_end = Clock::now();
+    record_micro(step, micro, last, at, backward_end, p_.timeline, timing);
   }
   apply(step, lr, backward_end, timing);
 }
 
-// The optimiser waits only for what it needs: bucket k's parameters are updated as soon as its
-// sum is in, while the later buckets are still being summed (the update is elementwise, so the
-// bits are those of one pass over the whole buffer). Each bucket is checked before it is applied
-// (Note [Non-finite steps]). With check_all_first (--skip-nonfinite-steps) every bucket is waited
-// for and checked before the first is applied, so that a skipped step changes nothing; without
-// it a bucket the guard refuses stops the updates there, and the run stops after the step.
-// Sharded (Note [Sharded optimiser state] in include/mnist_mpi/train/optimizer.hpp): a bucket's
-// sum is this rank's shard of it, which is all the rank checks and updates; the guard's verdicts
-// are then agreed on, and every bucket's parameters are gathered, updated or not, so that every
-// rank starts the same collectives in the same order.
 // Note [Exact sums in fixed point]; the limits: Note [Where the shift comes from]. Every rank runs
 // its chunks one after another with kernels of the chunk's batch, so a chunk's gradient is the
 // same bits on whichever rank computes it; backward of the last one starts the buckets of integers
@@ -159,9 +163,7 @@ void Step::body_exact(std::int64_t step, double lr, bool poison, StepTiming& tim
       x.finish_probe(p_.reducer->communicator());
     }
     const Clock::time_point backward_end = exact_pass(step, false, poison, *loss, timing);
-    timing.exposed_comm += p_.reducer->start_remaining();
-    for (std::size_t k = p_.reducer->buckets().size(); k-- > 0;)  // in start order they complete
-      timing.exposed_comm += p_.reducer->wait_bucket(k);
+    timing.exposed_comm += p_.reducer->finish();
     if (x.out_of_range() == 0 || x.nonfinite() > 0) {
       const auto c0 = Clock::now();
       x.to_float(p_.grads->data());
@@ -176,7 +178,6 @@ void Step::body_exact(std::int64_t step, double lr, bool poison, StepTiming& tim
 
 Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, LossMeter& loss, StepTiming& timing) {
   ExactSums& x = *p_.exact;
-  const ModelSpec& spec = p_.model->spec();
   Timeline* const tl = probe ? nullptr : p_.timeline;
   if (probe)
     x.begin_probe();
@@ -186,16 +187,8 @@ Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, L
   for (std::int64_t j = 0; j < shape_.my_chunks.count; ++j) {
     const bool last = j + 1 == shape_.my_chunks.count;
     const Slice slice = p_.sampler->slice(step, shape_.my_chunks.first + j, shape_.chunks);  // c images
-    const auto m0 = Clock::now();
-    p_.data->gather(slice.position, slice.count, p_.model->input());
-    const auto m1 = Clock::now();
-    const StepContext ctx{true, shape_.seed, step, slice.first};
-    p_.model->forward(ctx);
-    p_.backend->softmax_cross_entropy(p_.model->logits(), p_.data->labels(), static_cast<int>(slice.count),
-                                      spec.num_classes(), p_.model->dlogits(), grad_scale_, loss);
-    p_.guard->after_loss(loss, p_.model->dlogits(), poison && last);
-    const auto m2 = Clock::now();
-    if (tl) tl->backward_starts(m2, step);
+    MicroTimes at;
+    const StepContext ctx = forward_and_loss(step, slice, loss, poison && last, tl, at);
     exact_first_chunk_ = j == 0;
     if (probe) {
       p_.model->backward(ctx);
@@ -206,20 +199,22 @@ Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, L
       p_.model->backward(ctx);
       x.absorb_all(p_.grads->data(), exact_first_chunk_);
     }
-    const auto m3 = Clock::now();
-    if (tl) {
-      tl->record(SpanKind::kData, m0, m1, step, static_cast<std::int32_t>(j));
-      tl->record(SpanKind::kForward, m1, m2, step, static_cast<std::int32_t>(j));
-      if (!last) tl->record(SpanKind::kBackward, m2, m3, step);
-    }
-    backward_end = m3;
-    timing.data += seconds(m1 - m0);
-    timing.forward += seconds(m2 - m1);
-    timing.backward += seconds(m3 - m2);
+    backward_end = Clock::now();
+    record_micro(step, j, last, at, backward_end, tl, timing);
   }
   return backward_end;
 }
 
+// The optimiser waits only for what it needs: bucket k's parameters are updated as soon as its
+// sum is in, while the later buckets are still being summed (the update is elementwise, so the
+// bits are those of one pass over the whole buffer). Each bucket is checked before it is applied
+// (Note [Non-finite steps]). With check_all_first (--skip-nonfinite-steps) every bucket is waited
+// for and checked before the first is applied, so that a skipped step changes nothing; without
+// it a bucket the guard refuses stops the updates there, and the run stops after the step.
+// Sharded (Note [Sharded optimiser state] in include/mnist_mpi/train/optimizer.hpp): a bucket's
+// sum is this rank's shard of it, which is all the rank checks and updates; the guard's verdicts
+// are then agreed on, and every bucket's parameters are gathered, updated or not, so that every
+// rank starts the same collectives in the same order.
 void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, StepTiming& t, bool sums_in) {
   Reducer& reducer = *p_.reducer;
   const std::vector<Bucket>& buckets = reducer.buckets();
@@ -228,15 +223,11 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
     const ParamRange mine = reducer.shard(k);
     return p_.guard->bucket_ok(p_.grads->data() + mine.begin, mine.end - mine.begin);
   };
+  if (!sums_in) t.exposed_comm = reducer.start_remaining();
+  const bool check_all_first = shape_.check_all_first || sums_in;  // with every sum in, nothing to overlap
   bool finite = true;
-  std::size_t waited = 0;  // buckets whose sums are in
-  if (sums_in) {
-    for (; waited < buckets.size(); ++waited) finite = finite && ok(waited);
-    if (sharded) finite = p_.guard->agree(reducer.communicator()) && finite;
-  } else {
-    t.exposed_comm = reducer.start_remaining();
-  }
-  if (shape_.check_all_first && !sums_in) {
+  std::size_t waited = 0;  // buckets whose sums are in (a sum already in returns at once)
+  if (check_all_first) {
     for (; waited < buckets.size(); ++waited) {
       t.exposed_comm += reducer.wait_bucket(waited);
       finite = finite && ok(waited);
@@ -272,7 +263,7 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
   // The gathers first: on the CPU the caller then sleeps in wait() while the communication thread
   // has the core, where a blocking collective beside it would spin against it.
   t.exposed_comm += reducer.wait_gathers();
-  if (!shape_.check_all_first && !sums_in) p_.guard->agree(reducer.communicator());
+  if (!check_all_first) p_.guard->agree(reducer.communicator());
 }
 
 }  // namespace mnist_mpi

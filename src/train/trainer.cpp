@@ -324,23 +324,15 @@ TrainingState Trainer::state() {
 EvalResult Trainer::evaluate(const Split& split) {
   const std::int64_t batches = eval_batches(split);
   const std::int64_t first = part_first(batches, comm_.size(), comm_.rank());
-  batch_losses_.clear();
-  exact_correct_ = 0;
   const LossStats mine = evaluate_batches(split, first, part_count(batches, comm_.size(), comm_.rank()));
-  if (exact_) return eval_result(split.count, exact_loss_sum(batches));
+  if (exact_) return eval_result(split.count, exact_loss_sum(batches, mine.correct));
   double v[2] = {mine.loss_sum, static_cast<double>(mine.correct)};
   comm_.allreduce_sum(std::span<double>(v, 2));
   return eval_result(split.count, LossStats{v[0], static_cast<std::int64_t>(v[1])});
 }
 
 EvalResult Trainer::evaluate_alone(const Split& split) {
-  batch_losses_.clear();
-  exact_correct_ = 0;
-  const LossStats all = evaluate_batches(split, 0, eval_batches(split));
-  if (!exact_) return eval_result(split.count, all);
-  LossStats sum{0.0, exact_correct_};  // the batches in order (evaluate()'s exact sum rounds once)
-  for (const double l : batch_losses_) sum.loss_sum += l;
-  return eval_result(split.count, sum);
+  return eval_result(split.count, evaluate_batches(split, 0, eval_batches(split)));
 }
 
 // The split's batches of the evaluation model's size (the last one may be short). The model is
@@ -377,6 +369,8 @@ LossStats Trainer::evaluate_batches(const Split& split, std::int64_t first, std:
   ctx.training = false;
   eval_loss_->reset();
   eval_images_ = 0;
+  batch_losses_.clear();
+  LossStats batches;  // --exact-sums: the batches' losses added in order, and their correct counts
   for (std::int64_t b = first; b < first + n; ++b) {
     const std::int64_t at = b * eb;
     const std::int64_t rows = std::min<std::int64_t>(eb, split.count - at);
@@ -390,16 +384,17 @@ LossStats Trainer::evaluate_batches(const Split& split, std::int64_t first, std:
       const LossStats one = eval_loss_->read();
       eval_loss_->reset();
       batch_losses_.push_back(one.loss_sum);
-      exact_correct_ += one.correct;
+      batches.loss_sum += one.loss_sum;
+      batches.correct += one.correct;
     }
   }
-  return eval_loss_->read();  // the one synchronisation of an evaluation
+  return exact_ ? batches : eval_loss_->read();  // the one synchronisation of an evaluation (default mode)
 }
 
 // --exact-sums: the split's loss as an exact sum of its batches' losses (Note [Exact sums in fixed
 // point], the shift from the largest batch loss of every rank), so that it is the same bits on any
 // number of ranks, like the accuracy. The loss of a batch is >= 0; a non-finite one makes it NaN.
-LossStats Trainer::exact_loss_sum(std::int64_t batches) {
+LossStats Trainer::exact_loss_sum(std::int64_t batches, std::int64_t correct) {
   std::int64_t top[2] = {-1100, 0};  // the largest exponent (double's least is -1074), non-finite seen
   for (const double l : batch_losses_) {
     if (!std::isfinite(l)) top[1] = 1;
@@ -409,7 +404,7 @@ LossStats Trainer::exact_loss_sum(std::int64_t batches) {
   }
   comm_.allreduce_max(top);
   const int shift = static_cast<int>(62 - std::max<std::int64_t>(top[0], -1000) - ceil_log2(std::max<std::int64_t>(batches, 1)));
-  std::int64_t v[2] = {0, exact_correct_};
+  std::int64_t v[2] = {0, correct};
   if (top[1] == 0)
     for (const double l : batch_losses_) v[0] += std::llrint(std::ldexp(l, shift));  // exact scaling, then rounded
   comm_.allreduce_sum(v);

@@ -74,6 +74,14 @@ class Step {
   void use_order(std::int64_t epoch);  // the data source's order is that of `epoch`
   // Waits for every bucket's sum, checks it and applies it; stops applying at the first bucket the
   // guard refuses (every sum is still waited for: none is left in flight).
+  // When a micro-batch's parts began: its data, its forward and loss, its backward.
+  struct MicroTimes {
+    std::chrono::steady_clock::time_point start, data, loss;
+  };
+  StepContext forward_and_loss(std::int64_t step, const Slice& slice, LossMeter& loss, bool poison, Timeline* tl,
+                               MicroTimes& at);
+  void record_micro(std::int64_t step, std::int64_t index, bool last, const MicroTimes& at,
+                    std::chrono::steady_clock::time_point end, Timeline* tl, StepTiming& timing);
   // sums_in: every bucket's sum is already in (--exact-sums); all are checked before any is applied.
   void apply(std::int64_t step, double lr, std::chrono::steady_clock::time_point backward_end, StepTiming& t,
              bool sums_in = false);

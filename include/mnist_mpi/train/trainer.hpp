@@ -127,7 +127,8 @@ class Trainer final : private CheckpointSource {
   void log_training_loss(std::int64_t step, double lr, RunResult& res);
   std::int64_t eval_batches(const Split& split) const;
   LossStats evaluate_batches(const Split& split, std::int64_t first, std::int64_t n);
-  LossStats exact_loss_sum(std::int64_t batches);  // --exact-sums: the batches' losses of every rank
+  // --exact-sums: the split's loss from every rank's batch losses, and the correct count.
+  LossStats exact_loss_sum(std::int64_t batches, std::int64_t correct);
   static EvalResult eval_result(std::int64_t count, const LossStats& s);
   EvalResult evaluate_during_training(std::int64_t step, bool epoch_end, bool eval_now);
   bool target_reached(std::int64_t step, const EvalResult& validation, TargetFacts& target);
@@ -176,7 +177,6 @@ class Trainer final : private CheckpointSource {
   std::unique_ptr<LossMeter> train_loss_, eval_loss_;
   std::int64_t eval_images_ = 0;  // images this rank evaluated in the last evaluation
   std::vector<double> batch_losses_;  // --exact-sums: this rank's batch losses of the evaluation
-  std::int64_t exact_correct_ = 0;    // and its correct count
   std::vector<std::uint64_t> replica_hashes_;  // (world)
   std::unique_ptr<Monitor> monitor_;           // progress, metrics file, TensorBoard, timeline, report (src/report/)
   Timeline* timeline_ = nullptr;               // null unless --timeline: then every step records spans
