@@ -403,7 +403,8 @@ LossStats Trainer::exact_loss_sum(std::int64_t batches, std::int64_t correct) {
     if (l > 0.0) top[0] = std::max<std::int64_t>(top[0], e);
   }
   comm_.allreduce_max(top);
-  const int shift = static_cast<int>(62 - std::max<std::int64_t>(top[0], -1000) - ceil_log2(std::max<std::int64_t>(batches, 1)));
+  // Note [Exact sums in fixed point]'s shift for the largest batch loss of every rank.
+  const int shift = shift_for_limit(static_cast<int>(std::max<std::int64_t>(top[0], -1000)), std::max<std::int64_t>(batches, 1));
   std::int64_t v[2] = {0, correct};
   if (top[1] == 0)
     for (const double l : batch_losses_) v[0] += std::llrint(std::ldexp(l, shift));  // exact scaling, then rounded
