@@ -18,7 +18,7 @@ ok() { passed=$((passed + 1)); echo "ok   $1"; }
 fail() { failed=$((failed + 1)); echo "FAIL $1"; }
 lenet="conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10"
 common=(--data-dir "$work/data" --validation-size 0 --model "$lenet" --global-batch-size 100 --max-steps 12
-        --log-every 0 --eval-batch-size 30 --seed 7)
+        --log-every 0 --eval-batch-size 4 --seed 7)  # 50 test batches: a loss summed by rank would show
 
 # run NAME NP ARGS...: trains, keeps "params_hash test_loss test_accuracy" of the final event in $work/NAME.
 run() {
@@ -64,6 +64,9 @@ cp "$work/ck/step-00000006.ckpt" "$work/six.ckpt"
 run exact_resume_np3 3 --exact-sums --resume "$work/six.ckpt"
 run exact_resume_np1 1 --exact-sums --resume "$work/six.ckpt"
 same "resume on another number of ranks" exact_np1 exact_ck exact_resume_np3 exact_resume_np1
+# The resumed runs continue with the checkpoint's limits (EXSM), where a fresh run probes its first step.
+grep -q '"exact_sum_probes":0,' "$work/exact_resume_np3.jsonl" && grep -q '"exact_sum_probes":0,' "$work/exact_resume_np1.jsonl" &&
+  ok "the resumed runs took the checkpoint's limits (no probe)" || fail "a resumed run probed: the checkpoint's limits were not used"
 
 # The default mode on the same runs: the sums are grouped by rank, so the bits move.
 run default_np1 1

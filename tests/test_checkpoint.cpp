@@ -143,6 +143,37 @@ TEST(Checkpoint, EveryFlippedByteIsDetected) {
   }
 }
 
+// EXSM (--exact-sums): the chunk and one limit per tensor come back as written, a file without it
+// says "not an --exact-sums run", every flipped byte of a file with it is noticed, and limits for
+// the wrong number of tensors are refused before anything is written.
+TEST(Checkpoint, ExactSumsSectionRoundTripsAndIsChecked) {
+  const ModelSpec spec = small_spec();
+  const CheckpointMeta meta = sample_meta(spec);
+  const State s = sample_state(spec.param_count);
+  std::vector<std::int32_t> limits;
+  for (std::size_t t = 0; t < spec.params.size(); ++t) limits.push_back(static_cast<std::int32_t>(5 - 7 * t));
+  CheckpointEncoder e(spec, "exact-sums = true\n", true, 10);
+  e.capture(meta, s.p.data(), s.m.data(), s.v.data(), limits);
+  e.seal();
+  const std::vector<std::uint8_t> good(e.bytes().begin(), e.bytes().end());
+  const Checkpoint ck = decode_checkpoint(good, "x.ckpt");
+  EXPECT_EQ(ck.exact_chunk, 10);
+  EXPECT_EQ(ck.exact_limits, limits);
+  EXPECT_EQ(ck.params, s.p);
+  const Checkpoint plain = decode_checkpoint(encode(spec, meta, s), "x.ckpt");
+  EXPECT_EQ(plain.exact_chunk, 0);
+  EXPECT_TRUE(plain.exact_limits.empty());
+  for (std::size_t i = 0; i < good.size(); ++i) {
+    auto bad = good;
+    bad[i] ^= 0x04;
+    ASSERT_FALSE(message_of(bad).empty()) << "a flipped bit at byte " << i << " of " << good.size() << " went unnoticed";
+  }
+  limits.pop_back();
+  EXPECT_THROW(e.capture(meta, s.p.data(), s.m.data(), s.v.data(), limits), Error);
+  CheckpointEncoder without(spec, "", true);
+  EXPECT_THROW(without.capture(meta, s.p.data(), s.m.data(), s.v.data(), ck.exact_limits), Error);
+}
+
 TEST(Checkpoint, EveryTruncationIsDetected) {
   const ModelSpec spec = small_spec();
   const auto good = encode(spec, sample_meta(spec), sample_state(spec.param_count));
