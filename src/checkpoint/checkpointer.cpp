@@ -287,7 +287,7 @@ std::string Checkpointer::check_compatible(const Checkpoint& ck, const std::stri
 }
 
 std::int64_t Checkpointer::restore(float* params,
-                                   const std::function<void(const RestoredOptimizer&)>& restore_optimizer) {
+                                   const std::function<void(const RestoredState&)>& restore_state) {
   std::uint64_t n = rank0_ ? resume_bytes_.size() : 0;
   comm_.broadcast(std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(&n), sizeof n), 0);
   if (n == 0) return 0;
@@ -299,8 +299,8 @@ std::int64_t Checkpointer::restore(float* params,
   MNIST_CHECK(ck.meta.param_count == run_.spec->param_count, ExitCode::kCheckpoint,
               "checkpoint from rank 0 does not fit this rank's model");
   std::copy(ck.params.begin(), ck.params.end(), params);
-  restore_optimizer({ck.first_moment.data(), ck.second_moment.empty() ? nullptr : ck.second_moment.data(),
-                     ck.meta.optimizer_steps, ck.exact_limits});
+  restore_state({ck.first_moment.data(), ck.second_moment.empty() ? nullptr : ck.second_moment.data(),
+                 ck.meta.optimizer_steps, ck.exact_limits});
   std::vector<std::uint8_t>().swap(resume_bytes_);
   return ck.meta.step;
 }

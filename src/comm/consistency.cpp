@@ -63,9 +63,6 @@ void check_ranks_agree(Communicator& comm, const std::string& description) {
                                     diffs + " (every rank must get the same options, model, data and program version)");
 }
 
-}  // namespace mnist_mpi
-
-namespace mnist_mpi {
 
 // Note [The same data on every rank]
 // On a cluster each node often has its own copy of the data, and a stale or damaged copy changes

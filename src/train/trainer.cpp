@@ -445,7 +445,7 @@ RunResult Trainer::run() {
   grad_comm_->connect();  // NCCL: the collective part of its set-up
   share_measured_convolutions();
   // A checkpoint's parameters and optimiser state, on every rank (none: first_step 0).
-  const std::int64_t first_step = checkpointer_->restore(params_copy_->host(0), [&](const RestoredOptimizer& r) {
+  const std::int64_t first_step = checkpointer_->restore(params_copy_->host(0), [&](const RestoredState& r) {
     optimizer_->restore(r.first_moment, r.second_moment, r.steps);
     if (exact_) exact_->set_limits(r.exact_limits);  // checked against the mode when it was chosen
   });

@@ -45,9 +45,10 @@ struct TrainingState {
   std::span<const std::int32_t> exact_limits;      // --exact-sums: the next step's limits
 };
 
-// A checkpoint's optimiser state in host memory, handed to the optimiser on resume: full-size
-// moments in flat order (second null for sgd) and the step count.
-struct RestoredOptimizer {
+// A checkpoint's state besides the parameters, in host memory, handed to the trainer on resume:
+// the optimiser's full-size moments in flat order (second null for sgd) and step count, and the
+// exact sums' limits.
+struct RestoredState {
   const float* first_moment = nullptr;
   const float* second_moment = nullptr;
   std::int64_t steps = 0;
@@ -80,8 +81,8 @@ class Checkpointer {
 
   // Collective: broadcasts the checkpoint (if any), restores parameters and optimiser on every
   // rank. Returns the step to continue from (0 for a fresh start).
-  // restore_optimizer receives the checkpoint's optimiser state (not called on a fresh start).
-  std::int64_t restore(float* params, const std::function<void(const RestoredOptimizer&)>& restore_optimizer);
+  // restore_state receives the checkpoint's state besides the parameters (not called on a fresh start).
+  std::int64_t restore(float* params, const std::function<void(const RestoredState&)>& restore_state);
   // Rank 0: a checkpoint of the state after step s.step, taken from state() now (the state in
   // host memory: Note [Host copies]) and written on the writer thread (or at once without
   // --checkpoint-async). A state with NaN or inf parameters is not written: that is a write error.
