@@ -171,6 +171,44 @@ TEST(Distributed, AllreduceSumsEveryElementExactly) {
   }
 }
 
+// The int64 sums of --exact-sums, blocking and started between float sums on the communication
+// thread: every element is the exact sum, values beyond double's 53 bits included, and a started
+// int64 sum completes in start order with the float sums around it.
+TEST(Distributed, Int64SumsAreExactAndKeepTheStartOrder) {
+  auto c = make_mpi_communicator(MPI_COMM_WORLD);
+  const std::int64_t n = c->size(), r = c->rank();
+  const std::int64_t big = (std::int64_t{1} << 55) + 3;  // not a double: a float or double sum would round it
+  auto fill = [&](std::vector<std::int64_t>& q) {
+    for (std::size_t i = 0; i < q.size(); ++i) q[i] = (r + 1) * big - static_cast<std::int64_t>(i) * (r % 2 ? 1 : -1);
+  };
+  auto want = [&](std::size_t i) {
+    std::int64_t w = 0;
+    for (std::int64_t k = 0; k < n; ++k) w += (k + 1) * big - static_cast<std::int64_t>(i) * (k % 2 ? 1 : -1);
+    return w;
+  };
+  std::vector<std::int64_t> a(70001), b(5);
+  std::vector<float> f(1000, static_cast<float>(r + 1));
+  fill(a);
+  fill(b);
+  c->allreduce_sum(std::span<std::int64_t>(b));
+  std::int64_t wrong = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) wrong += b[i] != want(i);
+  fill(b);
+  CommRequest rf = c->start_allreduce_sum(std::span<float>(f));
+  CommRequest ra = c->start_allreduce_sum(std::span<std::int64_t>(a));
+  CommRequest rb = c->start_allreduce_sum(std::span<std::int64_t>(b));
+  c->wait(rb);  // the last started: the others are done too
+  EXPECT_TRUE(c->test(ra) && c->test(rf));
+  c->wait(ra);
+  c->wait(rf);
+  for (std::size_t i = 0; i < a.size(); ++i) wrong += a[i] != want(i);
+  for (std::size_t i = 0; i < b.size(); ++i) wrong += b[i] != want(i);
+  for (float x : f) wrong += x != static_cast<float>(n * (n + 1) / 2);
+  std::int64_t total = wrong;
+  c->allreduce_max(std::span<std::int64_t>(&total, 1));
+  EXPECT_EQ(total, 0) << "elements wrong on some rank, here " << wrong;
+}
+
 // World-size invariance: with the same seed and global batch, lenet with dropout follows the same
 // trajectory on 1, 2, 3 and 4 ranks (up to summation order), whether or not the global batch
 // divides by them. World ranks [0, k) train together.
