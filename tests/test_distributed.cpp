@@ -173,7 +173,8 @@ TEST(Distributed, AllreduceSumsEveryElementExactly) {
 
 // The int64 sums of --exact-sums, blocking and started between float sums on the communication
 // thread: every element is the exact sum, values beyond double's 53 bits included, and a started
-// int64 sum completes in start order with the float sums around it.
+// int64 sum completes in start order with the float sums around it; a reduce-scatter of int64
+// leaves the exact sums in this rank's shard.
 TEST(Distributed, Int64SumsAreExactAndKeepTheStartOrder) {
   auto c = make_mpi_communicator(MPI_COMM_WORLD);
   const std::int64_t n = c->size(), r = c->rank();
@@ -204,6 +205,15 @@ TEST(Distributed, Int64SumsAreExactAndKeepTheStartOrder) {
   for (std::size_t i = 0; i < a.size(); ++i) wrong += a[i] != want(i);
   for (std::size_t i = 0; i < b.size(); ++i) wrong += b[i] != want(i);
   for (float x : f) wrong += x != static_cast<float>(n * (n + 1) / 2);
+  // A reduce-scatter (--exact-sums sharded): this rank's shard holds the exact sums; long enough
+  // that a shard is sent in several segments (1 MiB: 131072 integers).
+  std::vector<std::int64_t> s(600001);
+  fill(s);
+  CommRequest rs = c->start_reduce_scatter_sum(std::span<std::int64_t>(s));
+  c->wait(rs);
+  const Shard mine = shard_of(static_cast<std::int64_t>(s.size()), c->rank(), c->size());
+  for (std::int64_t i = mine.begin; i < mine.end; ++i)
+    wrong += s[static_cast<std::size_t>(i)] != want(static_cast<std::size_t>(i));
   std::int64_t total = wrong;
   c->allreduce_max(std::span<std::int64_t>(&total, 1));
   EXPECT_EQ(total, 0) << "elements wrong on some rank, here " << wrong;

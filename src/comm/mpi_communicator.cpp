@@ -17,8 +17,10 @@
 #include <filesystem>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
@@ -69,13 +71,13 @@ int provided_thread_level() {
 // more ranks its allreduce algorithms add the ranks' values in different orders by message size).
 // A range of n elements is cut into world-size chunks, chunk r = shard_of(n, r, W) owned by rank
 // r (Note [Shards] in include/mnist_mpi/comm/communicator.hpp). Reduce-scatter: every rank sends its contribution to
-// chunk p to rank p, in segments of at most kSegment floats; the owner adds a segment as soon as all peers' copies of
+// chunk p to rank p, in segments of at most kSegmentBytes; the owner adds a segment as soon as all peers' copies of
 // it have arrived (the sum runs on data still in cache, and overlaps the transfer of the next segments) and sends the
 // summed segment to every peer at once (allgather). Same bytes on the wire as a ring allreduce,
 // 2 (W-1)/W of the buffer per rank, and no copy of a rank's own contribution. The sharded
 // optimiser runs the two halves apart (start_reduce_scatter_sum, start_allgather_shards): the
 // same event loop with one half's requests left out, so its sums are these bits.
-constexpr std::int64_t kSegment = 1 << 18;   // floats: 1 MiB (measured: 256 KiB-1 MiB alike, 64 KiB slower)
+constexpr std::int64_t kSegmentBytes = 1 << 20;  // 1 MiB (measured on floats: 256 KiB-1 MiB alike, 64 KiB slower)
 constexpr std::int64_t kMaxSegments = 8192;  // per chunk; tags [0, kMaxSegments) and
 constexpr int kGatherTag = 16384;            // [kGatherTag, kGatherTag + kMaxSegments) < 32767
 // Polling while the caller computes: after 64 empty polls, naps from 20 us doubling to 100 us.
@@ -140,7 +142,8 @@ class MpiCommunicator final : public Communicator {
   CommRequest start_allreduce_sum(std::span<float> d) override { return start(d, Kind::kSum); }
   CommRequest start_reduce_scatter_sum(std::span<float> d) override { return start(d, Kind::kScatter); }
   CommRequest start_allgather_shards(std::span<float> d) override { return start(d, Kind::kGather); }
-  CommRequest start_allreduce_sum(std::span<std::int64_t> d) override { return start({}, Kind::kSumInt64, d); }
+  CommRequest start_allreduce_sum(std::span<std::int64_t> d) override { return start({}, Kind::kSum, d); }
+  CommRequest start_reduce_scatter_sum(std::span<std::int64_t> d) override { return start({}, Kind::kScatter, d); }
 
   bool test(CommRequest& req) override {
     std::lock_guard<std::mutex> lk(mu_);
@@ -202,27 +205,29 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  // A whole sum, or one of its halves (Note [Shards]).
-  // A whole sum of integers (exact: any order; Note [Exact sums in fixed point]).
-  enum class Kind { kSum, kScatter, kGather, kSumInt64 };
+  // A whole sum, or one of its halves (Note [Shards]), of floats or of integers (exact in any
+  // order: Note [Exact sums in fixed point]).
+  enum class Kind { kSum, kScatter, kGather };
   struct Op {
     enum State { kFree, kQueued, kDone } state = kFree;
     std::int64_t seq = 0;
     std::span<float> data;
-    std::span<std::int64_t> ints;  // kSumInt64
+    std::span<std::int64_t> ints;
+    bool integers = false;  // ints, not data
     Kind kind = Kind::kSum;
     Clock::time_point done_at;
   };
 
   // Queues a sum or a half of one for the communication thread (one rank: done at once).
-  CommRequest start(std::span<float> d, Kind kind, std::span<std::int64_t> ints = {}) {
+  CommRequest start(std::span<float> d, Kind kind, std::optional<std::span<std::int64_t>> ints = std::nullopt) {
     std::unique_lock<std::mutex> lk(mu_);
     std::size_t slot = 0;
     while (slot < ops_.size() && ops_[slot].state != Op::kFree) ++slot;
     if (slot == ops_.size()) ops_.emplace_back();  // grows to the number of buckets, in the first step
     Op& op = ops_[slot];
     op.data = d;
-    op.ints = ints;
+    op.ints = ints.value_or(std::span<std::int64_t>{});
+    op.integers = ints.has_value();
     op.kind = kind;
     op.seq = next_seq_++;
     op.state = size_ == 1 ? Op::kDone : Op::kQueued;
@@ -279,25 +284,10 @@ class MpiCommunicator final : public Communicator {
   }
 
   void run_op(Op& op) {
-    if (op.kind == Kind::kSumInt64)
-      reduce_ints(op.ints);
+    if (op.integers)
+      reduce(op.ints, op.kind, scratch_ints_);
     else
-      reduce(op.data, op.kind);
-  }
-
-  // An exact sum of integers: the order does not matter (Note [Exact sums in fixed point]), so
-  // Open MPI's own non-blocking allreduce, polled with the naps of Note [A thread for the sums].
-  void reduce_ints(std::span<std::int64_t> d) {
-    if (size_ == 1) return;
-    MPI_Request req = MPI_REQUEST_NULL;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_INT64_T, MPI_SUM, red_, &req));
-    int done = 0, idle = 0;
-    std::chrono::microseconds nap{0};
-    for (;;) {
-      MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-      if (done) return;
-      nap_if_idle(idle, nap);
-    }
+      reduce(op.data, op.kind, scratch_);
   }
 
   // After a poll that found nothing: Note [A thread for the sums]'s nap, once 64 polls in a row
@@ -320,19 +310,23 @@ class MpiCommunicator final : public Communicator {
   //                   because they land where it leaves from
   //   [A+2B, 2A+2B)   gather sends of my summed segment k to peer j: posted when k is summed
   // A reduce-scatter (kScatter) posts only the first two groups and sums without sending; an
-  // allgather of shards (kGather) posts only the last two, at once.
+  // allgather of shards (kGather) posts only the last two, at once. Integers (--exact-sums) go the
+  // same way: their sums are exact, so the rank order only keeps the code one.
   // Long on purpose (Note [Why a function is long] in docs/style.md): the event loop above is one
   // state machine over four groups of requests; its indices are shared by every branch.
-  void reduce(std::span<float> d, Kind kind) {
+  template <class T>
+  void reduce(std::span<T> d, Kind kind, std::vector<T>& scratch) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, std::int64_t>);
+    const MPI_Datatype type = std::is_same_v<T, float> ? MPI_FLOAT : MPI_INT64_T;
     const int n = size_, me = rank_;
     if (n == 1) return;
     const bool scatter = kind != Kind::kGather, gather = kind != Kind::kScatter;
-    float* data = d.data();
+    T* data = d.data();
     const auto count = static_cast<std::int64_t>(d.size());
     auto lo = [&](int r) { return r == n ? count : shard_of(count, r, n).begin; };  // Note [Shards]
     const std::int64_t my_lo = lo(me), my_len = lo(me + 1) - my_lo;
     const std::int64_t max_len = lo(n) - lo(n - 1);  // the last shard is the longest
-    std::int64_t seg = kSegment;
+    std::int64_t seg = kSegmentBytes / static_cast<std::int64_t>(sizeof(T));
     if ((max_len + seg - 1) / seg > kMaxSegments) seg = (max_len + kMaxSegments - 1) / kMaxSegments;
     auto segments = [&](std::int64_t len) { return static_cast<int>((len + seg - 1) / seg); };
     auto seg_len = [&](std::int64_t len, int k) {
@@ -347,8 +341,7 @@ class MpiCommunicator final : public Communicator {
       if (p != me)
         for (int k = 0; k < segments(lo(p + 1) - lo(p)); ++k, ++B) send_peer_.push_back({p, k});
     const auto total = static_cast<std::size_t>(2 * A + 2 * B);
-    if (scratch_.size() < peers * static_cast<std::size_t>(my_len))
-      scratch_.resize(peers * static_cast<std::size_t>(my_len));
+    if (scratch.size() < peers * static_cast<std::size_t>(my_len)) scratch.resize(peers * static_cast<std::size_t>(my_len));
     if (reqs_.size() < total) reqs_.resize(total);
     if (indices_.size() < total) indices_.resize(total);
     if (arrived_.size() < static_cast<std::size_t>(my_segs)) arrived_.resize(static_cast<std::size_t>(my_segs));
@@ -359,18 +352,18 @@ class MpiCommunicator final : public Communicator {
       return static_cast<int>(j) < me ? static_cast<int>(j) : static_cast<int>(j) + 1;
     };
     auto peer_part = [&](std::size_t j, int k) {  // (len): peer j's contribution to my segment k
-      return scratch_.data() + j * static_cast<std::size_t>(my_len) + static_cast<std::size_t>(k * seg);
+      return scratch.data() + j * static_cast<std::size_t>(my_len) + static_cast<std::size_t>(k * seg);
     };
 
     // The gather receive of (p, k), the i-th reduce-scatter send's range, lands where it left from.
     auto post_gather_receive = [&](int i) {
       const auto [p, k] = send_peer_[static_cast<std::size_t>(i)];
-      MPI_CHECK(MPI_Irecv(data + lo(p) + k * seg, seg_len(lo(p + 1) - lo(p), k), MPI_FLOAT, p, kGatherTag + k, red_,
+      MPI_CHECK(MPI_Irecv(data + lo(p) + k * seg, seg_len(lo(p + 1) - lo(p), k), type, p, kGatherTag + k, red_,
                           &reqs_[static_cast<std::size_t>(A + B + i)]));
     };
     auto post_gather_sends = [&](int k) {  // my summed segment k to every peer
       for (std::size_t j = 0; j < peers; ++j)
-        MPI_CHECK(MPI_Isend(data + my_lo + k * seg, seg_len(my_len, k), MPI_FLOAT, peer_of(j), kGatherTag + k, red_,
+        MPI_CHECK(MPI_Isend(data + my_lo + k * seg, seg_len(my_len, k), type, peer_of(j), kGatherTag + k, red_,
                             &reqs_[static_cast<std::size_t>(A + 2 * B) + j * static_cast<std::size_t>(my_segs) +
                                    static_cast<std::size_t>(k)]));
     };
@@ -378,11 +371,11 @@ class MpiCommunicator final : public Communicator {
     if (scatter) {
       for (std::size_t j = 0; j < peers; ++j)
         for (int k = 0; k < my_segs; ++k)
-          MPI_CHECK(MPI_Irecv(peer_part(j, k), seg_len(my_len, k), MPI_FLOAT, peer_of(j), k, red_,
+          MPI_CHECK(MPI_Irecv(peer_part(j, k), seg_len(my_len, k), type, peer_of(j), k, red_,
                               &reqs_[j * static_cast<std::size_t>(my_segs) + static_cast<std::size_t>(k)]));
       for (int i = 0; i < B; ++i) {
         const auto [p, k] = send_peer_[static_cast<std::size_t>(i)];
-        MPI_CHECK(MPI_Isend(data + lo(p) + k * seg, seg_len(lo(p + 1) - lo(p), k), MPI_FLOAT, p, k, red_,
+        MPI_CHECK(MPI_Isend(data + lo(p) + k * seg, seg_len(lo(p + 1) - lo(p), k), type, p, k, red_,
                             &reqs_[static_cast<std::size_t>(A + i)]));
       }
     } else {  // the shards are summed already: every transfer can start now
@@ -395,26 +388,26 @@ class MpiCommunicator final : public Communicator {
     // reading my own contribution where it lies, and then written over it (no copy of it first:
     // that cost the ranks other than 0 two extra passes over their chunk, 1.2 ms of lenet's 12.5 MB).
     auto sum_and_send = [&](int k) {
-      float* out = data + my_lo + k * seg;  // (len): my contribution, becomes the sum
+      T* out = data + my_lo + k * seg;  // (len): my contribution, becomes the sum
       const int len = seg_len(my_len, k);
-      auto part = [&](int r, int at) -> const float* {  // rank r's contribution to out[at..]
+      auto part = [&](int r, int at) -> const T* {  // rank r's contribution to out[at..]
         return r == me ? out + at : peer_part(peer_index(r), k) + at;
       };
       if (n == 2) {  // c0 + c1 is c1 + c0 bit for bit (IEEE addition commutes): no block needed
-        const float* __restrict c = peer_part(0, k);
-        float* __restrict o = out;
+        const T* __restrict c = peer_part(0, k);
+        T* __restrict o = out;
         for (int i = 0; i < len; ++i) o[i] += c[i];
       } else {
         constexpr int kBlock = 2048;
-        alignas(64) float acc[kBlock];
+        alignas(64) T acc[kBlock];
         for (int at = 0; at < len; at += kBlock) {
           const int m = std::min(kBlock, len - at);
-          std::memcpy(acc, part(0, at), static_cast<std::size_t>(m) * sizeof(float));
+          std::memcpy(acc, part(0, at), static_cast<std::size_t>(m) * sizeof(T));
           for (int r = 1; r < n; ++r) {
-            const float* __restrict c = part(r, at);
+            const T* __restrict c = part(r, at);
             for (int i = 0; i < m; ++i) acc[i] += c[i];
           }
-          std::memcpy(out + at, acc, static_cast<std::size_t>(m) * sizeof(float));
+          std::memcpy(out + at, acc, static_cast<std::size_t>(m) * sizeof(T));
         }
       }
       if (gather) post_gather_sends(k);
@@ -465,6 +458,7 @@ class MpiCommunicator final : public Communicator {
 
   // Owned by whichever thread runs reduce().
   std::vector<float> scratch_;                  // (world - 1, my chunk): the peers' contributions to my chunk
+  std::vector<std::int64_t> scratch_ints_;      // the same for sums of integers
   std::vector<MPI_Request> reqs_;               // the four groups of reduce()
   std::vector<std::pair<int, int>> send_peer_;  // (peer, segment) of each reduce-scatter send
   std::vector<int> indices_, arrived_;

@@ -140,6 +140,9 @@ class WatchedCommunicator final : public Communicator {
   CommRequest start_allreduce_sum(std::span<std::int64_t> d) override {
     return named(in_->start_allreduce_sum(d), "wait for allreduce_sum (int64)");
   }
+  CommRequest start_reduce_scatter_sum(std::span<std::int64_t> d) override {
+    return named(in_->start_reduce_scatter_sum(d), "wait for reduce_scatter_sum (int64)");
+  }
   void allreduce_max(std::span<std::int64_t> d) override {
     WatchScope s(&w_, "allreduce_max");
     in_->allreduce_max(d);

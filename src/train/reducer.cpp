@@ -79,9 +79,10 @@ void Reducer::start_ready(int layer) {
     const Bucket& b = buckets_[next_];
     timings_[next_].start = std::chrono::steady_clock::now();
     const auto begin = static_cast<std::size_t>(b.begin), size = static_cast<std::size_t>(b.end - b.begin);
-    if (!fixed_.empty()) {  // the last bucket carries the counters after the gradients
-      const bool last = next_ + 1 == buckets_.size();
-      requests_[next_] = comm_.start_allreduce_sum(last ? fixed_.subspan(begin) : fixed_.subspan(begin, size));
+    if (!fixed_.empty()) {
+      const auto range = fixed_.subspan(begin, size);
+      requests_[next_] = sharded() ? comm_.start_reduce_scatter_sum(range) : comm_.start_allreduce_sum(range);
+      if (next_ + 1 == buckets_.size()) counters_ = comm_.start_allreduce_sum(fixed_.subspan(grads_.size()));
     } else {
       const auto range = grads_.subspan(begin, size);
       requests_[next_] = sharded() ? comm_.start_reduce_scatter_sum(range) : comm_.start_allreduce_sum(range);
@@ -115,6 +116,7 @@ double Reducer::wait_bucket(std::size_t k) {
   const auto t0 = std::chrono::steady_clock::now();
   watch_set_bucket(static_cast<std::int64_t>(k));  // named by the collective watchdog (issue 8)
   comm_.wait(requests_[k], &timings_[k].end);
+  if (counters_.active() && k + 1 == buckets_.size()) comm_.wait(counters_);
   watch_set_bucket(-1);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -27,6 +27,8 @@ Step::Step(const StepParts& parts, const StepShape& shape)
   if (shape_.accumulation > 1) p_.backend->allocate(spec.param_count).swap(accum_);
   if (shape_.global_batch % (shape_.world * shape_.accumulation) != 0)  // Note [Uneven slices]
     p_.backend->allocate(shape_.batch * spec.num_classes()).swap(zeros_);
+  owned_ = p_.reducer->owned();
+  sharded_ = p_.reducer->sharded();
   layer_params_.assign(spec.layers.size(), {0, 0});
   for (const ParamTensor& t : spec.params) {
     auto& [begin, size] = layer_params_[static_cast<std::size_t>(t.layer)];
@@ -166,7 +168,7 @@ void Step::body_exact(std::int64_t step, double lr, bool poison, StepTiming& tim
     timing.exposed_comm += p_.reducer->finish();
     if (x.out_of_range() == 0 || x.nonfinite() > 0) {
       const auto c0 = Clock::now();
-      x.to_float(p_.grads->data());
+      x.to_float(p_.grads->data(), owned_, sharded_ ? &p_.reducer->communicator() : nullptr);
       timing.optimizer += seconds(Clock::now() - c0);
       apply(step, lr, backward_end, timing, /*sums_in=*/true);
       return;

@@ -88,6 +88,7 @@ class Communicator {
   // (an implementation may sum it too). After an allgather of shards every rank holds every rank's
   // shard, bit for bit.
   virtual CommRequest start_reduce_scatter_sum(std::span<float> data) = 0;
+  virtual CommRequest start_reduce_scatter_sum(std::span<std::int64_t> data) = 0;  // host memory, exact
   virtual CommRequest start_allgather_shards(std::span<float> data) = 0;
   // Without blocking: true once the request has completed (then call wait()).
   virtual bool test(CommRequest& request) = 0;

@@ -33,6 +33,7 @@
 
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/model/spec.hpp"
+#include "mnist_mpi/train/optimizer.hpp"  // ParamRange
 
 namespace mnist_mpi {
 
@@ -65,9 +66,15 @@ class ExactSums {
   void begin_pass();
   void absorb_layer(const float* grads, int layer, bool first_chunk);
   void absorb_all(const float* grads, bool first_chunk);
-  // After the sums: the mean gradient in float (every element; NaN everywhere when a chunk had a
-  // non-finite value, for the step guard), and the next step's limits from it.
-  void to_float(float* grads);
+  // After the sums: the mean gradient in float over `owned`, the ranges whose sums this rank holds
+  // (NaN there when a chunk had a non-finite value, for the step guard), and the next step's
+  // limits from it. sharded: the communicator over whose ranks `owned` are shards, for the exact
+  // MAX that makes the limits those of the whole tensors; null when `owned` covers every element.
+  void to_float(float* grads, std::span<const ParamRange> owned, Communicator* sharded);
+  void to_float(float* grads) {  // every element
+    const ParamRange all{0, count_};
+    to_float(grads, {&all, 1}, nullptr);
+  }
 
   // The limits of the next step, one exponent per tensor (checkpoints); kUnknown: probe.
   const std::vector<std::int32_t>& limits() const { return limit_; }
@@ -85,7 +92,7 @@ class ExactSums {
   std::vector<std::int32_t> limit_;   // per tensor: values must be < 2^limit
   std::vector<double> scale_, unscale_;  // 2^shift and 2^-shift per tensor
   std::vector<float> bound_;              // 2^limit as a float (inf when beyond float's range)
-  std::vector<std::int64_t> probe_max_;   // per tensor: the largest exponent seen (probe)
+  std::vector<std::int64_t> probe_max_;   // per tensor: the largest exponent seen (probe), or of the sum (to_float)
   bool needs_probe_ = true;
   std::int64_t probes_ = 0;
 };

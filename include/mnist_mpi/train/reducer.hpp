@@ -34,8 +34,9 @@ class Reducer {
   // summed gradient, and start_gather() hands the updated shards of a bucket's parameters to every
   // rank. --no-overlap then reduce-scatters every bucket, blocking, after backward.
   // fixed (--exact-sums, include/mnist_mpi/train/exact_sums.hpp): the integers to sum instead of
-  // grads, param_count of them and then extra counters, which the last bucket carries. Every
-  // bucket's integers are then summed whole (an allreduce, sharded or not), exactly.
+  // grads, param_count of them and then extra counters, summed (whole, on every rank) just after
+  // the last bucket. Each bucket's integers are summed exactly, as the floats would be: whole, or
+  // sharded only this rank's shard of them.
   Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket> buckets, bool overlap,
           std::span<float> sharded_params = {}, std::span<std::int64_t> fixed = {});
 
@@ -81,6 +82,7 @@ class Reducer {
   std::span<float> params_;            // sharded: the parameters to gather; empty otherwise
   std::span<std::int64_t> fixed_;      // --exact-sums: the integers summed instead of grads_
   std::vector<CommRequest> requests_;  // one per bucket, made once
+  CommRequest counters_;               // --exact-sums: the counters after the gradients' integers
   std::vector<CommRequest> gathers_;   // sharded: one per bucket
   std::vector<BucketTiming> timings_;  // one per bucket, made once
   std::size_t next_ = 0;               // the next bucket to start

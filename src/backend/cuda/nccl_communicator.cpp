@@ -34,6 +34,7 @@ class HostForwarding : public Communicator {
   void allreduce_sum(std::span<double> d) override { host_.allreduce_sum(d); }
   void allreduce_sum(std::span<std::int64_t> d) override { host_.allreduce_sum(d); }
   CommRequest start_allreduce_sum(std::span<std::int64_t> d) override { return host_.start_allreduce_sum(d); }
+  CommRequest start_reduce_scatter_sum(std::span<std::int64_t> d) override { return host_.start_reduce_scatter_sum(d); }
   void allreduce_max(std::span<std::int64_t> d) override { host_.allreduce_max(d); }
   void allreduce_min(std::span<std::int64_t> d) override { host_.allreduce_min(d); }
   void broadcast(std::span<std::uint8_t> d, int root) override { host_.broadcast(d, root); }
@@ -69,6 +70,8 @@ class NcclCommunicator final : public HostForwarding {
  public:
   using HostForwarding::allreduce_sum;  // the host overloads, next to this class's float ones
   using HostForwarding::broadcast;
+  using HostForwarding::start_allreduce_sum;
+  using HostForwarding::start_reduce_scatter_sum;
   NcclCommunicator(Communicator& host, cuda::Context& c) : HostForwarding(host), c_(c), compute_(c.stream) {
     int lo = 0, hi = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
@@ -241,6 +244,8 @@ class StagedCommunicator final : public HostForwarding {
  public:
   using HostForwarding::allreduce_sum;  // the host overloads, next to this class's float ones
   using HostForwarding::broadcast;
+  using HostForwarding::start_allreduce_sum;
+  using HostForwarding::start_reduce_scatter_sum;
   StagedCommunicator(Communicator& host, Backend& backend, std::int64_t capacity)
       : HostForwarding(host), backend_(backend), staging_(static_cast<std::size_t>(capacity)) {}
 
