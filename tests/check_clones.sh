@@ -14,7 +14,7 @@ objdump -d --no-show-raw-insn -C "$lib" >"$dis"
 
 # The hot kernels: every function whose name holds one of these must be one of the clones.
 # (Anchored at '::': pooled_image_weight_grad_3x3 and conv_pool_avx2 are AVX2 by hand, checked below.)
-kernels='::(image_weight_grad|pool_forward_blocked|bias_grad_blocked|expand_pooled_dy|adam_pass)'
+kernels='::(image_weight_grad|pool_forward_blocked|bias_grad_blocked|expand_pooled_dy|adam_pass|to_fixed_loop|from_fixed_pass)'
 heads=$(grep -E '^[0-9a-f]+ <.*>:$' "$dis" | grep -E "$kernels" | grep -v -E '\[clone \.cold\]') || true
 [ -n "$heads" ] || { echo "check_clones: no hot kernel found in $lib" >&2; exit 1; }
 bad=$(grep -v -E '\[clone \.(avx2|avx512f|default|resolver)\]' <<<"$heads") || true
@@ -28,7 +28,7 @@ fi
 # And the AVX2 clones do run 8 lanes wide: each holds ymm instructions.
 fail=0
 for k in image_weight_grad8 image_weight_grad16 pool_forward_blocked8 pool_forward_blocked16 bias_grad_blocked8 \
-  bias_grad_blocked16 expand_pooled_dy8 expand_pooled_dy16 'adam_pass(.*) \[clone \._omp_fn\.0\]'; do
+  bias_grad_blocked16 expand_pooled_dy8 expand_pooled_dy16 to_fixed_loop from_fixed_pass 'adam_pass(.*) \[clone \._omp_fn\.0\]'; do
   n=$(awk -v re="::$k.*\\\\[clone \\\\.avx2\\\\]>:\$" '$0 ~ re {f=1; next} f && /^$/ {exit} f' "$dis" | grep -c ymm) || true
   if [ "$n" -eq 0 ]; then
     echo "check_clones: the AVX2 clone of $k has no ymm instruction (or is missing)" >&2

@@ -274,5 +274,52 @@ TEST(ExactSum, EngineGivesTheSameBitsForAnyGroupingAndCountsWhatItCannotHold) {
   EXPECT_EQ(default_exact_chunk(97), 1);
 }
 
+// Note [A weight gradient written once as integers] (include/mnist_mpi/backend/layer.hpp): a
+// tensor a kernel hands over in tiles, every chunk's tile in turn, gives the integers and the
+// probed limits of the same chunks absorbed whole; absorb_all and probe_chunk leave it alone (its
+// floats in the gradient buffer are garbage then).
+TEST(ExactSum, ATakenTensorFedInTilesGivesTheIntegersOfTheWhole) {
+  ModelSpec spec = parse_model_spec("fc:7,relu,fc:3", Shape{1, 2, 3}, 3);
+  const std::int64_t P = spec.param_count, chunks = 4;
+  const auto grads = chunks_of(static_cast<int>(chunks), static_cast<int>(P), 11);
+  const ParamTensor& w = spec.params[0];  // the last layer's weight comes first in the flat buffer
+  ASSERT_FALSE(w.is_bias);
+  const auto comm = make_mpi_communicator();
+  ExactSums whole(spec, chunks), tiled(spec, chunks);
+  tiled.take(w.offset, w.size);
+  EXPECT_THROW(tiled.take(w.offset, w.size - 1), Error);  // not a tensor
+  // The probe: the same limits.
+  for (ExactSums* x : {&whole, &tiled}) x->begin_probe();
+  for (const auto& g : grads) whole.probe_chunk(g.data());
+  std::vector<float> garbage(static_cast<std::size_t>(P));
+  for (std::size_t j = 0; j < grads.size(); ++j) {
+    garbage = grads[j];
+    std::fill(garbage.begin() + w.offset, garbage.begin() + w.offset + w.size, 1e30f);  // never written by the kernel
+    tiled.probe_chunk(garbage.data());
+  }
+  const std::int64_t tile = 4;  // rows of 3: tiles of 4 elements and a shorter last one
+  for (std::int64_t at = 0; at < w.size; at += tile)
+    for (std::size_t j = 0; j < grads.size(); ++j)
+      tiled.absorb_range(w.offset + at, grads[j].data() + w.offset + at, std::min(tile, w.size - at), j == 0);
+  whole.finish_probe(*comm);
+  tiled.finish_probe(*comm);
+  EXPECT_EQ(tiled.limits(), whole.limits());
+  // A pass: the same integers.
+  for (ExactSums* x : {&whole, &tiled}) x->begin_pass();
+  for (std::size_t j = 0; j < grads.size(); ++j) {
+    whole.absorb_all(grads[j].data(), j == 0);
+    garbage = grads[j];
+    std::fill(garbage.begin() + w.offset, garbage.begin() + w.offset + w.size, 1e30f);
+    tiled.absorb_all(garbage.data(), j == 0);
+  }
+  for (std::int64_t at = 0; at < w.size; at += tile)
+    for (std::size_t j = 0; j < grads.size(); ++j)
+      tiled.absorb_range(w.offset + at, grads[j].data() + w.offset + at, std::min(tile, w.size - at), j == 0);
+  EXPECT_EQ(tiled.out_of_range(), 0);
+  EXPECT_TRUE(std::equal(whole.fixed().begin(), whole.fixed().end(), tiled.fixed().begin()));
+  // A range outside every taken tensor is refused.
+  EXPECT_THROW(tiled.absorb_range(spec.params[1].offset, grads[0].data(), 1, true), Error);
+}
+
 }  // namespace
 }  // namespace mnist_mpi

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <numeric>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/check.hpp"
 #include "mnist_mpi/backend/cpu.hpp"
 #include "mnist_mpi/backend/model.hpp"
 #include <oneapi/dnnl/dnnl.hpp>
@@ -981,6 +983,75 @@ TEST(BlockedLayouts, ANaNThroughAReluTakenOverByItsPool) {
   EXPECT_TRUE(same_bits(logits[0], logits[1]));
   EXPECT_TRUE(std::all_of(logits[1].begin(), logits[1].end(), [](float v) { return std::isfinite(v); }))
       << "oneDNN's ReLU no longer makes a NaN 0: the pool's ReLU must follow it";
+}
+
+// Note [A weight gradient written once as integers] (include/mnist_mpi/backend/layer.hpp): an fc
+// layer that took its weight gradient over writes its bias gradient but not its weight's, and hands
+// each chunk's weight gradient to the sink in tiles (the last one shorter), first chunk first: the
+// weight gradient of a plain backward on that chunk. The tiles sum in the same order as the plain
+// kernel here, but another CPU may pick other kernels, hence the tolerance.
+TEST(Model, TakenFcWeightGradientIsEachChunksWeightGradient) {
+  auto be = make_cpu_backend(1);
+  // 3000 inputs: tiles of 14 rows of 37 (a tile and its integers fit 512 KiB), so 14, 14, 9.
+  const ModelSpec spec = parse_model_spec("fc:37,relu,fc:10", {3000, 1, 1}, 10);
+  const int batch = 4, chunks = 3;
+  const auto P = static_cast<std::size_t>(spec.param_count);
+  std::vector<float> params(P);
+  init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 42, params.data());
+  std::vector<float> plain_grads(P), taken_grads(P);
+  Model plain(spec, batch, *be, params.data(), plain_grads.data());
+  Model taken(spec, batch, *be, params.data(), taken_grads.data());
+  struct Recorder final : FixedPointSink {
+    std::vector<std::vector<float>> got;   // per chunk, the flat gradient buffer
+    std::vector<int> calls;                // per element, over every chunk
+    std::map<std::int64_t, int> chunk_at;  // per tile offset: the chunk it is at
+    void absorb_range(std::int64_t offset, const float* v, std::int64_t n, bool first) override {
+      int& j = chunk_at[offset];
+      j = first ? 0 : j + 1;
+      ASSERT_LT(j, static_cast<int>(got.size()));
+      for (std::int64_t i = 0; i < n; ++i) {
+        got[static_cast<std::size_t>(j)][static_cast<std::size_t>(offset + i)] = v[i];
+        ++calls[static_cast<std::size_t>(offset + i)];
+      }
+    }
+  } sink;
+  sink.got.assign(chunks, std::vector<float>(P));
+  sink.calls.assign(P, 0);
+  const std::vector<Model::TakenWeight> took = taken.take_weight_gradients(chunks, sink);
+  ASSERT_EQ(took.size(), 2u);  // both fc layers
+  for (const Model::TakenWeight& t : took) ASSERT_EQ(t.size, t.layer == 0 ? 37 * 3000 : 10 * 37);
+  EXPECT_NE(taken.describe().find("weight gradient as integers in tiles of 14 rows"), std::string::npos)
+      << taken.describe();
+  std::vector<std::vector<float>> want;
+  for (int j = 0; j < chunks; ++j) {
+    const std::vector<float> x = uniform(static_cast<std::size_t>(batch * 3000), 100 + static_cast<std::uint64_t>(j));
+    const std::vector<std::int32_t> labels{1, 4, 9, static_cast<std::int32_t>(j)};
+    std::fill(taken_grads.begin(), taken_grads.end(), 7.0f);
+    step_on(plain, *be, x, labels, batch);
+    step_on(taken, *be, x, labels, batch);
+    want.push_back(plain_grads);
+    for (const Model::TakenWeight& t : took) {
+      for (std::int64_t i = t.offset; i < t.offset + t.size; ++i)
+        ASSERT_EQ(taken_grads[static_cast<std::size_t>(i)], 7.0f) << "a taken weight's gradient was written";
+      const std::int64_t bias = t.offset + t.size;  // the bias follows its weight
+      for (std::int64_t i = bias; i < bias + (t.layer == 0 ? 37 : 10); ++i)
+        ASSERT_NEAR(taken_grads[static_cast<std::size_t>(i)], plain_grads[static_cast<std::size_t>(i)],
+                    1e-6 + 1e-5 * std::fabs(plain_grads[static_cast<std::size_t>(i)]));
+    }
+  }
+  for (const Model::TakenWeight& t : took) taken.finish_weight_gradient(t.layer);
+  for (const Model::TakenWeight& t : took)
+    for (std::int64_t i = t.offset; i < t.offset + t.size; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      ASSERT_EQ(sink.calls[u], chunks) << "element " << i;
+      for (std::size_t j = 0; j < static_cast<std::size_t>(chunks); ++j)
+        ASSERT_NEAR(sink.got[j][u], want[j][u], 1e-6 + 1e-5 * std::fabs(want[j][u])) << "chunk " << j << " element " << i;
+    }
+  // A finish starts the count again; more backward calls than chunks before it is an error.
+  const std::vector<float> x = uniform(static_cast<std::size_t>(batch * 3000), 7);
+  const std::vector<std::int32_t> labels{0, 1, 2, 3};
+  for (int j = 0; j < chunks; ++j) step_on(taken, *be, x, labels, batch);
+  EXPECT_THROW(step_on(taken, *be, x, labels, batch), Error);
 }
 
 TEST(Model, GradientOfEveryParameterTensor) {

@@ -78,11 +78,12 @@ inline float from_fixed(std::int64_t sum, int shift) {
 }
 
 // Note [Fixed point without a conversion instruction]: to_fixed(x, shift) with scale = 2^shift,
-// for |x * scale| < 2^51; and from_fixed(q, shift) with unscale = 2^-shift. Inlined into
-// vectorised loops.
+// for |x * scale| < 2^51 (beyond it some integer, without undefined behaviour: the subtraction
+// wraps); and from_fixed(q, shift) with unscale = 2^-shift. Inlined into vectorised loops.
 [[gnu::always_inline]] inline std::int64_t to_fixed_scaled(float x, double scale) {
   constexpr double kMagic = 6755399441055744.0;  // 1.5 * 2^52
-  return std::bit_cast<std::int64_t>(static_cast<double>(x) * scale + kMagic) - std::bit_cast<std::int64_t>(kMagic);
+  return static_cast<std::int64_t>(std::bit_cast<std::uint64_t>(static_cast<double>(x) * scale + kMagic) -
+                                   std::bit_cast<std::uint64_t>(kMagic));
 }
 [[gnu::always_inline]] inline double int64_to_double(std::int64_t q) {
   constexpr double k52 = 4503599627370496.0;       // 2^52

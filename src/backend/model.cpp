@@ -41,7 +41,8 @@ Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* pa
   const std::vector<Layout> layouts = backend.activation_layouts(spec);
   MNIST_CHECK(layouts.size() == L + 1 && layouts.front() == Layout::kPlain && layouts.back() == Layout::kPlain,
               ExitCode::kRuntime, "backend '" + backend.name() + "' chose invalid activation layouts");
-  std::vector<std::int64_t> param_offset(L, -1);
+  std::vector<std::int64_t>& param_offset = weight_offset_;
+  param_offset.assign(L, -1);
   for (const ParamTensor& p : spec.params)
     if (!p.is_bias) param_offset[static_cast<std::size_t>(p.layer)] = p.offset;
   for (std::size_t i = 0; i < L; ++i) {
@@ -72,6 +73,17 @@ void Model::backward(const StepContext& ctx, const std::function<void(int)>& on_
     kernels_[static_cast<std::size_t>(i)]->backward(ctx);
     if (on_layer_done) on_layer_done(i);
   }
+}
+
+std::vector<Model::TakenWeight> Model::take_weight_gradients(int chunks, FixedPointSink& sink) {
+  MNIST_CHECK(training_ && chunks >= 1, ExitCode::kRuntime, "take_weight_gradients: a training model and chunks >= 1");
+  std::vector<TakenWeight> taken;
+  for (std::size_t i = 0; i < kernels_.size(); ++i) {
+    if (weight_offset_[i] < 0) continue;
+    if (const std::int64_t n = kernels_[i]->take_weight_gradient(chunks, weight_offset_[i], sink); n > 0)
+      taken.push_back({static_cast<int>(i), weight_offset_[i], n});
+  }
+  return taken;
 }
 
 std::string Model::describe() const {

@@ -14,32 +14,43 @@
 namespace mnist_mpi {
 namespace {
 
-// One tensor's chunk gradient into its integers (q = or += its fixed point); values at or beyond
-// bound, and non-finite ones, add nothing and are counted. Branch-free, so that it vectorises
-// (Note [Fixed point without a conversion instruction]).
+// One tensor's chunk gradient into its integers (q = or += its fixed point), counting the values at
+// or beyond bound and the non-finite ones. Such a value makes the step's integers worthless (the
+// step is computed again, or refused), so the loop does not exclude them one by one: it converts
+// everything, adding with wrap-around (no overflow is undefined), and keeps the largest magnitude,
+// whose bits order like the values with NaN above inf; only when that reaches the bound are the
+// values counted, in a second pass. Branch-free, so that it vectorises (Note [Fixed point without
+// a conversion instruction]); per-element counting had cost it a third of its time.
 struct Counts {
   std::int64_t beyond = 0, nonfinite = 0;  // beyond: out of range or non-finite
 };
-// The value of x in fixed point, 0 when !in (a NaN or a value beyond the bound included), as
-// arithmetic on the bits (a select of doubles did not vectorise).
-[[gnu::always_inline]] inline std::int64_t fixed_or_zero(float x, double scale, std::int64_t in) {
-  return to_fixed_scaled(x, scale) & -in;
-}
-MNIST_MPI_CPU_CLONES Counts to_fixed_pass(const float* g, std::int64_t* q, std::int64_t n, double scale, float bound,
-                                          bool assign) {
-  std::int64_t beyond = 0, nonfinite = 0;
-  const auto count = [&](float a) {
-    const std::int64_t in = a < bound;  // 0 for NaN
-    beyond += 1 - in;
-    nonfinite += !(a <= std::numeric_limits<float>::max());
-    return in;
-  };
+MNIST_MPI_CPU_CLONES std::uint32_t to_fixed_loop(const float* g, std::int64_t* q, std::int64_t n, double scale,
+                                                 bool assign) {
+  std::uint32_t m = 0;
+  const auto magnitude = [](float x) { return std::bit_cast<std::uint32_t>(x) & 0x7fffffffu; };
   if (assign) {
-    for (std::int64_t i = 0; i < n; ++i) q[i] = fixed_or_zero(g[i], scale, count(std::fabs(g[i])));
+    for (std::int64_t i = 0; i < n; ++i) {
+      q[i] = to_fixed_scaled(g[i], scale);
+      m = std::max(m, magnitude(g[i]));
+    }
   } else {
-    for (std::int64_t i = 0; i < n; ++i) q[i] = fixed_or_zero(g[i], scale, count(std::fabs(g[i]))) + q[i];
+    for (std::int64_t i = 0; i < n; ++i) {
+      q[i] = static_cast<std::int64_t>(static_cast<std::uint64_t>(q[i]) +
+                                       static_cast<std::uint64_t>(to_fixed_scaled(g[i], scale)));
+      m = std::max(m, magnitude(g[i]));
+    }
   }
-  return {beyond, nonfinite};
+  return m;
+}
+Counts to_fixed_pass(const float* g, std::int64_t* q, std::int64_t n, double scale, float bound, bool assign) {
+  Counts c;
+  if (to_fixed_loop(g, q, n, scale, assign) < std::bit_cast<std::uint32_t>(bound)) return c;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(g[i]);
+    c.beyond += !(a < bound);  // NaN too
+    c.nonfinite += !(a <= std::numeric_limits<float>::max());
+  }
+  return c;
 }
 
 // The summed integers back to float; returns the largest magnitude. The maximum is taken over the
@@ -73,7 +84,8 @@ ExactSums::ExactSums(const ModelSpec& spec, std::int64_t chunks)
       scale_(spec.params.size(), 1.0),
       unscale_(spec.params.size(), 1.0),
       bound_(spec.params.size(), 0.0f),
-      probe_max_(spec.params.size(), 0) {
+      probe_max_(spec.params.size(), 0),
+      taken_(spec.params.size(), 0) {
   MNIST_CHECK(chunks >= 1 && chunks <= (std::int64_t{1} << 30), ExitCode::kRuntime, "exact sums: 1 to 2^30 chunks");
   for (std::size_t t = 0; t < tensors_.size(); ++t)
     layer_tensors_.at(static_cast<std::size_t>(tensors_[t].layer)).push_back(t);
@@ -103,24 +115,29 @@ void ExactSums::set_limits(std::span<const std::int32_t> limits) {
   }
 }
 
-void ExactSums::begin_probe() { std::fill(probe_max_.begin(), probe_max_.end(), std::int64_t{-1000}); }
+void ExactSums::begin_probe() {
+  std::fill(probe_max_.begin(), probe_max_.end(), std::int64_t{-1000});
+  probing_ = true;
+}
 
 // The exponent e of the largest finite |x| (max|x| < 2^e). A non-finite value has no limit to
 // give: the pass that follows counts it, and the step guard refuses the step.
-void ExactSums::probe_chunk(const float* grads) {
-  for (std::size_t t = 0; t < tensors_.size(); ++t) {
-    const float* g = grads + tensors_[t].offset;
-    float m = 0.0f;
-    for (std::int64_t i = 0; i < tensors_[t].size; ++i) {
-      const float a = std::fabs(g[i]);
-      if (a <= std::numeric_limits<float>::max()) m = std::fmax(m, a);  // false for NaN and inf
-    }
-    int e = 0;
-    if (m > 0.0f) {
-      std::frexp(m, &e);
-      probe_max_[t] = std::max<std::int64_t>(probe_max_[t], e);
-    }
+void ExactSums::probe_part(std::size_t t, const float* g, std::int64_t n) {
+  float m = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(g[i]);
+    if (a <= std::numeric_limits<float>::max()) m = std::fmax(m, a);  // false for NaN and inf
   }
+  int e = 0;
+  if (m > 0.0f) {
+    std::frexp(m, &e);
+    probe_max_[t] = std::max<std::int64_t>(probe_max_[t], e);
+  }
+}
+
+void ExactSums::probe_chunk(const float* grads) {
+  for (std::size_t t = 0; t < tensors_.size(); ++t)
+    if (!taken_[t]) probe_part(t, grads + tensors_[t].offset, tensors_[t].size);
 }
 
 void ExactSums::finish_probe(Communicator& comm) {
@@ -134,20 +151,47 @@ void ExactSums::finish_probe(Communicator& comm) {
     set_scales(t);
   }
   needs_probe_ = false;
+  probing_ = false;
   ++probes_;
 }
 
 void ExactSums::begin_pass() {
-  MNIST_CHECK(!needs_probe_, ExitCode::kRuntime, "exact sums: a pass before the limits are known");
+  MNIST_CHECK(!needs_probe_ && !probing_, ExitCode::kRuntime, "exact sums: a pass before the limits are known");
   fixed_[static_cast<std::size_t>(count_)] = 0;
   fixed_[static_cast<std::size_t>(count_) + 1] = 0;
 }
 
-void ExactSums::absorb(const float* grads, std::size_t t, bool first_chunk) {
-  const ParamTensor& p = tensors_[t];
-  const Counts c = to_fixed_pass(grads + p.offset, fixed_.data() + p.offset, p.size, scale_[t], bound_[t], first_chunk);
+void ExactSums::absorb_part(std::size_t t, std::int64_t offset, const float* values, std::int64_t n, bool first) {
+  const Counts c = to_fixed_pass(values, fixed_.data() + offset, n, scale_[t], bound_[t], first);
   fixed_[static_cast<std::size_t>(count_)] += c.beyond - c.nonfinite;
   fixed_[static_cast<std::size_t>(count_) + 1] += c.nonfinite;
+}
+
+void ExactSums::absorb(const float* grads, std::size_t t, bool first_chunk) {
+  const ParamTensor& p = tensors_[t];
+  if (!taken_[t]) absorb_part(t, p.offset, grads + p.offset, p.size, first_chunk);
+}
+
+void ExactSums::take(std::int64_t offset, std::int64_t size) {
+  for (std::size_t t = 0; t < tensors_.size(); ++t)
+    if (tensors_[t].offset == offset && tensors_[t].size == size) {
+      taken_[t] = 1;
+      return;
+    }
+  MNIST_CHECK(false, ExitCode::kRuntime,
+              "exact sums: no parameter tensor at " + std::to_string(offset) + " of " + std::to_string(size));
+}
+
+void ExactSums::absorb_range(std::int64_t offset, const float* values, std::int64_t n, bool first) {
+  std::size_t t = 0;
+  while (t < tensors_.size() && !(taken_[t] && offset >= tensors_[t].offset &&
+                                  offset + n <= tensors_[t].offset + tensors_[t].size))
+    ++t;
+  MNIST_CHECK(t < tensors_.size(), ExitCode::kRuntime, "exact sums: a range handed over outside a taken tensor");
+  if (probing_)
+    probe_part(t, values, n);
+  else
+    absorb_part(t, offset, values, n, first);
 }
 
 void ExactSums::absorb_layer(const float* grads, int layer, bool first_chunk) {

@@ -28,6 +28,14 @@ Step::Step(const StepParts& parts, const StepShape& shape)
   if (shape_.global_batch % (shape_.world * shape_.accumulation) != 0)  // Note [Uneven slices]
     p_.backend->allocate(shape_.batch * spec.num_classes()).swap(zeros_);
   owned_ = p_.reducer->owned();
+  if (p_.exact) {  // Note [A weight gradient written once as integers] in include/mnist_mpi/backend/layer.hpp
+    taken_layer_.assign(spec.layers.size(), 0);
+    for (const Model::TakenWeight& w :
+         p_.model->take_weight_gradients(static_cast<int>(shape_.my_chunks.count), *p_.exact)) {
+      p_.exact->take(w.offset, w.size);
+      taken_layer_[static_cast<std::size_t>(w.layer)] = 1;
+    }
+  }
   sharded_ = p_.reducer->sharded();
   layer_params_.assign(spec.layers.size(), {0, 0});
   for (const ParamTensor& t : spec.params) {
@@ -38,7 +46,10 @@ Step::Step(const StepParts& parts, const StepShape& shape)
   // On the last micro-batch of a step, a layer's gradients become final when the earlier
   // micro-batches' sum is added to them; only then may their bucket start.
   on_layer_done_ = [this](int layer) {
-    if (p_.exact) p_.exact->absorb_layer(p_.grads->data(), layer, exact_first_chunk_);
+    if (p_.exact) {
+      if (taken_layer_[static_cast<std::size_t>(layer)]) p_.model->finish_weight_gradient(layer);
+      p_.exact->absorb_layer(p_.grads->data(), layer, exact_first_chunk_);
+    }
     if (accumulating_) {
       const auto [begin, size] = layer_params_[static_cast<std::size_t>(layer)];
       if (size > 0) p_.backend->add(p_.grads->data() + begin, accum_->data() + begin, size);
@@ -195,6 +206,9 @@ Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, L
     if (probe) {
       p_.model->backward(ctx);
       x.probe_chunk(p_.grads->data());
+      if (last)  // the taken weights, every chunk at once
+        for (std::size_t layer = 0; layer < taken_layer_.size(); ++layer)
+          if (taken_layer_[layer]) p_.model->finish_weight_gradient(static_cast<int>(layer));
     } else if (last) {
       p_.model->backward(ctx, on_layer_done_);  // absorbs each layer, then starts its buckets
     } else {

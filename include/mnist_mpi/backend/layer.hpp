@@ -39,12 +39,45 @@ struct LayerBuffers {
   Layout y_layout = Layout::kPlain;  // of y and dy
 };
 
+// Note [A weight gradient written once as integers]
+// With --exact-sums a rank computes its chunks' gradients one after another, and each chunk's
+// gradient is added into 64-bit integers (include/mnist_mpi/train/exact_sums.hpp). For a large
+// weight that is one pass over the weight's floats and two over its integers per chunk, bound by
+// memory (lenet's fc1 on 2 ranks, 5 chunks of 10: 13 MB of floats and 26 MB of integers a chunk,
+// 5 ms of a 35 ms step). A kernel that can take its weight gradient over instead keeps what each
+// chunk's weight gradient is made of (a fully connected layer: the chunk's input and output
+// gradient, c rows each) and, once the last chunk's backward has reached it, computes the weight
+// gradient a tile of rows at a time, every chunk's tile in turn, each handed to the sink while it
+// is in cache: the integers are written once, and the weight's floats never. A chunk's tile is
+// the same bits on whichever rank computes it (the same kernel on the same shapes), which is all
+// the exact sums need.
+class FixedPointSink {
+ public:
+  // One chunk's gradient of flat elements [offset, offset + n) of the gradient buffer, within one
+  // parameter tensor: added into the integers (first: replacing them), or in a probe pass only
+  // looked at for its largest magnitude.
+  virtual void absorb_range(std::int64_t offset, const float* values, std::int64_t n, bool first) = 0;
+
+ protected:
+  ~FixedPointSink() = default;
+};
+
 class LayerKernel {
  public:
   virtual ~LayerKernel() = default;
   virtual void forward(const StepContext& ctx) = 0;
   // Writes dx (when bound) and this layer's parameter gradients (overwritten, not accumulated).
   virtual void backward(const StepContext& ctx) = 0;
+  // --exact-sums (Note [A weight gradient written once as integers]): the kernel may take its
+  // weight's gradient over for up to `chunks` backward calls between finishes; it returns how many
+  // elements it took (0: none, the default). From then on backward() leaves the weight's part of
+  // dw unwritten (the bias's it still writes), and finish_weight_gradient() hands the weight
+  // gradient of every backward since the last finish to the sink, at weight_offset of the flat
+  // buffer, in order of those calls (the first with first = true).
+  virtual std::int64_t take_weight_gradient(int /*chunks*/, std::int64_t /*weight_offset*/, FixedPointSink& /*sink*/) {
+    return 0;
+  }
+  virtual void finish_weight_gradient() {}
   // The implementation chosen, for logs ("conv: jit:avx2").
   virtual std::string describe() const = 0;
 };

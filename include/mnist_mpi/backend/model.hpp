@@ -31,6 +31,17 @@ class Model {
   void backward(const StepContext& ctx, const std::function<void(int layer)>& on_layer_done = {});
   std::string describe() const;
 
+  // --exact-sums (Note [A weight gradient written once as integers] in
+  // include/mnist_mpi/backend/layer.hpp): offers every layer's kernel its weight gradient for
+  // `chunks` chunks a step; returns the weights taken (their layers and flat ranges).
+  struct TakenWeight {
+    int layer = 0;
+    std::int64_t offset = 0, size = 0;
+  };
+  std::vector<TakenWeight> take_weight_gradients(int chunks, FixedPointSink& sink);
+  // Hands layer's taken weight gradient of every chunk since the last call to the sink.
+  void finish_weight_gradient(int layer) { kernels_.at(static_cast<std::size_t>(layer))->finish_weight_gradient(); }
+
  private:
   const ModelSpec& spec_;
   int batch_;
@@ -38,6 +49,7 @@ class Model {
   std::vector<std::unique_ptr<Buffer>> acts_, dacts_;  // acts_[i]: input of layer i; back(): logits
   std::vector<float*> act_ptr_, dact_ptr_;
   std::vector<std::unique_ptr<LayerKernel>> kernels_;
+  std::vector<std::int64_t> weight_offset_;  // per layer: its weight's flat offset, -1 without
 };
 
 }  // namespace mnist_mpi

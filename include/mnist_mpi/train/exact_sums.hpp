@@ -31,6 +31,7 @@
 #include <span>
 #include <vector>
 
+#include "mnist_mpi/backend/layer.hpp"  // FixedPointSink
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/model/spec.hpp"
 #include "mnist_mpi/train/optimizer.hpp"  // ParamRange
@@ -41,7 +42,7 @@ namespace mnist_mpi {
 inline constexpr std::int64_t kDefaultExactChunk = 10;
 std::int64_t default_exact_chunk(std::int64_t global_batch);
 
-class ExactSums {
+class ExactSums final : public FixedPointSink {
  public:
   static constexpr int kHeadroomBits = 16;
   static constexpr std::int32_t kUnknown = INT32_MIN;  // no limit yet: the next step is probed
@@ -66,6 +67,11 @@ class ExactSums {
   void begin_pass();
   void absorb_layer(const float* grads, int layer, bool first_chunk);
   void absorb_all(const float* grads, bool first_chunk);
+  // A tensor [offset, offset + size) whose gradient a kernel hands over itself, through
+  // absorb_range (Note [A weight gradient written once as integers] in
+  // include/mnist_mpi/backend/layer.hpp): probe_chunk and absorb_* leave it alone.
+  void take(std::int64_t offset, std::int64_t size);
+  void absorb_range(std::int64_t offset, const float* values, std::int64_t n, bool first) override;
   // After the sums: the mean gradient in float over `owned`, the ranges whose sums this rank holds
   // (NaN there when a chunk had a non-finite value, for the step guard), and the next step's
   // limits from it. sharded: the communicator over whose ranks `owned` are shards, for the exact
@@ -84,6 +90,8 @@ class ExactSums {
  private:
   void set_scales(std::size_t t);
   void absorb(const float* grads, std::size_t t, bool first_chunk);
+  void absorb_part(std::size_t t, std::int64_t offset, const float* values, std::int64_t n, bool first);
+  void probe_part(std::size_t t, const float* values, std::int64_t n);
 
   std::vector<ParamTensor> tensors_;
   std::vector<std::vector<std::size_t>> layer_tensors_;  // tensors of each layer
@@ -93,7 +101,9 @@ class ExactSums {
   std::vector<double> scale_, unscale_;  // 2^shift and 2^-shift per tensor
   std::vector<float> bound_;              // 2^limit as a float (inf when beyond float's range)
   std::vector<std::int64_t> probe_max_;   // per tensor: the largest exponent seen (probe), or of the sum (to_float)
+  std::vector<char> taken_;               // per tensor: handed over by a kernel (take)
   bool needs_probe_ = true;
+  bool probing_ = false;                  // between begin_probe and finish_probe
   std::int64_t probes_ = 0;
 };
 

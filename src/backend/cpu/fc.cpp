@@ -1,5 +1,9 @@
 // Fully connected layer on oneDNN's inner product: y = x W^T + b with W (O, I). An input of
 // shape (C, H, W) is read as (C*H*W) in C, H, W order, so no flatten copy is needed.
+#include <algorithm>
+#include <vector>
+
+#include "mnist_mpi/check.hpp"
 #include "src/backend/cpu/kernels.hpp"
 
 namespace mnist_mpi::cpu {
@@ -7,7 +11,8 @@ namespace {
 
 class Fc final : public BoundLayer {
  public:
-  Fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : BoundLayer(c) {
+  Fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training)
+      : BoundLayer(c), batch_(b.batch), in_(l.in.size()), out_(l.channels), x_(b.x), dy_(b.dy), dw_(b.dw) {
     using dims = dnnl::memory::dims;
     const auto in = static_cast<dnnl::memory::dim>(l.in.size());
     const dims src{b.batch, in}, wei{l.channels, in}, bia{l.channels}, dst{b.batch, l.channels};
@@ -65,6 +70,88 @@ class Fc final : public BoundLayer {
                                                     {DNNL_ARG_DIFF_WEIGHTS, wrap(c, wei, tag::oi, b.dw)},
                                                     {DNNL_ARG_DIFF_BIAS, wrap(c, bia, tag::x, b.dw + (bias - b.w))}});
   }
+
+  // Note [A weight gradient written once as integers] in include/mnist_mpi/backend/layer.hpp. A
+  // chunk's weight gradient is dy^T x (O x N times N x I); each chunk's x and dy^T are kept, and
+  // finish_weight_gradient() computes it in tiles of rows_ rows of W, every chunk's tile in turn:
+  // the tile (rows_ x I floats) and the integers it goes into (twice its bytes) stay in L2.
+  std::int64_t take_weight_gradient(int chunks, std::int64_t weight_offset, FixedPointSink& sink) override {
+    MNIST_CHECK(dw_ != nullptr && chunks >= 1, ExitCode::kRuntime, "fc: a weight gradient to take over");
+    sink_ = &sink;
+    weight_offset_ = weight_offset;
+    chunks_ = chunks;
+    taken_ = 0;
+    stash_x_.assign(static_cast<std::size_t>(chunks * batch_ * in_), 0.0f);
+    stash_dyt_.assign(static_cast<std::size_t>(chunks * out_ * batch_), 0.0f);
+    rows_ = std::clamp<std::int64_t>(kTileBytes / (in_ * 12), 1, out_);
+    tile_.assign(static_cast<std::size_t>(rows_ * in_), 0.0f);
+    full_ = tile_matmul(rows_);
+    if (out_ % rows_ != 0) rest_ = tile_matmul(out_ % rows_);
+    desc_ += ", weight gradient as integers in tiles of " + std::to_string(rows_) + " rows (" +
+             impl_of_tile_ + ")";
+    return out_ * in_;
+  }
+
+  void backward(const StepContext& ctx) override {
+    if (sink_ == nullptr) return BoundLayer::backward(ctx);
+    if (bwd_data_) bwd_data_->run(c_);
+    MNIST_CHECK(taken_ < chunks_, ExitCode::kRuntime, "fc: more chunks than were taken over since the last finish");
+    std::copy(x_, x_ + batch_ * in_, stash_x_.data() + taken_ * batch_ * in_);
+    // dy^T for the tiles, and the bias gradient (the sum over the chunk's rows, in row order).
+    float* dyt = stash_dyt_.data() + taken_ * out_ * batch_;
+    float* db = dw_ + out_ * in_;
+    for (std::int64_t o = 0; o < out_; ++o) {
+      float sum = 0.0f;
+      for (std::int64_t n = 0; n < batch_; ++n) {
+        const float v = dy_[n * out_ + o];
+        dyt[o * batch_ + n] = v;
+        sum += v;
+      }
+      db[o] = sum;
+    }
+    ++taken_;
+  }
+
+  void finish_weight_gradient() override {
+    if (sink_ == nullptr) return;
+    for (std::int64_t o0 = 0; o0 < out_; o0 += rows_) {
+      const std::int64_t rows = std::min(rows_, out_ - o0);
+      Bound& mm = rows == rows_ ? *full_ : *rest_;
+      for (std::int64_t j = 0; j < taken_; ++j) {
+        mm.args.at(DNNL_ARG_SRC).set_data_handle(stash_dyt_.data() + j * out_ * batch_ + o0 * batch_);
+        mm.args.at(DNNL_ARG_WEIGHTS).set_data_handle(stash_x_.data() + j * batch_ * in_);
+        mm.run(c_);
+        sink_->absorb_range(weight_offset_ + o0 * in_, tile_.data(), rows * in_, j == 0);
+      }
+    }
+    taken_ = 0;
+  }
+
+ private:
+  static constexpr std::int64_t kTileBytes = 512 * 1024;  // a tile's floats and its integers: 12 bytes an element
+
+  // (rows x N) times (N x I) into the tile; the operands' pointers are set per call.
+  Bound tile_matmul(std::int64_t rows) {
+    const dnnl::memory::desc a({rows, batch_}, dt::f32, tag::ab), b({batch_, in_}, dt::f32, tag::ab),
+        y({rows, in_}, dt::f32, tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, y), user_scratchpad(), c_.engine);
+    impl_of_tile_ = impl(pd);
+    return bind<dnnl::matmul>(c_, pd,
+                              {{DNNL_ARG_SRC, dnnl::memory(a, c_.engine, stash_dyt_.data())},
+                               {DNNL_ARG_WEIGHTS, dnnl::memory(b, c_.engine, stash_x_.data())},
+                               {DNNL_ARG_DST, dnnl::memory(y, c_.engine, tile_.data())}});
+  }
+
+  std::int64_t batch_, in_, out_;
+  const float* x_;
+  const float* dy_;
+  float* dw_;
+  // --exact-sums, once the weight gradient is taken over
+  FixedPointSink* sink_ = nullptr;
+  std::int64_t weight_offset_ = 0, chunks_ = 0, taken_ = 0, rows_ = 0;
+  std::vector<float> stash_x_, stash_dyt_, tile_;  // (chunks, N, I), (chunks, O, N), (rows_, I)
+  std::optional<Bound> full_, rest_;                // tiles of rows_ rows, and the last, shorter one
+  std::string impl_of_tile_;
 };
 
 }  // namespace
