@@ -44,6 +44,7 @@ check help_lists_units 0 "images per rank per step" -- "$bin" --help
 check version 0 "mnist_mpi [0-9]+\.[0-9]+" -- "$bin" --version
 check config_files_parse 0 "batch: 100 global" -- "${run2[@]}" --config "$root/configs/lenet.ini" "${base[@]}" --max-steps 2 --log-every 1
 check tiny_config_parses 0 "batch: 256 global, 128 per rank" -- "${run2[@]}" --config "$root/configs/tiny.ini" "${base[@]}" --max-steps 1
+check fast_config_parses 0 "batch: 128 global, 64 per rank" -- "${run2[@]}" --config "$root/configs/fast.ini" "${base[@]}" --max-steps 1
 check unknown_option 2 "unrecognised option '--bogus'" -- "${run2[@]}" --bogus 1
 check bad_value 2 "epochs" -- "${run2[@]}" "${base[@]}" --batch-size 10 --epochs abc
 check no_batch_given 0 "batch: 100 global, 50 per rank" -- "${run2[@]}" "${base[@]}" --max-steps 1  # lenet's recipe
