@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Time to a validation accuracy, wall clock: the seed lenet recipe (configs/lenet.ini) with
-# mnist_mpi (--target-accuracy) and with PyTorch DDP (bench/torch_ddp.py --target-accuracy, the
-# same net, batch, optimiser, data split and sampler), alternating in one run.
+# Time to accuracy, wall clock: a config's recipe (configs/NAME.ini: fast, lenet, tiny, or a path)
+# with mnist_mpi and with PyTorch DDP (bench/torch_ddp.py --config: the model built from the same
+# layer spec, the same initialisers, optimiser, schedule, batch, budget, data split and data order),
+# alternating in one run, one round per seed.
 #
-#   bench/time_to_accuracy.sh [--target A] [--ranks R] [--eval-every N] [--epochs E]
+#   bench/time_to_accuracy.sh [--config NAME] [--target A] [--ranks R] [--eval-every N] [--epochs E]
 #                             [--repeat K | --seeds "S1 S2 ..."] [--data-dir DIR] [--out DIR]
 #                             [--ours-only | --pytorch-only]
 #
-# Run from the repository root. Both sides stop by one rule: the ranks evaluate the validation split
-# (the last 5000 training images) every N steps and at each epoch's end, and every rank stops
+# Run from the repository root. Without --target each run trains the config's whole budget (its
+# epochs) and the figure is the wall time of that run with its test accuracy (issue 29: the fast
+# recipe, seeds 1-5). With --target both sides stop by one rule: the ranks evaluate the validation
+# split (the last 5000 training images) every N steps and at each epoch's end, and every rank stops
 # when it reaches A; E epochs is the cap. Each round runs ours, then PyTorch. Printed per run and
 # as medians: the wall time of the whole command as the shell saw it (launcher, start-up, training,
 # the checks, the final test evaluation and exit), the time to the stop decision from the process
@@ -21,7 +24,8 @@ set -euo pipefail
 
 PY=/usr/bin/python3
 BIN=${MNIST_MPI_BIN:-build/mnist_mpi}
-TARGET=0.99
+CONFIG=lenet
+TARGET=""
 RANKS=2
 EVAL_EVERY=110  # 5 checks per epoch of 550 steps (global batch 100)
 EPOCHS=10
@@ -37,6 +41,7 @@ die() { echo "time_to_accuracy.sh: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
+    --config) CONFIG="$2"; shift 2 ;;
     --target) TARGET="$2"; shift 2 ;;
     --ranks) RANKS="$2"; shift 2 ;;
     --eval-every) EVAL_EVERY="$2"; shift 2 ;;
@@ -51,7 +56,9 @@ while [[ $# -gt 0 ]]; do
     *) usage >&2; die "unknown option: $1" ;;
   esac
 done
-[[ "$TARGET" =~ ^0?\.[0-9]+$ ]] || die "--target must be a fraction such as 0.99"
+[[ -z "$TARGET" || "$TARGET" =~ ^0?\.[0-9]+$ ]] || die "--target must be a fraction such as 0.99"
+if [[ -f "$CONFIG" ]]; then CONFIG_FILE=$CONFIG; else CONFIG_FILE=configs/$CONFIG.ini; fi
+[[ -f "$CONFIG_FILE" ]] || die "no config $CONFIG (neither a file nor configs/$CONFIG.ini)"
 [[ "$RANKS" =~ ^[1-9][0-9]*$ && "$EVAL_EVERY" =~ ^[1-9][0-9]*$ && "$EPOCHS" =~ ^[1-9][0-9]*$ &&
    "$REPEAT" =~ ^[1-9][0-9]*$ ]] || die "--ranks, --eval-every, --epochs and --repeat must be positive integers"
 if [[ -n "$SEEDS" ]]; then
@@ -61,7 +68,7 @@ else
   SEED_LIST=(); for ((k = 0; k < REPEAT; k++)); do SEED_LIST+=(42); done
 fi
 REPEAT=${#SEED_LIST[@]}
-[[ -f bench/torch_ddp.py && -f configs/lenet.ini ]] || die "run me from the repository root"
+[[ -f bench/torch_ddp.py && -d configs ]] || die "run me from the repository root"
 [[ "$RUN_OURS" == 0 || -x "$BIN" ]] || die "$BIN not found: build it first (or give --pytorch-only)"
 [[ "$RUN_TORCH" == 0 || -x "$PY" ]] || die "$PY not found (install Debian's python3-torch and python3-numpy)"
 
@@ -97,13 +104,15 @@ EOF
   tail -1 "$RESULTS" >&2
 }
 
+STOP=()  # the whole budget, or the target's rule
+[[ -n "$TARGET" ]] && STOP=(--epochs "$EPOCHS" --eval-every "$EVAL_EVERY" --target-accuracy "$TARGET")
 for ((rep = 1; rep <= REPEAT; rep++)); do
   SEED=${SEED_LIST[rep - 1]}
   if [[ "$RUN_OURS" == 1 ]]; then
     MF="$OUT/ours_$rep.jsonl"
     rm -f "$MF"
-    cmd=(mpirun -np "$RANKS" --bind-to core "$BIN" --config configs/lenet.ini --data-dir "$DATA_DIR"
-         --epochs "$EPOCHS" --eval-every "$EVAL_EVERY" --target-accuracy "$TARGET" --seed "$SEED" --metrics-file "$MF" --quiet)
+    cmd=(mpirun -np "$RANKS" --bind-to core "$BIN" --config "$CONFIG_FILE" --data-dir "$DATA_DIR"
+         "${STOP[@]}" --seed "$SEED" --metrics-file "$MF" --quiet)
     echo "== [$rep/$REPEAT] seed $SEED, ours: ${cmd[*]}" >&2
     t0=$(now)
     env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "${cmd[@]}" \
@@ -112,8 +121,8 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
   fi
   if [[ "$RUN_TORCH" == 1 ]]; then
     JF="$OUT/pytorch_$rep.json"
-    cmd=("$PY" bench/torch_ddp.py --model lenet --ranks "$RANKS" --threads 1 --data-dir "$DATA_DIR"
-         --epochs "$EPOCHS" --eval-every "$EVAL_EVERY" --target-accuracy "$TARGET" --seed "$SEED" --json-file "$JF")
+    cmd=("$PY" bench/torch_ddp.py --config "$CONFIG_FILE" --ranks "$RANKS" --threads 1 --data-dir "$DATA_DIR"
+         "${STOP[@]}" --seed "$SEED" --json-file "$JF")
     echo "== [$rep/$REPEAT] seed $SEED, pytorch: ${cmd[*]}" >&2
     t0=$(now)
     "${cmd[@]}" > "$OUT/pytorch_$rep.log" 2>&1 || die "the PyTorch run failed; see $OUT/pytorch_$rep.log"
@@ -121,29 +130,40 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
   fi
 done
 
-"$PY" - "$RESULTS" "$TARGET" "$RANKS" <<'EOF'
+"$PY" - "$RESULTS" "$TARGET" "$RANKS" "$CONFIG_FILE" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print(f"lenet (configs/lenet.ini), {sys.argv[3]} ranks x 1 thread, to validation accuracy {sys.argv[2]}")
-print(f"{'impl':8} {'runs':>4} {'reached':>8} {'step':>6} {'shell wall s':>13} {'to target s':>12} {'test acc':>9} {'peak RSS MB':>14}")
-med = {}
+target, ranks, config = sys.argv[2], sys.argv[3], sys.argv[4]
+goal = f"to validation accuracy {target}" if target else "the whole budget"
+print(f"{config}, {ranks} ranks x 1 thread, {goal}; wall = the whole command as the shell saw it")
+by = {(x["impl"], x["repeat"]): x for x in rows}
+reps = sorted({x["repeat"] for x in rows})
+print(f"{'seed':>6} {'ours wall s':>12} {'ours test':>10} {'pytorch wall s':>15} {'pytorch test':>13} {'ratio':>7}")
+ratios = []
+for k in reps:
+    o, p = by.get(("ours", k)), by.get(("pytorch", k))
+    seed = (o or p)["seed"]
+    cell = lambda x, key, fmt: format(x[key], fmt) if x and x.get(key) is not None else "-"
+    ratio = p["shell_wall_s"] / o["shell_wall_s"] if o and p else None
+    if ratio:
+        ratios.append(ratio)
+    print(f"{seed:>6} {cell(o, 'shell_wall_s', '.2f'):>12} {cell(o, 'test_accuracy', '.4f'):>10} "
+          f"{cell(p, 'shell_wall_s', '.2f'):>15} {cell(p, 'test_accuracy', '.4f'):>13} "
+          f"{format(ratio, '.2f') + 'x' if ratio else '-':>7}")
 for impl in ("ours", "pytorch"):
     r = [x for x in rows if x["impl"] == impl]
     if not r:
         continue
-    m = lambda k: statistics.median(x[k] for x in r if x[k] is not None) if any(x[k] is not None for x in r) else float("nan")
-    med[impl] = m("shell_wall_s")
-    rss = "/".join(f"{max(x['peak_rss_mb'][i] for x in r):.0f}" for i in range(len(r[0]["peak_rss_mb"] or [])))
-    print(f"{impl:8} {len(r):>4} {sum(bool(x['reached']) for x in r):>8} {m('step'):>6.0f} {med[impl]:>13.1f} "
-          f"{m('time_to_target_s'):>12.1f} {m('test_accuracy'):>9.4f} {rss:>14}")
-if len(med) == 2:
-    print(f"PyTorch / ours (median shell wall times): {med['pytorch'] / med['ours']:.2f}x")
-    by = {(x["impl"], x["repeat"]): x for x in rows}
-    per = [by[("pytorch", k)]["shell_wall_s"] / by[("ours", k)]["shell_wall_s"]
-           for k in sorted({x["repeat"] for x in rows}) if ("pytorch", k) in by and ("ours", k) in by]
-    if per:
-        print("per round (seed): " + ", ".join(f"{by[('ours', k)]['seed']}: {r:.2f}x" for k, r in
-                                          zip(sorted({x['repeat'] for x in rows}), per)))
-        print(f"median of the rounds' ratios: {statistics.median(per):.2f}x")
+    acc = [x["test_accuracy"] for x in r if x["test_accuracy"] is not None]
+    line = (f"{impl}: median wall {statistics.median(x['shell_wall_s'] for x in r):.2f} s, "
+            f"mean test accuracy {100 * statistics.mean(acc):.2f} %")
+    if target:
+        line += f", reached the target in {sum(bool(x['reached']) for x in r)} of {len(r)}"
+    rss = [max(x["peak_rss_mb"][i] for x in r) for i in range(len(r[0]["peak_rss_mb"] or []))]
+    if rss:
+        line += ", peak RSS per rank " + "/".join(f"{v:.0f}" for v in rss) + " MB"
+    print(line)
+if ratios:
+    print(f"PyTorch / ours: median of the seeds' ratios {statistics.median(ratios):.2f}x")
 print("per run: " + sys.argv[1])
 EOF

@@ -1,13 +1,18 @@
 #!/usr/bin/python3
 """PyTorch DDP peer benchmark for mnist_mpi.
 
-Trains the same two networks as mnist_mpi ("tiny" and "lenet") with
-torch.distributed DistributedDataParallel on the gloo backend, as N local
-processes started with torch.multiprocessing.spawn, and reports throughput,
-test accuracy, start-up time and peak RSS per rank.
+Trains the same networks as mnist_mpi with torch.distributed
+DistributedDataParallel on the gloo backend, as N local processes started with
+torch.multiprocessing.spawn, and reports throughput, test accuracy, start-up
+time and peak RSS per rank. Either one of two built-in recipes ("tiny" and
+"lenet", --model), or any of mnist_mpi's config files (--config): the model is
+then built from the file's layer spec, and the initialisers, optimiser,
+learning-rate schedule, batch, budget and the data order are mnist_mpi's
+(its sampler's permutation, ported below).
 
 Run with the Debian interpreter (python3-torch, python3-numpy):
     /usr/bin/python3 bench/torch_ddp.py --model tiny --ranks 2 --json
+    /usr/bin/python3 bench/torch_ddp.py --config configs/fast.ini --ranks 2 --seed 1
 """
 import time
 
@@ -48,6 +53,9 @@ WARMUP_STEPS = 10  # steps excluded from the steady throughput
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=sorted(MODEL_DEFAULTS), default="tiny")
+    p.add_argument("--config", default=None,
+                   help="an mnist_mpi config file: its model spec, initialisers, optimiser, schedule, batch and "
+                        "epochs (instead of --model's recipe); the command line's --epochs, --max-steps and batch win")
     p.add_argument("--ranks", type=int, default=2, help="number of local processes (world size)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in each rank")
     p.add_argument("--epochs", type=int, default=None, help="default: tiny 2, lenet 1")
@@ -67,6 +75,18 @@ def parse_args(argv=None):
                         "epoch's end, reaches this fraction (mnist_mpi's --target-accuracy; then the periodic "
                         "evaluation is of the validation split, not the test split; 0 = off)")
     a = p.parse_args(argv)
+    a.recipe = read_config(a.config) if a.config else None
+    if a.recipe:
+        r = a.recipe
+        if a.epochs is None:
+            a.epochs = int(r.get("epochs", 1))
+        if a.max_steps == 0:
+            a.max_steps = int(r.get("max-steps", 0))
+        if a.batch_size is None and a.global_batch_size is None:
+            if int(r.get("global-batch-size", 0)) > 0:
+                a.global_batch_size = int(r["global-batch-size"])
+            else:
+                a.batch_size = int(r.get("batch-size", 64))
     d = MODEL_DEFAULTS[a.model]
     if a.ranks < 1 or a.threads < 1:
         p.error("--ranks and --threads must be >= 1")
@@ -139,6 +159,161 @@ def epoch_permutation(seed, epoch, n):
     """One global permutation per epoch, a function of (seed, epoch) only: identical on every rank."""
     import numpy as np
     return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+# mnist_mpi's sampler (src/data/sampler.cpp, include/mnist_mpi/rng.hpp): a Fisher-Yates shuffle whose
+# swap partner of position i is key(seed, 0x5A3, epoch, i) % (i + 1), key a chain of splitmix64
+# finalisers. With --config the PyTorch side reads the images in this order, mnist_mpi's own.
+_M64 = (1 << 64) - 1
+
+
+def _mix(z):  # numpy uint64 arrays, wrapping like C++
+    import numpy as np
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def mnist_mpi_permutation(seed, epoch, n):
+    import numpy as np
+    with np.errstate(over="ignore"):
+        i = np.arange(n, dtype=np.uint64)
+        h = _mix(np.full(n, seed & _M64, dtype=np.uint64))
+        h = _mix(h ^ np.uint64(0x5A3))
+        h = _mix(h ^ np.uint64(epoch))
+        h = _mix(h ^ i)
+        h = _mix(h ^ np.uint64(0))
+        j = (h % (i + np.uint64(1))).astype(np.int64)
+    p = list(range(n))
+    for k in range(n - 1, 0, -1):
+        jj = int(j[k])
+        p[k], p[jj] = p[jj], p[k]
+    return np.array(p, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- recipes from config files
+def read_config(path):
+    """mnist_mpi's config file: KEY = VALUE lines, '#' comments (docs/usage.md)."""
+    r = {}
+    with open(path) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                k, _, v = line.partition("=")
+                r[k.strip()] = v.strip()
+    if "model" not in r:
+        sys.exit(f"torch_ddp.py: {path} has no model")
+    return r
+
+
+def model_from_spec(spec, weight_init, bias_init):
+    """The layer spec of src/model/spec.cpp as an nn.Sequential on a 1 x 28 x 28 input: conv:KxK:C[:same|
+    valid][:sS] (same padding with stride 1 only, split as TensorFlow's SAME), maxpool:K[:S], relu,
+    flatten, fc:N, dropout:P. Initialisers as mnist_mpi's: he (normal, fan-in), xavier (uniform),
+    truncated_normal:STD and normal:STD for weights; zeros and constant:V."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+    c, h, w = 1, 28, 28
+    layers = []
+    for token in spec.split(","):
+        f = token.split(":")
+        if f[0] == "conv":
+            kh, kw = (int(x) for x in f[1].split("x")) if "x" in f[1] else (int(f[1]),) * 2
+            out, same, stride = int(f[2]), True, 1
+            for x in f[3:]:
+                if x in ("same", "valid"):
+                    same = x == "same"
+                elif x.startswith("s"):
+                    stride = int(x[1:])
+            if same and stride != 1:
+                sys.exit(f"torch_ddp.py: {token}: same padding with a stride is not built here")
+            conv = nn.Conv2d(c, out, (kh, kw), stride=stride)
+            if same and (kh > 1 or kw > 1):
+                pad = (((kw - 1) // 2, kw // 2, (kh - 1) // 2, kh // 2))
+                layers += [nn.ZeroPad2d(pad), conv]
+            else:
+                layers.append(conv)
+                h, w = (h - kh) // stride + 1, (w - kw) // stride + 1
+            c = out
+        elif f[0] == "maxpool":
+            k = int(f[1])
+            st = int(f[2]) if len(f) > 2 else k
+            layers.append(nn.MaxPool2d(k, st))
+            h, w = (h - k) // st + 1, (w - k) // st + 1
+        elif f[0] == "relu":
+            layers.append(nn.ReLU())
+        elif f[0] == "flatten":
+            layers.append(nn.Flatten())
+            c, h, w = c * h * w, 1, 1
+        elif f[0] == "fc":
+            if h * w != 1:
+                layers.append(nn.Flatten())
+                c, h, w = c * h * w, 1, 1
+            layers.append(nn.Linear(c, int(f[1])))
+            c = int(f[1])
+        elif f[0] == "dropout":
+            layers.append(nn.Dropout(float(f[1])))
+        else:
+            sys.exit(f"torch_ddp.py: unknown layer {token!r} in the model spec")
+    m = nn.Sequential(*layers)
+
+    def init(t, text):
+        kind, _, v = text.partition(":")
+        if kind == "he":
+            nn.init.kaiming_normal_(t, mode="fan_in", nonlinearity="relu")
+        elif kind in ("xavier", "glorot"):
+            nn.init.xavier_uniform_(t)
+        elif kind == "truncated_normal":
+            std = float(v or 0.1)
+            nn.init.trunc_normal_(t, mean=0.0, std=std, a=-2 * std, b=2 * std)
+        elif kind == "normal":
+            nn.init.normal_(t, 0.0, float(v or 0.1))
+        elif kind == "zeros":
+            nn.init.zeros_(t)
+        elif kind == "constant":
+            nn.init.constant_(t, float(v or 0.0))
+        else:
+            sys.exit(f"torch_ddp.py: unknown initialiser {text!r}")
+
+    for mod in m.modules():
+        if isinstance(mod, (nn.Conv2d, nn.Linear)):
+            init(mod.weight, weight_init)
+            init(mod.bias, bias_init)
+    return m
+
+
+def recipe_lr(r, step, epoch, total_steps):
+    """learning_rate() of src/train/optimizer.cpp."""
+    import math
+    kind = r.get("lr-schedule", "constant")
+    base, warmup = float(r.get("lr", 1e-3)), int(r.get("warmup-steps", 0))
+    lo = float(r.get("lr-min", 0.0))
+    lr = base
+    if kind == "step":
+        k = math.floor(epoch / float(r.get("lr-step-epochs", 1)))
+        lr = max(base * float(r.get("lr-gamma", 0.1)) ** k, lo)
+    elif kind == "cosine":
+        span = float(max(total_steps - warmup, 1))
+        t = min(max((step - warmup) / span, 0.0), 1.0)
+        lr = lo + 0.5 * (base - lo) * (1.0 + math.cos(math.pi * t))
+    elif kind != "constant":
+        sys.exit(f"torch_ddp.py: unknown lr-schedule {kind!r}")
+    if step < warmup:
+        lr *= (step + 1) / warmup
+    return lr
+
+
+def recipe_optimizer(r, params):
+    import torch
+    kind, lr, wd = r.get("optimizer", "adam"), float(r.get("lr", 1e-3)), float(r.get("weight-decay", 0.0))
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=(float(r.get("beta1", 0.9)), float(r.get("beta2", 0.999))),
+                                eps=float(r.get("eps", 1e-8)), weight_decay=wd)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=float(r.get("momentum", 0.0)),
+                               nesterov=r.get("nesterov", "false") in ("true", "1", "yes", "on"), weight_decay=wd)
+    sys.exit(f"torch_ddp.py: unknown optimizer {kind!r}")
 
 
 # --------------------------------------------------------------------------- models
@@ -231,10 +406,14 @@ def worker(rank, args, port, t_launcher):
     xtr, ytr = data["train"]
 
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts rank 0's)
-    model = build_model(args.model)
+    r = args.recipe
+    if r:
+        model = model_from_spec(r["model"], r.get("weight-init", "truncated_normal:0.1"), r.get("bias-init", "zeros"))
+    else:
+        model = build_model(args.model)
     ddp = DDP(model)
     torch.manual_seed(args.seed * 1000 + rank + 1)  # per-rank dropout masks
-    opt = torch.optim.Adam(ddp.parameters(), lr=d["lr"])
+    opt = recipe_optimizer(r, ddp.parameters()) if r else torch.optim.Adam(ddp.parameters(), lr=d["lr"])
 
     steps_per_epoch = N_TRAIN // args.global_batch  # drop the last partial batch
     total_steps = steps_per_epoch * args.epochs
@@ -253,7 +432,7 @@ def worker(rank, args, port, t_launcher):
     target = None  # where --target-accuracy was reached: step, wall time, validation accuracy
     done = total_steps == 0
     while not done:
-        perm = epoch_permutation(args.seed, epoch, N_TRAIN)
+        perm = mnist_mpi_permutation(args.seed, epoch, N_TRAIN) if r else epoch_permutation(args.seed, epoch, N_TRAIN)
         for s in range(steps_per_epoch):
             if step >= total_steps:
                 done = True
@@ -264,6 +443,9 @@ def worker(rank, args, port, t_launcher):
             idx = perm[s * args.global_batch + lo: s * args.global_batch + hi]
             xb = torch.from_numpy(xtr[idx])
             yb = torch.from_numpy(ytr[idx])
+            if r:
+                for g in opt.param_groups:
+                    g["lr"] = recipe_lr(r, step, epoch, total_steps)
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(ddp(xb), yb)
             loss.backward()  # DDP all-reduces (averages) the gradients here
@@ -289,9 +471,10 @@ def worker(rank, args, port, t_launcher):
                 evals.append([step, round(evaluate_shared(model, *data["test"], rank, world)[0], 6)])
         else:
             epoch += 1
-            lr = max(lr * d["lr_decay"], d["lr_floor"])
-            for g in opt.param_groups:
-                g["lr"] = lr
+            if not r:  # a recipe's schedule sets the rate per step
+                lr = max(lr * d["lr_decay"], d["lr_floor"])
+                for g in opt.param_groups:
+                    g["lr"] = lr
             if step >= total_steps:
                 done = True
     timed_steps = step - WARMUP_STEPS if total_steps > WARMUP_STEPS else step
@@ -307,7 +490,7 @@ def worker(rank, args, port, t_launcher):
         ips = timed_steps * args.global_batch / train_time if train_time > 0 else 0.0
         result = {
             "impl": "pytorch",
-            "model": args.model,
+            "model": args.config or args.model,
             "ranks": world,
             "threads": args.threads,
             "global_batch": args.global_batch,
@@ -342,7 +525,7 @@ def worker(rank, args, port, t_launcher):
     if rank == 0:
         result["peak_rss_mb"] = rss
         result["wall_s"] = round(time.time() - t_launcher, 3)
-        print(f"pytorch {args.model}: ranks={world} threads={args.threads} global_batch={args.global_batch} "
+        print(f"pytorch {args.config or args.model}: ranks={world} threads={args.threads} global_batch={args.global_batch} "
               f"steps={step} ({epochs_done:.2f} epochs) images/s={result['images_per_s']:.1f} "
               f"test_acc={test_acc:.4f} test_loss={test_loss:.4f} startup={result['startup_s']}s "
               f"peak_rss_mb={rss}", flush=True)
