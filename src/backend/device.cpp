@@ -140,8 +140,14 @@ std::unique_ptr<Backend> make_cuda_backend(int, bool) {
 
 #endif
 
-std::unique_ptr<Backend> make_backend(const DeviceChoice& device, int threads, bool tf32) {
-  return device.cuda ? make_cuda_backend(device.gpu, tf32) : make_cpu_backend(threads);
+std::unique_ptr<Backend> make_backend(const DeviceChoice& device, int threads, const std::string& precision) {
+  MNIST_CHECK(!device.cuda || precision != "bf16", ExitCode::kUsage,
+              "--precision bf16 is built for the CPU backend only so far; on the GPU use --precision tf32 (tensor "
+              "cores) or fp32");
+  if (device.cuda) return make_cuda_backend(device.gpu, precision == "tf32");
+  CpuFusions kernels;
+  kernels.bf16 = precision == "bf16";
+  return make_cpu_backend(threads, kernels);
 }
 
 }  // namespace mnist_mpi

@@ -340,7 +340,9 @@ void add_option_table(po::options_description& all, Options& o, std::string& sha
                     "cpu | cuda | auto (auto: a GPU when one is visible, else the CPU); with cuda each rank takes GPU "
                     "(node-local rank mod visible GPUs)")(
       "precision", po::value(&o.precision)->default_value(d.precision),
-      "fp32 | tf32: float math of cuDNN and cuBLAS on the GPU (tf32: tensor cores, ~1e-3 relative error)")(
+      "fp32 | tf32 | bf16: tf32: cuDNN's and cuBLAS's tensor cores on the GPU (~1e-3 relative error); bf16: "
+      "the CPU's convolutions after the first and fc layers multiply in bf16 (AVX512-BF16 or AMX), everything "
+      "else stays fp32")(
       "conv-algos", po::value(&o.conv_algos)->default_value(d.conv_algos),
       "heuristic | measured: how each cuDNN convolution algorithm is chosen (GPU). heuristic: cuDNN's heuristics, "
       "the same bits on every run and resume; measured: rank 0 times them at start and every rank takes the "
@@ -505,8 +507,11 @@ void check_choices(Options& o, const std::string& sharding) {
     o.shard_optimizer = Options::Sharding::kOff;
   else
     throw_error(ExitCode::kUsage, "--shard-optimizer must be auto, on or off, got " + quote_input(sharding));
-  if (o.precision != "fp32" && o.precision != "tf32")
-    throw_error(ExitCode::kUsage, "--precision must be fp32 or tf32, got " + quote_input(o.precision));
+  if (o.precision != "fp32" && o.precision != "tf32" && o.precision != "bf16")
+    throw_error(ExitCode::kUsage, "--precision must be fp32, tf32 or bf16, got " + quote_input(o.precision));
+  if (o.precision == "bf16" && o.exact_sums)
+    throw_error(ExitCode::kUsage,
+                "--precision bf16 with --exact-sums: the exact sums run the fp32 kernels only; drop one of them");
   if (o.conv_algos != "heuristic" && o.conv_algos != "measured")
     throw_error(ExitCode::kUsage, "--conv-algos must be heuristic or measured, got " + quote_input(o.conv_algos));
   if (o.conv_algos == "measured" && o.device == "cpu")

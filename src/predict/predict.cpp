@@ -209,7 +209,7 @@ int predict_main(int argc, char** argv) {
         const DeviceChoice dev =
             choose_device(device, cuda_built(), device == "cpu" ? GpuProbe{} : probe_gpus(), 0, 1, false, host_name());
         if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-        auto backend = make_backend(dev, threads, /*tf32=*/false);
+        auto backend = make_backend(dev, threads, "fp32");
 
         const int size = ck.input.h, box = static_cast<int>(std::lround(ck.input.h * 20.0 / 28.0));
         std::vector<Outcome> outcomes(images.size());

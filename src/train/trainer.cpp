@@ -167,7 +167,7 @@ int Trainer::set_up_backend(const GpuProbe& gpus) {
   if (opt_.exact_sums) threads = 1;
   if (threads == 0)
     threads = comm_.local_size() > 1 ? 1 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  backend_ = make_backend(device_, threads, opt_.precision == "tf32");
+  backend_ = make_backend(device_, threads, opt_.precision);
   backend_->set_wait_timeout(opt_.collective_timeout);             // Note [Device waits have a deadline]
   shared_gpus_ = device_.cuda && comm_.local_size() > gpus.count;  // allowed by --allow-gpu-sharing
   MNIST_CHECK(!opt_.cuda_graph || !shared_gpus_, ExitCode::kUsage,

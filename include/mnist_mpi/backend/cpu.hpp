@@ -17,7 +17,15 @@ struct CpuFusions {
   // The kernels written with AVX2 intrinsics, where the CPU has AVX2 (and FMA); false: their
   // portable versions, which give the same bits (BlockedLayouts tests compare the two).
   bool avx2_kernels = true;
+  // --precision bf16 (Note [bf16 on the CPU] in src/backend/cpu/cpu_backend.cpp): convolutions
+  // after the first and fc layers multiply in bf16 (oneDNN's AVX512-BF16 / AMX kernels) and
+  // accumulate and write in fp32. make_cpu_backend refuses it (exit 2) on a CPU without them.
+  bool bf16 = false;
 };
+
+// Whether this CPU has bf16 multiply instructions oneDNN uses (AVX512-BF16 or AMX-BF16); what it
+// has not, in words, for the refusal.
+bool cpu_has_bf16();
 
 // --threads: the number of threads each rank's kernels use.
 std::unique_ptr<Backend> make_cpu_backend(int threads, CpuFusions fusions = {});

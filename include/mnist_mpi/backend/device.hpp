@@ -27,9 +27,10 @@ struct DeviceChoice {
 DeviceChoice choose_device(const std::string& requested, bool cuda_built, const GpuProbe& gpus, int local_rank,
                            int local_size, bool allow_sharing, const std::string& host);
 
-// The backend of a chosen device: the CUDA backend on its GPU (tf32: TF32 tensor cores for float
-// math), else the CPU backend with `threads` threads per rank.
-std::unique_ptr<Backend> make_backend(const DeviceChoice& device, int threads, bool tf32);
+// The backend of a chosen device: the CUDA backend on its GPU (precision tf32: TF32 tensor cores
+// for float math), else the CPU backend with `threads` threads per rank (precision bf16: Note
+// [bf16 on the CPU] in src/backend/cpu/cpu_backend.cpp; refused on a CPU without bf16, exit 2).
+std::unique_ptr<Backend> make_backend(const DeviceChoice& device, int threads, const std::string& precision);
 
 // The CUDA backend on GPU `device` (already chosen, see include/mnist_mpi/backend/device.hpp);
 // tf32: let cuDNN and cuBLAS use TF32 tensor cores for float math. Only in builds with CUDA

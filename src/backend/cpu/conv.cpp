@@ -583,8 +583,12 @@ class Conv final : public LayerKernel {
  public:
   // Long on purpose (Note [Why a function is long] in docs/style.md): oneDNN's primitives for the
   // three passes are made once here from one set of memory descriptors; they share every local.
-  Conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : c_(c) {
+  Conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training, bool first) : c_(c) {
     using dims = dnnl::memory::dims;
+    if (c.fuse.bf16 && !first) {  // Note [bf16 on the CPU] in src/backend/cpu/cpu_backend.cpp
+      build_bf16(l, b, training);
+      return;
+    }
     const dims src{b.batch, l.in.c, l.in.h, l.in.w};             // (N, C, H, W)
     const dims wei{l.channels, l.in.c, l.kernel_h, l.kernel_w};  // (O, I, KH, KW)
     const dims bia{l.channels};                                  // (O)
@@ -694,9 +698,11 @@ class Conv final : public LayerKernel {
   void forward(const StepContext&) override {
     if (conv_pool_ && conv_pool_->taken) return;  // the pool computes it (Note [The first convolution ...])
     w_fwd_.run(c_);
+    if (x_to_bf16_) x_to_bf16_->run(c_);
     fwd_.run(c_);
   }
   void backward(const StepContext&) override {
+    if (dy_to_bf16_) dy_to_bf16_->run(c_);
     if (bwd_data_) {
       w_bwd_.run(c_);
       bwd_data_->run(c_);
@@ -732,8 +738,74 @@ class Conv final : public LayerKernel {
   Conv& operator=(const Conv&) = delete;
 
  private:
+  // --precision bf16 (Note [bf16 on the CPU]): the primitives on bf16 copies of x, w and dy.
+  void build_bf16(const LayerSpec& l, const LayerBuffers& b, bool training) {
+    using dims = dnnl::memory::dims;
+    const dims src{b.batch, l.in.c, l.in.h, l.in.w}, wei{l.channels, l.in.c, l.kernel_h, l.kernel_w},
+        bia{l.channels}, dst{b.batch, l.out.c, l.out.h, l.out.w};
+    const dims strides{l.stride, l.stride}, pad_l{l.pad_top, l.pad_left}, pad_r{l.pad_bottom, l.pad_right};
+    const auto [src_tag, dst_tag] = conv_tags(b.x_layout, l.in.c, b.y_layout, l.out.c);  // Note [One block is NHWC]
+    const dnnl::memory::desc src_bf(src, dt::bf16, src_tag), src_f(src, dt::f32, src_tag),
+        wei_bf(wei, dt::bf16, tag::any), wei_f(wei, dt::f32, tag::any), bia_md(bia, dt::f32, tag::x),
+        dst_f(dst, dt::f32, dst_tag), dst_bf(dst, dt::bf16, dst_tag);
+    const float* bias = b.w + l.channels * l.in.c * l.kernel_h * l.kernel_w;
+    const dnnl::memory user_w = wrap(c_, wei, tag::oihw, b.w);
+    dnnl::convolution_forward::primitive_desc fwd(
+        dnnl::convolution_forward::desc(
+            training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference,
+            dnnl::algorithm::convolution_direct, src_bf, wei_bf, bia_md, dst_f, strides, pad_l, pad_r),
+        user_scratchpad(), c_.engine);
+    desc_ = "conv fwd " + impl(fwd);
+    const dnnl::memory x_bf(src_bf, c_.engine);  // allocated once, here
+    x_to_bf16_ = bound_reorder(c_, wrap(c_, src, src_tag, b.x), x_bf);
+    w_fwd_ = maybe_reorder(c_, user_w, fwd.weights_desc(), true);
+    fwd_ = bind<dnnl::convolution_forward>(c_, fwd,
+                                           {{DNNL_ARG_SRC, x_bf},
+                                            {DNNL_ARG_WEIGHTS, w_fwd_.mem},
+                                            {DNNL_ARG_BIAS, wrap(c_, bia, tag::x, bias)},
+                                            {DNNL_ARG_DST, wrap(c_, dst, dst_tag, b.y)}});
+    if (!training) return;
+    const dnnl::memory dy_bf(dst_bf, c_.engine);
+    dy_to_bf16_ = bound_reorder(c_, wrap(c_, dst, dst_tag, b.dy), dy_bf);
+    if (b.dx) {
+      dnnl::convolution_backward_data::primitive_desc bd(
+          dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_f, wei_bf, dst_bf, strides,
+                                                pad_l, pad_r),
+          user_scratchpad(), c_.engine, fwd);
+      desc_ += ", bwd-data " + impl(bd);
+      w_bwd_ = bd.weights_desc() == fwd.weights_desc() ? MaybeReorder{w_fwd_.mem, std::nullopt}
+                                                       : maybe_reorder(c_, user_w, bd.weights_desc(), true);
+      bwd_data_ = bind<dnnl::convolution_backward_data>(c_, bd,
+                                                         {{DNNL_ARG_DIFF_DST, dy_bf},
+                                                          {DNNL_ARG_WEIGHTS, w_bwd_.mem},
+                                                          {DNNL_ARG_DIFF_SRC, wrap(c_, src, src_tag, b.dx)}});
+    }
+    // The bias gradient from the fp32 dy: our blocked loop (Note [Bias gradient of a blocked
+    // convolution]) or oneDNN's.
+    own_bias_ = b.y_layout != Layout::kPlain;
+    dnnl::convolution_backward_weights::primitive_desc bw =
+        own_bias_ ? dnnl::convolution_backward_weights::primitive_desc(
+                        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_bf, wei_f,
+                                                                 dst_bf, strides, pad_l, pad_r),
+                        user_scratchpad(), c_.engine, fwd)
+                  : dnnl::convolution_backward_weights::primitive_desc(
+                        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_bf, wei_f,
+                                                                 bia_md, dst_bf, strides, pad_l, pad_r),
+                        user_scratchpad(), c_.engine, fwd);
+    desc_ += ", bwd-weights " + impl(bw) + (own_bias_ ? " + own bias sum" : "");
+    dw_ = maybe_reorder(c_, wrap(c_, wei, tag::oihw, b.dw), bw.diff_weights_desc(), false);
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, x_bf}, {DNNL_ARG_DIFF_DST, dy_bf}, {DNNL_ARG_DIFF_WEIGHTS, dw_.mem}};
+    if (!own_bias_) args[DNNL_ARG_DIFF_BIAS] = wrap(c_, bia, tag::x, b.dw + (bias - b.w));
+    bwd_weights_ = cpu::bind<dnnl::convolution_backward_weights>(c_, bw, std::move(args));
+    l_ = l;
+    b_ = b;
+    bias_acc_.assign(static_cast<std::size_t>(l.channels), 0.0);
+  }
+
   Context& c_;
   MaybeReorder w_fwd_, w_bwd_, dw_;
+  std::optional<Bound> x_to_bf16_, dy_to_bf16_;  // --precision bf16
   Bound fwd_;
   std::optional<Bound> bwd_data_, bwd_weights_;
   std::string desc_;
@@ -783,8 +855,9 @@ bool conv_has_fast_kernels(const Context& c, const LayerSpec& l, Layout x_layout
   }
 }
 
-std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) {
-  return std::make_unique<Conv>(c, l, b, training);
+std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training,
+                                       bool first) {
+  return std::make_unique<Conv>(c, l, b, training, first);
 }
 
 }  // namespace mnist_mpi::cpu

@@ -147,6 +147,13 @@ inline MaybeReorder maybe_reorder(const Context& c, const dnnl::memory& user, co
   return {m, bind<dnnl::reorder>(c, pd, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}})};
 }
 
+// A reorder from one memory to another, bound at build (--precision bf16: an fp32 activation into
+// the bf16 copy a primitive reads).
+inline Bound bound_reorder(const Context& c, const dnnl::memory& from, const dnnl::memory& to) {
+  dnnl::reorder::primitive_desc pd(from, to, user_scratchpad());
+  return bind<dnnl::reorder>(c, pd, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}});
+}
+
 // A layer made of bound primitives: forward, and for training an optional backward-data
 // (absent for the first layer) and an optional backward-weights (absent without parameters).
 class BoundLayer : public LayerKernel {

@@ -8,7 +8,9 @@
 
 namespace mnist_mpi::cpu {
 
-std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
+// first: the model's first layer (it stays fp32 under --precision bf16: Note [bf16 on the CPU]).
+std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training,
+                                       bool first = false);
 // Whether oneDNN has non-reference convolution kernels for these activation layouts (a probe for
 // Note [Which activations are blocked]; with_dx: backward-data too).
 bool conv_has_fast_kernels(const Context& c, const LayerSpec& l, Layout x_layout, Layout y_layout, bool with_dx);
