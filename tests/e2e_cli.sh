@@ -60,7 +60,7 @@ check cuda_unavailable 6 "error on rank 0 .*--device cuda: (no usable GPU on [^:
 if grep -qE "cuda[A-Z][A-Za-z]+|CUDA call failed|error [0-9]+" "$work/err"; then
   failed=$((failed + 1)); echo "FAIL cuda_unavailable: the message shows CUDA error codes:"; cat "$work/err"
 else passed=$((passed + 1)); echo "ok   cuda_unavailable message is in words: $(grep "mnist_mpi: error" "$work/err")"; fi
-check bad_precision 2 "--precision must be fp32 or tf32" -- "${run2[@]}" "${base[@]}" --batch-size 10 --precision fp16
+check bad_precision 2 "--precision must be fp32, tf32 or bf16" -- "${run2[@]}" "${base[@]}" --batch-size 10 --precision fp16
 check missing_config 2 "--config '$work/nope.ini' does not exist" -- "${run2[@]}" --config "$work/nope.ini"
 # Issue 13. Class 2: a --config that is a directory was ignored (the run went on with the defaults);
 # a FIFO blocked in open(). Class 8: a binary config wrote raw bytes, naming no file or line; a huge
@@ -197,6 +197,23 @@ check singleton_own_session_tree 0 "params_hash" -- env -u OMPI_MCA_orte_tmpdir_
 left=$(find "$tmp_here" -mindepth 1 ! -name 'ompi.*' | head -5)
 if [ -z "$left" ]; then passed=$((passed + 1)); echo "ok   the singleton's session tree is removed at exit"
 else failed=$((failed + 1)); echo "FAIL the singleton left in its TMPDIR: $left"; fi
+
+# --precision bf16 (Note [bf16 on the CPU] in src/backend/cpu/cpu_backend.cpp): where the CPU has
+# bf16 instructions the fc layers (and convolutions after the first) say they run bf16 kernels, the
+# ranks stay identical (a replica check every step), and an fp32 checkpoint resumes in bf16; where
+# it has none, the run is refused at set-up. Refused with --exact-sums either way.
+if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  check bf16_runs_bf16_kernels 0 "layer 4 fc:10 .*: bf16 fc fwd" -- "${run2[@]}" "${base[@]}" --precision bf16 --max-steps 4 \
+    --check-replicas-every 1 --checkpoint-dir "$work/bf16ck" --checkpoint-every 4
+  "${run2[@]}" "${base[@]}" --max-steps 2 --checkpoint-dir "$work/fp32ck" --checkpoint-every 2 >/dev/null 2>&1
+  check bf16_resumes_an_fp32_checkpoint 0 "precision fp32 -> bf16" -- "${run2[@]}" "${base[@]}" --precision bf16 \
+    --max-steps 4 --resume auto --checkpoint-dir "$work/fp32ck" --checkpoint-every 2
+else
+  check bf16_refused_without_bf16_instructions 2 "needs a CPU with bf16 multiply instructions" -- \
+    "${run2[@]}" "${base[@]}" --precision bf16 --max-steps 1
+fi
+check bf16_with_exact_sums_refused 2 "exact sums run the fp32 kernels only" -- \
+  "${run2[@]}" "${base[@]}" --precision bf16 --exact-sums --max-steps 1
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

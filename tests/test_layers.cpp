@@ -15,6 +15,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "mnist_mpi/backend/backend.hpp"
@@ -1052,6 +1053,58 @@ TEST(Model, TakenFcWeightGradientIsEachChunksWeightGradient) {
   const std::vector<std::int32_t> labels{0, 1, 2, 3};
   for (int j = 0; j < chunks; ++j) step_on(taken, *be, x, labels, batch);
   EXPECT_THROW(step_on(taken, *be, x, labels, batch), Error);
+}
+
+// Note [bf16 on the CPU] (src/backend/cpu/cpu_backend.cpp): the bf16 model's logits and every
+// gradient tensor agree with the fp32 model's to bf16's precision (8 bits), yet differ from them
+// (the bf16 kernels ran), and the first convolution stays fp32. A linear model: with ReLUs and
+// pools, a unit whose input lies a bf16 rounding from a kink sends its gradient elsewhere, and a
+// few such flips move a gradient tensor by several percent. On a CPU without bf16 instructions
+// the backend is refused instead.
+TEST(Model, Bf16GradientsAreTheFp32OnesToBf16Precision) {
+  CpuFusions bf16;
+  bf16.bf16 = true;
+  if (!cpu_has_bf16()) {
+    EXPECT_THROW(make_cpu_backend(1, bf16), Error);
+    GTEST_SKIP() << "this CPU has no bf16 instructions: the refusal is what there is to test";
+  }
+  auto be32 = make_cpu_backend(1);
+  auto be16 = make_cpu_backend(1, bf16);
+  const ModelSpec spec =
+      parse_model_spec("conv:3x3:16:same,conv:3x3:32:same,flatten,fc:64,fc:10", {1, 12, 12}, 10);
+  const int batch = 8;
+  const auto P = static_cast<std::size_t>(spec.param_count);
+  std::vector<float> params(P), g32(P), g16(P);
+  init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 42, params.data());
+  Model m32(spec, batch, *be32, params.data(), g32.data());
+  Model m16(spec, batch, *be16, params.data(), g16.data());
+  EXPECT_EQ(m16.describe().find("layer 0 conv:3x3:16:same (16,12,12): bf16"), std::string::npos) << m16.describe();
+  EXPECT_NE(m16.describe().find("layer 1 conv:3x3:32:same (32,12,12): bf16 conv fwd"), std::string::npos)
+      << m16.describe();
+  const std::vector<float> x = uniform(static_cast<std::size_t>(batch * 144), 5);
+  const std::vector<std::int32_t> labels{0, 1, 2, 3, 4, 5, 6, 7};
+  step_on(m32, *be32, x, labels, batch);
+  step_on(m16, *be16, x, labels, batch);
+  // Relative to the tensor's norm.
+  const auto close = [](const float* a, const float* b, std::int64_t n, double rel) {
+    double norm = 0.0, diff = 0.0;
+    bool differ = false;
+    for (std::int64_t i = 0; i < n; ++i) {
+      norm += static_cast<double>(a[i]) * a[i];
+      diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+      differ = differ || a[i] != b[i];
+    }
+    const double err = std::sqrt(diff / norm);
+    return std::make_tuple(err <= rel, differ, err);
+  };
+  const auto [logits_ok, logits_differ, logits_err] = close(m32.logits(), m16.logits(), batch * 10, 2e-2);
+  EXPECT_TRUE(logits_ok) << "logits off by " << logits_err << " of their norm";
+  EXPECT_TRUE(logits_differ) << "the bf16 model computed the fp32 bits: did its kernels run?";
+  for (const ParamTensor& t : spec.params) {
+    const auto [ok, differ, err] = close(g32.data() + t.offset, g16.data() + t.offset, t.size, 2e-2);
+    EXPECT_TRUE(ok) << t.name << ": off by " << err << " of its norm";
+    EXPECT_TRUE(differ) << t.name << ": the fp32 bits";
+  }
 }
 
 TEST(Model, GradientOfEveryParameterTensor) {

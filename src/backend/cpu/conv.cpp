@@ -755,7 +755,7 @@ class Conv final : public LayerKernel {
             training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference,
             dnnl::algorithm::convolution_direct, src_bf, wei_bf, bia_md, dst_f, strides, pad_l, pad_r),
         user_scratchpad(), c_.engine);
-    desc_ = "conv fwd " + impl(fwd);
+    desc_ = "bf16 conv fwd " + impl(fwd);
     const dnnl::memory x_bf(src_bf, c_.engine);  // allocated once, here
     x_to_bf16_ = bound_reorder(c_, wrap(c_, src, src_tag, b.x), x_bf);
     w_fwd_ = maybe_reorder(c_, user_w, fwd.weights_desc(), true);

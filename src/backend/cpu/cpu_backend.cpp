@@ -349,7 +349,7 @@ class CpuBackend final : public Backend {
 // batch 50 (Zen 4, one core): 10.5 ms fp32 against 5.8 ms bf16 for forward and both backward
 // passes, the conversions included. A CPU without bf16 instructions is refused at set-up: oneDNN
 // would run reference kernels, far slower than fp32. The kernels chosen are in the banner's
-// per-layer lines (jit_bf16 / brg ... bf16).
+// per-layer lines, each bf16 layer's starting with "bf16".
 bool cpu_has_bf16() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   const bool avx512_bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5)) != 0;  // CPUID.7.1:EAX[5]

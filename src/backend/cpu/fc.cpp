@@ -166,7 +166,7 @@ class Fc final : public BoundLayer {
             training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference, src_bf, wei_bf, bia_md,
             dst_f),
         user_scratchpad(), c_.engine);
-    desc_ = "fc fwd " + impl(fwd);
+    desc_ = "bf16 fc fwd " + impl(fwd);
     const dnnl::memory x_bf(src_bf, c_.engine);
     x_to_bf16_ = bound_reorder(c_, wrap(c_, src, tag::nc, b.x), x_bf);
     w_fwd_ = maybe_reorder(c_, user_w, fwd.weights_desc(), true);
