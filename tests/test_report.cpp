@@ -355,6 +355,88 @@ TEST(HtmlReport, EmbedsTheCurvesAndNeedsNoNetwork) {
   EXPECT_NE(html.find("<path fill=\"none\" stroke=\"#4e79a7\""), std::string::npos);  // the loss curve is drawn
 }
 
+// Note [Charts people can read]: ticks at 1, 2 or 5 times a power of ten that cover the data,
+// labels as people write them.
+TEST(HtmlReport, TicksAreRoundAndLabelsReadable) {
+  EXPECT_EQ(nice_ticks(0.5969, 2.31, 5), (std::vector<double>{0.5, 1.0, 1.5, 2.0, 2.5}));
+  EXPECT_EQ(nice_ticks(0, 72860, 5), (std::vector<double>{0, 20000, 40000, 60000, 80000}));
+  EXPECT_EQ(nice_ticks(10, 1100, 8), (std::vector<double>{0, 200, 400, 600, 800, 1000, 1200}));
+  const std::vector<double> acc = nice_ticks(0.9312, 0.9871, 5);  // 0.92 .. 1.00 by 0.02
+  ASSERT_EQ(acc.size(), 5u);
+  EXPECT_NEAR(acc.front(), 0.92, 1e-12);
+  EXPECT_NEAR(acc.back(), 1.0, 1e-12);
+  for (double lo : {-3.7, 0.0, 1e-6, 12.0, 5e5})
+    for (double span : {1e-5, 0.3, 7.0, 123.0, 4e6}) {
+      const std::vector<double> t = nice_ticks(lo, lo + span, 5);
+      ASSERT_GE(t.size(), 2u);
+      EXPECT_LE(t.front(), lo);
+      EXPECT_GE(t.back(), lo + span);
+      EXPECT_LE(t.size(), 12u) << lo << " + " << span;
+      const double step = t[1] - t[0], m = step / std::pow(10.0, std::floor(std::log10(step) + 1e-9));
+      EXPECT_TRUE(std::fabs(m - 1) < 1e-4 || std::fabs(m - 2) < 1e-4 || std::fabs(m - 5) < 1e-4) << step;
+    }
+  EXPECT_EQ(format_value(72900, 2, 10000), "73k");
+  EXPECT_EQ(format_value(72900, 2, 100), "72.9k");
+  EXPECT_EQ(format_value(0.982, 1, 0.001), "98.2 %");
+  EXPECT_EQ(format_value(0.95, 1, 0.05), "95 %");
+  EXPECT_EQ(format_value(12.5, 3, 0.5), "12.5 ms");
+  EXPECT_EQ(format_value(0.5, 0, 0.5), "0.5");
+  EXPECT_EQ(format_value(1200, 0, 200), "1200");
+  EXPECT_EQ(format_value(40000, 0, 20000), "40k");
+}
+
+// The report's charts: round tick labels only, the per-rank chart with one bar per rank and the
+// straggler marked, every series named with its split.
+TEST(HtmlReport, ChartsHaveRoundTicksAndOneBarPerRank) {
+  ReportData d;
+  d.steps_per_epoch = 50;
+  for (int s = 10; s <= 120; s += 10) d.train.push_back({s, 2.0 / s, 0.001, 70000.0 + 100 * s});
+  d.evals = {{"validation", 50, 0.9512, 0.3}, {"validation", 100, 0.9734, 0.2}, {"test", 120, 0.9751, 0.19}};
+  for (int r = 0; r < 3; ++r) {
+    RankTimes t;
+    t.rank = r;
+    t.host = "h" + std::to_string(r);
+    t.per_step = StepTiming{.data = 1e-4, .forward = 1e-3, .backward = r == 2 ? 4e-3 : 2e-3, .exposed_comm = 2e-4};
+    d.ranks.push_back(t);
+  }
+  d.rank_points = {{60, {3.1, 3.1, 5.1}, {2.0, 2.0, 0.1}}, {120, {3.1, 3.2, 5.1}, {2.0, 2.0, 0.1}}};
+  d.straggler = "rank 2 on host h2: backward 100 % slower than the median rank";
+  const std::string html = render_html_report(d);
+  std::size_t bars = 0;
+  for (auto p = html.find("<g class=\"rank\""); p != std::string::npos; p = html.find("<g class=\"rank\"", p + 1)) ++bars;
+  EXPECT_EQ(bars, 3u);
+  EXPECT_NE(html.find("data-rank=\"2\" data-compute-ms=\"5.100\" data-wait-ms=\"0.200\" data-straggler=\"1\""),
+            std::string::npos);
+  for (const char* name : {"training loss (training split)", "validation loss (validation split)",
+                           "test accuracy (test split)", "images/s (all ranks)", "rank 2 compute"})
+    EXPECT_NE(html.find(std::string("data-name=\"") + name + "\""), std::string::npos) << name;
+  EXPECT_NE(html.find(">epoch 1</text>"), std::string::npos);
+  EXPECT_NE(html.find(">step</text>"), std::string::npos);
+  // Every chart's tick labels: numbers without exponent, equally spaced by 1, 2 or 5 times a power
+  // of ten, each a multiple of that step (the units' k, % and ms read as written).
+  for (auto c = html.find("<svg"); c != std::string::npos; c = html.find("<svg", c + 1)) {
+    const std::string chart = html.substr(c, html.find("</svg>", c) - c);
+    for (const char* cls : {"tick-y", "tick-x"}) {
+      std::vector<double> v;
+      for (auto p = chart.find(std::string("class=\"") + cls); p != std::string::npos;
+           p = chart.find(std::string("class=\"") + cls, p + 1)) {
+        const auto b = chart.find('>', p) + 1, e = chart.find('<', b);
+        const std::string label = chart.substr(b, e - b);
+        EXPECT_EQ(label.find('e'), std::string::npos) << label;
+        v.push_back(std::strtod(label.c_str(), nullptr));
+      }
+      if (v.size() < 2) continue;
+      const double step = v[1] - v[0];
+      ASSERT_GT(step, 0) << cls;
+      const double m = step / std::pow(10.0, std::floor(std::log10(step) + 1e-9));
+      EXPECT_TRUE(std::fabs(m - 1) < 1e-6 || std::fabs(m - 2) < 1e-6 || std::fabs(m - 5) < 1e-6) << cls << " " << step;
+      for (std::size_t i = 1; i < v.size(); ++i) EXPECT_NEAR(v[i] - v[i - 1], step, step * 1e-6) << cls;
+      for (const double x : v) EXPECT_NEAR(x / step, std::round(x / step), 1e-6) << cls << " " << x;
+    }
+  }
+  EXPECT_NE(html.find(">97.0 %</text>"), std::string::npos);  // accuracy ticks in percent
+}
+
 // ---- outputs that cannot be written (Note [When an output cannot be written]) ----
 
 bool have_dev_full() { return fs::is_character_file("/dev/full"); }

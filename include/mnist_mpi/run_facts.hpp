@@ -77,6 +77,25 @@ struct TargetFacts {
 
 // The end of the run, as the trainer saw it (rank 0's values where ranks differ): the final report
 // on stdout, the "final" event, the summary table and the HTML report.
+// One rank's means per step, in seconds, over the steps it ran (Note [Every rank's step times]
+// in src/train/trainer.cpp).
+struct RankTimes {
+  int rank = 0;
+  std::string host;
+  StepTiming per_step;
+  // The rank's own work: data, forward, backward and optimizer; exposed_comm is its wait.
+  double compute() const { return per_step.data + per_step.forward + per_step.backward + per_step.optimizer; }
+};
+
+struct Straggler {
+  int rank = -1;  // -1: none
+  std::string host;
+  std::string phase;           // where it lost the most time: data, forward, backward or optimizer
+  double slower = 0;           // its compute over the median of the other ranks', minus 1 (0.23: 23 % slower)
+  double phase_slower = 0;     // the same for that phase alone
+  double others_waited_s = 0;  // over the run: the other ranks' mean wait beyond the straggler's own
+};
+
 struct FinalFacts {
   std::int64_t steps = 0;
   double epochs = 0, startup_s = 0, images_per_s = 0, test_accuracy = 0, test_loss = 0;
@@ -91,6 +110,8 @@ struct FinalFacts {
   TargetFacts target;
   // --exact-sums: the chunk (0: off) and the probe passes (Note [Where the shift comes from]).
   std::int64_t exact_chunk = 0, exact_sum_probes = 0;
+  std::vector<RankTimes> ranks;  // every rank's means over the run (Note [Naming a straggler])
+  Straggler straggler;
 };
 
 }  // namespace mnist_mpi

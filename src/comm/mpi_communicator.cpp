@@ -186,6 +186,12 @@ class MpiCommunicator final : public Communicator {
     MPI_CHECK(MPI_Allgather(&value, 1, MPI_UINT64_T, out.data(), 1, MPI_UINT64_T, comm_));
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
+  void gather(std::span<const double> mine, std::span<double> out, int root) override {
+    MNIST_CHECK(rank_ != root || out.size() == mine.size() * static_cast<std::size_t>(size_), ExitCode::kRuntime,
+                "gather: out must hold every rank's values");
+    MPI_CHECK(MPI_Gather(mine.data(), checked_count(mine.size()), MPI_DOUBLE, out.data(), checked_count(mine.size()),
+                         MPI_DOUBLE, root, comm_));
+  }
   void gather(std::span<const std::uint8_t> mine, std::vector<std::uint8_t>& out, std::vector<std::int64_t>& counts,
               int root) override {
     const bool me = rank_ == root;

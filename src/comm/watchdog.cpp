@@ -186,6 +186,10 @@ class WatchedCommunicator final : public Communicator {
     WatchScope s(&w_, "gather");
     in_->gather(mine, out, counts, root);
   }
+  void gather(std::span<const double> mine, std::span<double> out, int root) override {
+    WatchScope s(&w_, "gather of step times");
+    in_->gather(mine, out, root);
+  }
   void connect() override { in_->connect(); }
   bool device_buffers() const override { return in_->device_buffers(); }
 

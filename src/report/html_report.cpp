@@ -44,9 +44,71 @@ struct Series {
   bool markers = false;
 };
 
-// A line chart with a frame, 5 horizontal grid lines labelled with values, and the step range.
-std::string line_chart(const std::string& title, const std::vector<Series>& series) {
-  constexpr double W = 640, H = 280, L = 64, R = 16, T = 28, B = 36;
+// How a chart's values are written (Note [Charts people can read]).
+enum class Unit { kPlain, kFraction, kRate, kMs };
+
+}  // namespace
+
+// Note [Charts people can read]
+// Ticks fall on round values, 1, 2 or 5 times a power of ten, about five to an axis (nice_ticks),
+// and the axis is widened to the ticks around the data, so a reader never has to interpolate
+// between 0.5969 and 7.286e+04. Values are written as people write them (format_value): 72.9k
+// images/s, 98.2 %, 12.5 ms, 0.05; the step axis is ticked the same way and every epoch's end is
+// marked. Every chart has axis titles and a legend naming each line and its split, and spans the
+// page's width (a viewBox, scaled by the browser).
+std::vector<double> nice_ticks(double lo, double hi, int target) {
+  if (!(hi > lo) || !std::isfinite(lo) || !std::isfinite(hi)) return {lo};
+  const double raw = (hi - lo) / std::max(1, target);
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = 10 * p;
+  for (const double m : {1.0, 2.0, 5.0})
+    if (m * p >= raw) {
+      step = m * p;
+      break;
+    }
+  // k * step for whole k (not a running sum, whose error grows with each tick), from below lo to
+  // at or above hi.
+  std::vector<double> t;
+  const double first = std::floor(lo / step), last = std::ceil(hi / step);
+  for (double k = first; k <= last && t.size() <= 50; ++k) t.push_back(k == 0 ? 0.0 : k * step);
+  return t;
+}
+
+std::string format_value(double v, int unit_kind, double step) {
+  const auto unit = static_cast<Unit>(unit_kind);
+  // Enough decimals to tell ticks `step` apart, no more.
+  const auto decimals = [](double s) { return std::clamp(static_cast<int>(-std::floor(std::log10(s) + 1e-9)), 0, 6); };
+  char b[64];
+  switch (unit) {
+    case Unit::kFraction:
+      std::snprintf(b, sizeof b, "%.*f %%", step > 0 ? decimals(100 * step) : 1, 100 * v);
+      return b;
+    case Unit::kMs:
+      std::snprintf(b, sizeof b, "%.*f ms", step > 0 ? decimals(step) : 2, v);
+      return b;
+    case Unit::kRate:
+    case Unit::kPlain:
+      break;
+  }
+  const double a = std::fabs(v);
+  if (unit == Unit::kRate || a >= 1e4) {
+    const char* suffix = a >= 1e9 ? "G" : a >= 1e6 ? "M" : a >= 1e3 ? "k" : "";
+    const double scale = a >= 1e9 ? 1e9 : a >= 1e6 ? 1e6 : a >= 1e3 ? 1e3 : 1;
+    std::snprintf(b, sizeof b, "%.*f%s", step > 0 ? decimals(step / scale) : 1, v / scale, suffix);
+    return b;
+  }
+  std::snprintf(b, sizeof b, "%.*f", step > 0 ? decimals(step) : 3, v);
+  return b;
+}
+
+namespace {
+
+constexpr double kW = 960;  // the viewBox's width; the page scales it to its own
+
+// A line chart: nice ticks on both axes, axis titles, epoch marks, a legend row under the title.
+std::string line_chart(const std::string& title, const std::string& y_title, Unit unit, const std::vector<Series>& series,
+                       std::int64_t steps_per_epoch) {
+  constexpr double H = 320, L = 84, R = 20, T = 48, B = 52;
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const Series& s : series)
     for (auto [x, y] : s.points) {
@@ -57,13 +119,11 @@ std::string line_chart(const std::string& title, const std::vector<Series>& seri
       y1 = std::max(y1, y);
     }
   std::ostringstream o;
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W
-    << ' ' << H << "\" role=\"img\"><title>" << esc(title) << "</title>"
-    << "<text x=\"" << L << "\" y=\"18\" class=\"t\">" << esc(title) << "</text>"
-    << "<rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << W - L - R << "\" height=\"" << H - T - B
-    << "\" fill=\"none\" stroke=\"#999\"/>";
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" data-title=\"" << esc(title) << "\" viewBox=\"0 0 "
+    << kW << ' ' << H << "\" role=\"img\"><title>" << esc(title) << "</title>"
+    << "<text x=\"" << L << "\" y=\"18\" class=\"t\">" << esc(title) << "</text>";
   if (x0 > x1) {
-    o << "<text x=\"" << W / 2 << "\" y=\"" << H / 2 << "\" text-anchor=\"middle\">no data</text></svg>";
+    o << "<text x=\"" << kW / 2 << "\" y=\"" << H / 2 << "\" text-anchor=\"middle\">no data</text></svg>";
     return o.str();
   }
   if (x1 == x0) {
@@ -71,31 +131,53 @@ std::string line_chart(const std::string& title, const std::vector<Series>& seri
     x1 += 1;
   }
   if (y1 == y0) {
-    y0 -= 0.5;
-    y1 += 0.5;
+    y0 -= std::max(0.5, std::fabs(y0) * 0.1);
+    y1 += std::max(0.5, std::fabs(y1) * 0.1);
   }
-  const double pad = 0.05 * (y1 - y0);
-  y0 -= pad;
-  y1 += pad;
-  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
+  const std::vector<double> yt = nice_ticks(y0, y1, 5);
+  const std::vector<double> xt = nice_ticks(x0, x1, 8);
+  const double ys = yt.size() > 1 ? yt[1] - yt[0] : 0, xs = xt.size() > 1 ? xt[1] - xt[0] : 0;
+  y0 = yt.front();
+  y1 = yt.back();
+  x0 = std::min(x0, xt.front());
+  x1 = std::max(x1, xt.back());
+  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (kW - L - R); };
   auto py = [&](double y) { return T + (y1 - y) / (y1 - y0) * (H - T - B); };
-  char b[160];
-  for (int i = 0; i <= 4; ++i) {
-    const double y = y0 + (y1 - y0) * i / 4.0;
-    std::snprintf(b, sizeof b, "<line x1=\"%g\" x2=\"%g\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>", L, W - R, py(y),
-                  py(y));
-    o << b;
-    std::snprintf(b, sizeof b, "<text x=\"%g\" y=\"%.1f\" text-anchor=\"end\">%.4g</text>", L - 4, py(y) + 4, y);
-    o << b;
+  char b[256];
+  for (const double y : yt) {
+    std::snprintf(b, sizeof b, "<line x1=\"%g\" x2=\"%g\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#e6e6e6\"/>", L, kW - R,
+                  py(y), py(y));
+    o << b << "<text class=\"tick-y\" x=\"" << L - 6 << "\" y=\"" << py(y) + 4 << "\" text-anchor=\"end\">"
+      << esc(format_value(y, static_cast<int>(unit), ys)) << "</text>";
   }
-  std::snprintf(b, sizeof b,
-                "<text x=\"%g\" y=\"%g\">step %.0f</text><text x=\"%g\" y=\"%g\" text-anchor=\"end\">step %.0f</text>",
-                L, H - 12, x0, W - R, H - 12, x1);
-  o << b;
-  double legend_x = L + 30 + 8.0 * static_cast<double>(title.size());  // the legend follows the title
+  for (const double x : xt) {
+    if (x < x0 - 1e-9 || x > x1 + 1e-9) continue;
+    std::snprintf(b, sizeof b, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%g\" y2=\"%g\" stroke=\"#999\"/>", px(x), px(x),
+                  H - B, H - B + 5);
+    o << b << "<text class=\"tick-x\" x=\"" << px(x) << "\" y=\"" << H - B + 18 << "\" text-anchor=\"middle\">"
+      << esc(format_value(x, static_cast<int>(Unit::kPlain), xs)) << "</text>";
+  }
+  if (steps_per_epoch > 0 && (x1 - x0) / static_cast<double>(steps_per_epoch) <= 40)
+    for (std::int64_t e = 1; static_cast<double>(e * steps_per_epoch) <= x1; ++e) {
+      const double x = static_cast<double>(e * steps_per_epoch);
+      if (x < x0) continue;
+      std::snprintf(b, sizeof b,
+                    "<line class=\"epoch\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%g\" y2=\"%g\" stroke=\"#bbb\" "
+                    "stroke-dasharray=\"4 3\"/><text x=\"%.1f\" y=\"%g\" text-anchor=\"end\" fill=\"#888\">epoch "
+                    "%lld</text>",
+                    px(x), px(x), T, H - B, px(x) - 3, T + 12, static_cast<long long>(e));
+      o << b;
+    }
+  o << "<rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << kW - L - R << "\" height=\"" << H - T - B
+    << "\" fill=\"none\" stroke=\"#999\"/>"
+    << "<text class=\"axis\" x=\"" << (L + kW - R) / 2 << "\" y=\"" << H - 10 << "\" text-anchor=\"middle\">step</text>"
+    << "<text class=\"axis\" transform=\"rotate(-90)\" x=\"" << -(T + H - B) / 2 << "\" y=\"16\" text-anchor=\"middle\">"
+    << esc(y_title) << "</text>";
+  double legend_x = L;
   for (const Series& s : series) {
     if (s.points.empty()) continue;
-    o << "<path fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.6\" d=\"";
+    o << "<g class=\"series\" data-name=\"" << esc(s.name) << "\" data-points=\"" << s.points.size() << "\">"
+      << "<path fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.8\" d=\"";
     bool pen = false;
     for (auto [x, y] : s.points) {
       if (!std::isfinite(y)) {
@@ -110,14 +192,79 @@ std::string line_chart(const std::string& title, const std::vector<Series>& seri
     if (s.markers)
       for (auto [x, y] : s.points)
         if (std::isfinite(y)) {
-          std::snprintf(b, sizeof b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>", px(x), py(y),
+          std::snprintf(b, sizeof b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>", px(x), py(y),
                         s.color.c_str());
           o << b;
         }
-    std::snprintf(b, sizeof b, "<rect x=\"%.1f\" y=\"9\" width=\"10\" height=\"10\" fill=\"%s\"/>", legend_x,
+    o << "</g>";
+    std::snprintf(b, sizeof b, "<rect x=\"%.1f\" y=\"28\" width=\"12\" height=\"4\" fill=\"%s\"/>", legend_x,
                   s.color.c_str());
-    o << b << "<text x=\"" << legend_x + 14 << "\" y=\"18\">" << esc(s.name) << "</text>";
-    legend_x += 22 + 7.0 * static_cast<double>(s.name.size());
+    o << b << "<text class=\"legend\" x=\"" << legend_x + 16 << "\" y=\"34\">" << esc(s.name) << "</text>";
+    legend_x += 30 + 7.0 * static_cast<double>(s.name.size());
+  }
+  o << "</svg>";
+  return o.str();
+}
+
+// One bar per rank: its compute per step, phase by phase, and its wait (exposed communication), in
+// ms, on one ms axis; the straggler's row is marked (Note [Naming a straggler] in src/report/ranks.cpp).
+std::string rank_chart(const std::vector<RankTimes>& ranks, int straggler) {
+  constexpr double L = 190, R = 20, T = 48, Row = 26;
+  const double H = T + Row * static_cast<double>(ranks.size()) + 56;
+  struct Part {
+    const char* name;
+    const char* color;
+    double StepTiming::*field;
+  };
+  static const Part kParts[] = {{"data", "#bab0ac", &StepTiming::data},
+                                {"forward", "#4e79a7", &StepTiming::forward},
+                                {"backward", "#f28e2b", &StepTiming::backward},
+                                {"optimizer", "#59a14f", &StepTiming::optimizer},
+                                {"waiting (exposed communication)", "#e15759", &StepTiming::exposed_comm}};
+  double most = 0;
+  for (const RankTimes& r : ranks) most = std::max(most, 1e3 * (r.compute() + r.per_step.exposed_comm));
+  const std::vector<double> xt = nice_ticks(0, most > 0 ? most : 1, 6);
+  const double x1 = xt.back(), xs = xt.size() > 1 ? xt[1] - xt[0] : 0;
+  auto px = [&](double ms) { return L + ms / x1 * (kW - L - R); };
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" data-title=\"time per step by rank\" viewBox=\"0 0 "
+    << kW << ' ' << H << "\" role=\"img\"><title>time per step by rank</title><text x=\"" << L
+    << "\" y=\"18\" class=\"t\">time per step by rank</text>";
+  char b[320];
+  double legend_x = L;
+  for (const Part& p : kParts) {
+    std::snprintf(b, sizeof b, "<rect x=\"%.1f\" y=\"26\" width=\"10\" height=\"10\" fill=\"%s\"/>", legend_x, p.color);
+    o << b << "<text class=\"legend\" x=\"" << legend_x + 14 << "\" y=\"35\">" << p.name << "</text>";
+    legend_x += 28 + 6.5 * static_cast<double>(std::strlen(p.name));
+  }
+  for (const double x : xt) {
+    std::snprintf(b, sizeof b, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%g\" y2=\"%g\" stroke=\"#e6e6e6\"/>", px(x), px(x), T,
+                  H - 56);
+    o << b << "<text class=\"tick-x\" x=\"" << px(x) << "\" y=\"" << H - 40 << "\" text-anchor=\"middle\">"
+      << esc(format_value(x, static_cast<int>(Unit::kMs), xs)) << "</text>";
+  }
+  o << "<text class=\"axis\" x=\"" << (L + kW - R) / 2 << "\" y=\"" << H - 14
+    << "\" text-anchor=\"middle\">ms per step (mean over the run)</text>";
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const RankTimes& r = ranks[i];
+    const double y = T + Row * static_cast<double>(i) + 4;
+    std::snprintf(b, sizeof b,
+                  "<g class=\"rank\" data-rank=\"%d\" data-compute-ms=\"%.3f\" data-wait-ms=\"%.3f\"%s>", r.rank,
+                  1e3 * r.compute(), 1e3 * r.per_step.exposed_comm, r.rank == straggler ? " data-straggler=\"1\"" : "");
+    o << b << "<text x=\"" << L - 8 << "\" y=\"" << y + 13 << "\" text-anchor=\"end\""
+      << (r.rank == straggler ? " font-weight=\"bold\" fill=\"#c00\"" : "") << ">rank " << r.rank << " ("
+      << esc(r.host) << ")" << (r.rank == straggler ? " straggler" : "") << "</text>";
+    double at = 0;
+    for (const Part& p : kParts) {
+      const double ms = 1e3 * std::max(0.0, r.per_step.*p.field);
+      std::snprintf(b, sizeof b,
+                    "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"18\" fill=\"%s\"><title>rank %d %s: %.2f "
+                    "ms</title></rect>",
+                    px(at), y, px(at + ms) - px(at), p.color, r.rank, p.name, ms);
+      o << b;
+      at += ms;
+    }
+    o << "</g>";
   }
   o << "</svg>";
   return o.str();
@@ -128,9 +275,9 @@ std::string time_bar(const std::vector<TimeShare>& time) {
                                   "#edc948", "#b07aa1", "#9c755f", "#bab0ac"};
   double total = 0;
   for (const TimeShare& t : time) total += std::max(0.0, t.seconds);
-  constexpr double W = 640, L = 8;
+  constexpr double W = kW, L = 8;
   std::ostringstream o;
-  const double rows = static_cast<double>((time.size() + 1) / 2);
+  const double rows = static_cast<double>((time.size() + 2) / 3);
   const double H = 60 + 18 * rows;
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W
     << ' ' << H << "\" role=\"img\"><title>where the time went</title>";
@@ -144,7 +291,7 @@ std::string time_bar(const std::vector<TimeShare>& time) {
                   x, w, c, esc(time[i].name).c_str(), time[i].seconds);
     o << b;
     x += w;
-    const double lx = L + static_cast<double>(i % 2) * 310, ly = 56 + 18 * static_cast<double>(i / 2);
+    const double lx = L + static_cast<double>(i % 3) * 310, ly = 56 + 18 * static_cast<double>(i / 3);
     std::snprintf(b, sizeof b,
                   "<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%.1f\" y=\"%.1f\">%s "
                   "%.2f s (%.1f %%)</text>",
@@ -170,10 +317,26 @@ std::string report_json(const ReportData& d) {
     evals.push_back(
         {{"split", p.split}, {"step", p.step}, {"accuracy", json_number(p.accuracy)}, {"loss", json_number(p.loss)}});
   for (const TimeShare& t : d.time) time[t.name] = json_number(t.seconds);
+  Json ranks = Json::array(), points = Json::array();
+  for (const RankTimes& r : d.ranks)
+    ranks.push_back({{"rank", r.rank},
+                     {"host", r.host},
+                     {"compute_ms", json_number(1e3 * r.compute())},
+                     {"wait_ms", json_number(1e3 * r.per_step.exposed_comm)}});
+  for (const RankPoint& p : d.rank_points) {
+    Json c = Json::array(), w = Json::array();
+    for (const double v : p.compute_ms) c.push_back(json_number(v));
+    for (const double v : p.wait_ms) w.push_back(json_number(v));
+    points.push_back({{"step", p.step}, {"compute_ms", std::move(c)}, {"wait_ms", std::move(w)}});
+  }
   const std::string text = json_text({{"facts", std::move(facts)},
                                       {"train", std::move(train)},
                                       {"eval", std::move(evals)},
-                                      {"time_s", std::move(time)}});
+                                      {"time_s", std::move(time)},
+                                      {"steps_per_epoch", d.steps_per_epoch},
+                                      {"ranks", std::move(ranks)},
+                                      {"rank_points", std::move(points)},
+                                      {"straggler", d.straggler}});
   // The data sits inside <script>, which the first "</script>" would end. JSON text holds '<' only
   // inside strings, where \u003c is the same character.
   std::string o;
@@ -188,9 +351,11 @@ std::string report_json(const ReportData& d) {
 }
 
 std::string render_html_report(const ReportData& d) {
-  Series train_loss{"training loss", "#4e79a7", {}, false}, val_loss{"validation loss", "#e15759", {}, true},
-      test_loss{"test loss", "#59a14f", {}, true}, val_acc{"validation accuracy", "#e15759", {}, true},
-      test_acc{"test accuracy", "#59a14f", {}, true}, speed{"images/s", "#f28e2b", {}, false};
+  Series train_loss{"training loss (training split)", "#4e79a7", {}, false},
+      val_loss{"validation loss (validation split)", "#e15759", {}, true},
+      test_loss{"test loss (test split)", "#59a14f", {}, true},
+      val_acc{"validation accuracy (validation split)", "#e15759", {}, true},
+      test_acc{"test accuracy (test split)", "#59a14f", {}, true}, speed{"images/s (all ranks)", "#f28e2b", {}, false};
   for (const TrainPoint& p : d.train) {
     train_loss.points.emplace_back(static_cast<double>(p.step), p.loss);
     speed.points.emplace_back(static_cast<double>(p.step), p.images_per_s);
@@ -200,19 +365,40 @@ std::string render_html_report(const ReportData& d) {
     (val ? val_loss : test_loss).points.emplace_back(static_cast<double>(p.step), p.loss);
     (val ? val_acc : test_acc).points.emplace_back(static_cast<double>(p.step), p.accuracy);
   }
+  static const char* kRankColors[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
+                                      "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
+  std::vector<Series> by_rank;
+  for (std::size_t r = 0; r < d.ranks.size(); ++r) {
+    Series s{"rank " + std::to_string(r) + " compute", kRankColors[r % 10], {}, d.rank_points.size() < 3};
+    for (const RankPoint& p : d.rank_points)
+      if (r < p.compute_ms.size()) s.points.emplace_back(static_cast<double>(p.step), p.compute_ms[r]);
+    by_rank.push_back(std::move(s));
+  }
+  int straggler = -1;
+  if (const auto at = d.straggler.find("rank "); at == 0) straggler = std::atoi(d.straggler.c_str() + 5);
   std::ostringstream o;
   o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>mnist_mpi training report</title>\n"
-       "<style>body{font:14px sans-serif;margin:24px;color:#222;max-width:700px}"
-       "svg{display:block;margin:8px 0 20px}svg text{font:11px sans-serif;fill:#333}svg "
-       "text.t{font-size:13px;font-weight:bold}"
+       "<style>body{font:14px sans-serif;margin:24px auto;padding:0 24px;color:#222;max-width:1100px}"
+       "svg{display:block;width:100%;height:auto;margin:8px 0 24px}svg text{font:12px sans-serif;fill:#333}"
+       "svg text.t{font-size:14px;font-weight:bold}svg text.axis{fill:#555}"
        "table{border-collapse:collapse}td{padding:2px 12px 2px "
        "0;vertical-align:top}td:first-child{color:#666}</style></head>\n"
        "<body><h1>mnist_mpi training report</h1>\n<table>";
   for (const auto& [k, v] : d.facts) o << "<tr><td>" << esc(k) << "</td><td>" << esc(v) << "</td></tr>";
   o << "</table>\n<h2>Loss</h2>\n"
-    << line_chart("loss", {train_loss, val_loss, test_loss}) << "\n<h2>Accuracy</h2>\n"
-    << line_chart("accuracy", {val_acc, test_acc}) << "\n<h2>Throughput</h2>\n"
-    << line_chart("images/s", {speed}) << "\n<h2>Where the time went</h2>\n"
+    << line_chart("loss", "loss (cross-entropy)", Unit::kPlain, {train_loss, val_loss, test_loss}, d.steps_per_epoch)
+    << "\n<h2>Accuracy</h2>\n"
+    << line_chart("accuracy", "accuracy", Unit::kFraction, {val_acc, test_acc}, d.steps_per_epoch)
+    << "\n<h2>Throughput</h2>\n"
+    << line_chart("images/s", "images per second", Unit::kRate, {speed}, d.steps_per_epoch);
+  if (!d.ranks.empty()) {
+    o << "\n<h2>Ranks</h2>\n<p class=\"straggler\">straggler: " << esc(d.straggler.empty() ? "(one rank)" : d.straggler)
+      << "</p>\n"
+      << rank_chart(d.ranks, straggler);
+    if (!d.rank_points.empty())
+      o << line_chart("compute per step by rank", "ms per step", Unit::kMs, by_rank, d.steps_per_epoch);
+  }
+  o << "\n<h2>Where the time went (rank 0)</h2>\n"
     << time_bar(d.time) << "\n<script type=\"application/json\" id=\"mnist-mpi-report\">\n"
     << report_json(d) << "\n</script>\n</body></html>\n";
   return o.str();

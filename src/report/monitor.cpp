@@ -17,6 +17,7 @@
 #include "mnist_mpi/data/sampler.hpp"  // part_count
 #include "mnist_mpi/io/file_kind.hpp"
 #include "mnist_mpi/json.hpp"
+#include "mnist_mpi/report/ranks.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -77,6 +78,8 @@ Monitor::Monitor(const Options& options, MonitorSetup setup)
     const std::int64_t logs = opt_.log_every > 0 ? steps / opt_.log_every + 1 : 0;
     report_.train.reserve(static_cast<std::size_t>(std::min(logs, kMaxReserved)));
     report_.evals.reserve(static_cast<std::size_t>(std::min(evaluations, kMaxReserved)));
+    report_.rank_points.reserve(static_cast<std::size_t>(std::min(logs + 1, kMaxReserved)));
+    report_.steps_per_epoch = setup_.steps_per_epoch;
     scalars_.reserve(8);
   }
   if (!opt_.timeline_file.empty())
@@ -242,6 +245,36 @@ void Monitor::on_log(std::int64_t step, double loss, double lr, double images_pe
              {"images_per_s", json_number(images_per_s)}});
 }
 
+namespace {
+Json rank_json(const RankTimes& r) {
+  const StepTiming& t = r.per_step;
+  return Json{{"rank", r.rank},
+              {"host", r.host},
+              {"compute_ms", json_number(1e3 * r.compute())},
+              {"wait_ms", json_number(1e3 * t.exposed_comm)},
+              {"step_ms",
+               {{"data", json_number(1e3 * t.data)},
+                {"forward", json_number(1e3 * t.forward)},
+                {"backward", json_number(1e3 * t.backward)},
+                {"exposed_comm", json_number(1e3 * t.exposed_comm)},
+                {"optimizer", json_number(1e3 * t.optimizer)}}}};
+}
+}  // namespace
+
+void Monitor::on_ranks(std::int64_t step, const std::vector<RankTimes>& window) {
+  if (!rank0_) return;
+  RankPoint p{step, {}, {}};
+  for (const RankTimes& r : window) {
+    p.compute_ms.push_back(1e3 * r.compute());
+    p.wait_ms.push_back(1e3 * r.per_step.exposed_comm);
+  }
+  report_.rank_points.push_back(std::move(p));
+  if (!metrics_file_) return;
+  Json ranks = Json::array();
+  for (const RankTimes& r : window) ranks.push_back(rank_json(r));
+  metrics({{"event", "ranks"}, {"step", step}, {"ranks", std::move(ranks)}});
+}
+
 void Monitor::on_eval(std::int64_t step, std::int64_t epoch, const char* split, double accuracy, double loss,
                       Clock::time_point begin, Clock::time_point end, bool final_test) {
   if (timeline_) timeline_->record(SpanKind::kEvaluation, begin, end, step, split[0] == 't' ? 1 : 0);
@@ -335,8 +368,19 @@ void Monitor::on_final(const FinalFacts& f) {
                 f.target.time_from_process_start_s);
     else if (f.target.accuracy > 0)
       out.print("target accuracy %.4f not reached\n", f.target.accuracy);
+    if (f.ranks.size() > 1) {
+      std::string compute, wait;
+      for (const RankTimes& r : f.ranks) {
+        compute += (compute.empty() ? "" : " / ") + fmt("%.2f", 1e3 * r.compute());
+        wait += (wait.empty() ? "" : " / ") + fmt("%.2f", 1e3 * r.per_step.exposed_comm);
+      }
+      out.print("ranks: compute per step %s ms, waiting %s ms; straggler: %s\n", compute.c_str(), wait.c_str(),
+                straggler_text(f.ranks, f.straggler).c_str());
+    }
     out.print("params_hash %s\n", f.params_hash.c_str());
   }
+  report_.ranks = f.ranks;
+  report_.straggler = f.ranks.size() > 1 ? straggler_text(f.ranks, f.straggler) : "";
   out.flush();
   if (!metrics_file_) return;
   Json rss = Json::array();
@@ -372,6 +416,17 @@ void Monitor::on_final(const FinalFacts& f) {
                {"write_ms", json_number(c.written ? c.write_ms / written : 0.0)},
                {"others_wait_ms", json_number(c.others_wait_ms)},
                {"others_wait_baseline_ms", json_number(c.others_wait_baseline_ms)}}}};
+  Json ranks = Json::array();
+  for (const RankTimes& r : f.ranks) ranks.push_back(rank_json(r));
+  event["ranks"] = std::move(ranks);
+  const Straggler& s = f.straggler;
+  event["straggler"] = s.rank < 0 ? Json(nullptr)
+                                  : Json{{"rank", s.rank},
+                                         {"host", s.host},
+                                         {"phase", s.phase},
+                                         {"slower", json_number(s.slower)},
+                                         {"phase_slower", json_number(s.phase_slower)},
+                                         {"others_waited_s", json_number(s.others_waited_s)}};
   if (f.target.accuracy > 0) {
     const TargetFacts& g = f.target;
     event["target"] =
@@ -426,6 +481,7 @@ void Monitor::finish(Communicator& comm, const FinalFacts& f) {
                        {"test accuracy", fmt("%.4f", f.test_accuracy)},
                        {"test loss", fmt("%.4f", f.test_loss)},
                        {"images/s (steady)", fmt("%.0f", f.images_per_s)},
+                       {"straggler", report_.straggler.empty() ? "(one rank)" : report_.straggler},
                        {"wall time", fmt("%.2f s", all_s)},
                        {"params_hash", f.params_hash}};
       if (write_html_report(*report_file_, report_)) out.print("report: %s\n", opt_.report_file.c_str());

@@ -17,8 +17,8 @@ Fault parse_fault(const std::string& text) {
     throw_error(ExitCode::kUsage,
                 "MNIST_MPI_FAULT=" + quote_input(text) +
                     " is not RANK:STEP:KIND with KIND one of kill, segv, throw, stop, hang, nan, "
-                    "nor RANK:thread:NAME with NAME one of checkpoint-writer, communication, watchdog "
-                    "(a testing hook; unset it for a normal run)");
+                    "nor RANK:thread:NAME with NAME one of checkpoint-writer, communication, watchdog, "
+                    "nor RANK:slow:MS with MS from 1 to 10000 (a testing hook; unset it for a normal run)");
   };
   Fault f;
   if (text.size() > 200) return bad();
@@ -34,6 +34,13 @@ Fault parse_fault(const std::string& text) {
       f.kind = FaultKind::kThreadStart;
       f.thread = text.substr(c2 + 1);
       if (f.thread != "checkpoint-writer" && f.thread != "communication" && f.thread != "watchdog") return bad();
+      return f;
+    }
+    if (s == "slow") {
+      const std::string ms = text.substr(c2 + 1);
+      f.kind = FaultKind::kSlow;
+      f.slow_ms = std::stoll(ms, &used);
+      if (used != ms.size() || f.slow_ms < 1 || f.slow_ms > 10000) return bad();
       return f;
     }
     f.step = std::stoll(s, &used);
@@ -110,6 +117,7 @@ void fire_fault(const Fault& f) {
     case FaultKind::kNone:
     case FaultKind::kNan:
     case FaultKind::kThreadStart:
+    case FaultKind::kSlow:
       break;
   }
 }

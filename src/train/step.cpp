@@ -1,6 +1,8 @@
 // One global step of one rank (include/mnist_mpi/train/step.hpp).
 #include "mnist_mpi/train/step.hpp"
 
+#include <thread>
+
 #include "mnist_mpi/check.hpp"
 
 namespace mnist_mpi {
@@ -155,6 +157,7 @@ void Step::body(std::int64_t step, double lr, bool poison, StepTiming& timing) {
       else
         p_.backend->add(accum_->data(), p_.grads->data(), spec.param_count);
     }
+    if (last && shape_.slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(shape_.slow_ms));
     backward_end = Clock::now();
     record_micro(step, micro, last, at, backward_end, p_.timeline, timing);
   }

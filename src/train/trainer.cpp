@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/report/ranks.hpp"
 #include "mnist_mpi/exact_sum.hpp"
 #include "mnist_mpi/comm/watchdog.hpp"
 #include "mnist_mpi/comm/consistency.hpp"
@@ -79,7 +80,8 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
                 guard_.get(), sampler_.get(), train_data_.get(), train_loss_.get(), timeline_, exact_.get(),
                 scratch_loss_.get()},
       StepShape{comm_.rank(), comm_.size(), accumulation_, batch_, global_batch_, opt_.seed, opt_.skip_nonfinite_steps,
-                opt_.cuda_graph, exact_ ? global_batch_ / exact_chunk_ : 0, my_chunks_});
+                opt_.cuda_graph, exact_ ? global_batch_ / exact_chunk_ : 0, my_chunks_,
+                fault_.slow_ms_for(comm_.rank())});
   monitor_->on_start(start_facts(threads, gpus));  // which GPU (every rank), the banner, the "start" event
 }
 
@@ -455,6 +457,7 @@ RunResult Trainer::run() {
   grad_comm_->broadcast(std::span<float>(params_->data(), static_cast<std::size_t>(spec_.param_count)), 0);
   check_replicas(first_step);
   monitor_->start(comm_);
+  gather_hosts();
   clock_ = RunClock{};
   clock_.run = clock_.window = std::chrono::steady_clock::now();
   clock_.warmup = total_steps_ - first_step > kWarmupSteps ? kWarmupSteps : 0;
@@ -478,6 +481,8 @@ RunResult Trainer::run() {
     const StepResult r = step_->run(step, lr, poison);
 
     monitor_->on_step(step, r.timing, r.end);
+    rank_window_ += r.timing;
+    ++rank_window_steps_;
     if (step - first_step >= clock_.warmup) clock_.sum += r.timing;
     window_n_ += rank_images_;
     const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);
@@ -502,6 +507,7 @@ RunResult Trainer::run() {
     }
   }
   settle_verdicts(end_step - 1);
+  gather_rank_times(end_step - 1);  // the last window (maybe empty): every rank calls it here
   const std::int64_t steady_steps = end_step - first_step - clock_.warmup;  // <= 0: stopped in the warm-up
   if (steady_steps > 0) clock_.end_steady(*backend_);
   boundary_->finish();
@@ -582,6 +588,54 @@ void Trainer::nonfinite_step(std::int64_t bad_step, bool own_loss_bad) {
   monitor_->on_skipped_step(bad_step, where);
 }
 
+// Note [Every rank's step times]
+// Rank 0's own step times say little about the others, and a slow rank shows on it only as
+// waiting. So each rank sums its phase times (data, forward, backward, exposed communication,
+// optimizer) and at every log line, where the ranks already meet for the training loss, one small
+// gather (6 doubles a rank, into buffers made at start) brings every rank's window to rank 0: the
+// "ranks" metrics event, the report's per-rank charts, and at the end every rank's means over the
+// run and Note [Naming a straggler]. Nothing is added to the steps between log lines; without
+// --log-every the one gather is at the end. Its cost: docs/performance.md#every-ranks-step-times.
+void Trainer::gather_hosts() {
+  const std::string h = comm_.host();
+  std::vector<std::uint8_t> all;
+  std::vector<std::int64_t> counts;
+  comm_.gather(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(h.data()), h.size()), all, counts,
+               0);
+  if (!rank0_) return;
+  const auto world = static_cast<std::size_t>(comm_.size());
+  rank_gathered_.assign(world * 6, 0.0);
+  rank_means_.assign(world, RankTimes{});
+  rank_sums_.assign(world, RankTimes{});
+  std::size_t at = 0;
+  for (std::size_t r = 0; r < world; ++r) {
+    const std::string host(all.begin() + static_cast<std::ptrdiff_t>(at),
+                           all.begin() + static_cast<std::ptrdiff_t>(at + static_cast<std::size_t>(counts[r])));
+    at += static_cast<std::size_t>(counts[r]);
+    rank_means_[r].rank = rank_sums_[r].rank = static_cast<int>(r);
+    rank_means_[r].host = rank_sums_[r].host = host;
+  }
+}
+
+void Trainer::gather_rank_times(std::int64_t step) {
+  const StepTiming& w = rank_window_;
+  const double mine[6] = {w.data, w.forward, w.backward, w.exposed_comm, w.optimizer,
+                          static_cast<double>(rank_window_steps_)};
+  comm_.gather(std::span<const double>(mine, 6), std::span<double>(rank_gathered_), 0);
+  const std::int64_t n = rank_window_steps_;
+  rank_window_ = StepTiming{};
+  rank_window_steps_ = 0;
+  if (!rank0_ || n == 0) return;
+  for (std::size_t r = 0; r < rank_sums_.size(); ++r) {
+    const double* g = rank_gathered_.data() + 6 * r;
+    const StepTiming t{.data = g[0], .forward = g[1], .backward = g[2], .exposed_comm = g[3], .optimizer = g[4]};
+    rank_sums_[r].per_step += t;
+    rank_means_[r].per_step = t.mean_over(n);
+  }
+  rank_steps_ += n;
+  monitor_->on_ranks(step + 1, rank_means_);
+}
+
 void Trainer::log_training_loss(std::int64_t step, double lr, RunResult& res) {
   double v[2] = {train_loss_->read().loss_sum, static_cast<double>(window_n_)};  // a GPU syncs here
   train_loss_->reset();
@@ -592,6 +646,7 @@ void Trainer::log_training_loss(std::int64_t step, double lr, RunResult& res) {
     const double ips = v[1] / seconds_since(clock_.window);
     monitor_->on_log(step, res.last_train_loss, lr, ips);
   }
+  gather_rank_times(step);
   window_n_ = 0;
   clock_.window = std::chrono::steady_clock::now();
 }
@@ -709,7 +764,7 @@ void Trainer::final_report(RunResult& res) {
   monitor_->on_eval(res.steps, res.steps / steps_per_epoch_, "test", res.test.accuracy, res.test.loss, te,
                     std::chrono::steady_clock::now(), /*final_test=*/true);
   eval_s += seconds_since(te);
-  const FinalFacts facts{.steps = res.steps,
+  FinalFacts facts{.steps = res.steps,
                          .epochs = res.epochs,
                          .startup_s = startup_s,
                          .images_per_s = res.images_per_s,
@@ -726,7 +781,14 @@ void Trainer::final_report(RunResult& res) {
                          .skipped_steps = res.skipped_steps,
                          .target = res.target,
                          .exact_chunk = exact_chunk_,
-                         .exact_sum_probes = exact_ ? exact_->probes() : 0};
+                         .exact_sum_probes = exact_ ? exact_->probes() : 0,
+                         .ranks = {},
+                         .straggler = {}};
+  if (rank0_ && rank_steps_ > 0) {
+    facts.ranks = rank_sums_;
+    for (RankTimes& r : facts.ranks) r.per_step = r.per_step.mean_over(rank_steps_);
+    facts.straggler = find_straggler(facts.ranks, rank_steps_);
+  }
   monitor_->on_final(facts);  // rank 0: the final report and the "final" event
   monitor_->finish(comm_, facts);
   res.outputs_lost = monitor_->outputs_lost();  // agreed by every rank (exit code 7)

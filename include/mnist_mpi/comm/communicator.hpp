@@ -105,6 +105,10 @@ class Communicator {
   // end of a run (the timeline), not for the step loop.
   virtual void gather(std::span<const std::uint8_t> mine, std::vector<std::uint8_t>& out,
                       std::vector<std::int64_t>& counts, int root) = 0;
+  // Rank root receives every rank's mine (the same size on every rank) in rank order in out
+  // (size() * mine.size() on root; untouched elsewhere). Allocates nothing: for the step loop's
+  // per-rank timings (Note [Every rank's step times] in src/train/trainer.cpp).
+  virtual void gather(std::span<const double> mine, std::span<double> out, int root) = 0;
 };
 
 // Wraps MPI_COMM_WORLD (MPI must be initialised, ideally with MPI_THREAD_MULTIPLE: see

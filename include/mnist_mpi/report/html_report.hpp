@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "mnist_mpi/run_facts.hpp"  // RankTimes
+
 namespace mnist_mpi {
 
 struct TrainPoint {
@@ -20,6 +22,11 @@ struct EvalPoint {
   std::int64_t step = 0;
   double accuracy = 0, loss = 0;
 };
+// Every rank's compute and wait per step over one log window (ms), in rank order.
+struct RankPoint {
+  std::int64_t step = 0;
+  std::vector<double> compute_ms, wait_ms;
+};
 struct TimeShare {
   std::string name;
   double seconds = 0;
@@ -30,9 +37,18 @@ struct ReportData {
   std::vector<TrainPoint> train;                           // at every --log-every
   std::vector<EvalPoint> evals;
   std::vector<TimeShare> time;  // where the time of the run went, in seconds, summing to the wall time
+  std::int64_t steps_per_epoch = 0;     // for the epoch marks on the step axes (0: none)
+  std::vector<RankPoint> rank_points;  // at every --log-every (Note [Every rank's step times])
+  std::vector<RankTimes> ranks;        // every rank's means over the run
+  std::string straggler;               // Note [Naming a straggler]'s line ("" with one rank)
 };
 
 std::string report_json(const ReportData& data);
+// Note [Charts people can read] in src/report/html_report.cpp: ticks at 1, 2 or 5 times a power of
+// ten covering [lo, hi], about `target` of them; a value as a tick label (unit: 0 plain, 1 a fraction
+// shown as %, 2 a rate as 72.9k, 3 milliseconds), with the decimals that ticks `step` apart need.
+std::vector<double> nice_ticks(double lo, double hi, int target);
+std::string format_value(double v, int unit, double step);
 std::string render_html_report(const ReportData& data);
 class OutputFile;
 // Writes render_html_report(data) to `out` (a kReplace OutputFile: through PATH.tmp and a rename).

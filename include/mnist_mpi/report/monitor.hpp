@@ -87,6 +87,9 @@ class Monitor {
   // At --log-every, on rank 0: the global mean training loss over the window, the learning rate,
   // images/s; a progress line and the "step" event.
   void on_log(std::int64_t step, double loss, double lr, double images_per_s);
+  // Rank 0: every rank's means per step over the last log window (Note [Every rank's step times]
+  // in src/train/trainer.cpp): the "ranks" event and the report's per-rank series.
+  void on_ranks(std::int64_t step, const std::vector<RankTimes>& window);
   // An evaluation on rank 0 after `step` steps: a console line and an "eval" event. final_test:
   // the test evaluation after the last step, shown by on_final instead (its event has no epoch).
   void on_eval(std::int64_t step, std::int64_t epoch, const char* split, double accuracy, double loss,

@@ -4,6 +4,8 @@
 // "RANK:STEP:KIND" (STEP counts from 1, as the progress lines do); unset means no fault.
 // "RANK:thread:NAME" instead makes rank RANK throw right after it has started its thread NAME
 // (checkpoint-writer, communication or watchdog): Note [Threads are joined on every path].
+// "RANK:slow:MS" makes rank RANK sleep MS milliseconds in the backward pass of every step (a
+// straggler: Note [Naming a straggler] in src/report/ranks.cpp).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,7 @@ enum class FaultKind {
   kHang,         // the rank sleeps forever (a deadlock, a lost node that keeps its sockets)
   kNan,          // the rank's loss and loss gradient become NaN (numerical trouble)
   kThreadStart,  // the rank throws right after starting the thread named by Fault::thread
+  kSlow,         // the rank sleeps Fault::slow_ms in every step's backward (a straggler)
 };
 
 struct Fault {
@@ -27,6 +30,9 @@ struct Fault {
   std::int64_t step = 0;  // 1-based
   FaultKind kind = FaultKind::kNone;
   std::string thread;  // kThreadStart: checkpoint-writer | communication | watchdog
+  std::int64_t slow_ms = 0;  // kSlow
+  // kSlow: this rank's sleep per step in milliseconds, else 0.
+  std::int64_t slow_ms_for(int r) const { return kind == FaultKind::kSlow && rank == r ? slow_ms : 0; }
   bool armed_for(int r, std::int64_t step0) const { return kind != FaultKind::kNone && rank == r && step == step0 + 1; }
 };
 

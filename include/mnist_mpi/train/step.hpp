@@ -53,6 +53,7 @@ struct StepShape {
   // batch is then the chunk's size.
   std::int64_t chunks = 0;
   ChunkRange my_chunks;
+  std::int64_t slow_ms = 0;  // MNIST_MPI_FAULT=RANK:slow:MS: this rank sleeps in every step's backward
 };
 
 struct StepResult {

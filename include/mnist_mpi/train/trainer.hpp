@@ -125,6 +125,9 @@ class Trainer final : private CheckpointSource {
   void settle_verdicts(std::int64_t up_to);  // Note [Non-finite steps]
   void nonfinite_step(std::int64_t bad_step, bool own_loss_bad);
   void log_training_loss(std::int64_t step, double lr, RunResult& res);
+  // Note [Every rank's step times]: this rank's phase times since the last call, to rank 0.
+  void gather_rank_times(std::int64_t step);
+  void gather_hosts();
   std::int64_t eval_batches(const Split& split) const;
   LossStats evaluate_batches(const Split& split, std::int64_t first, std::int64_t n);
   // --exact-sums: the split's loss from every rank's batch losses, and the correct count.
@@ -179,6 +182,12 @@ class Trainer final : private CheckpointSource {
   std::vector<double> batch_losses_;  // --exact-sums: this rank's batch losses of the evaluation
   std::vector<std::uint64_t> replica_hashes_;  // (world)
   std::unique_ptr<Monitor> monitor_;           // progress, metrics file, TensorBoard, timeline, report (src/report/)
+  // Note [Every rank's step times]: this rank's sums since the last gather; on rank 0 every
+  // rank's gathered window (6 values a rank), its means, and the sums over the run.
+  StepTiming rank_window_;
+  std::int64_t rank_window_steps_ = 0, rank_steps_ = 0;
+  std::vector<double> rank_gathered_;
+  std::vector<RankTimes> rank_means_, rank_sums_;
   Timeline* timeline_ = nullptr;               // null unless --timeline: then every step records spans
   LaunchEnv launch_;                           // Slurm job, launcher (src/launch/launch_env.cpp)
   bool rank0_ = false;

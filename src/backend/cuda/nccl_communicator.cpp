@@ -44,6 +44,7 @@ class HostForwarding : public Communicator {
               int root) override {  // host bytes: MPI's
     host_.gather(mine, out, counts, root);
   }
+  void gather(std::span<const double> mine, std::span<double> out, int root) override { host_.gather(mine, out, root); }
 
  protected:
   Communicator& host_;
