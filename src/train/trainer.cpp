@@ -483,6 +483,10 @@ RunResult Trainer::run() {
     monitor_->on_step(step, r.timing, r.end);
     rank_window_ += r.timing;
     ++rank_window_steps_;
+    if (step - first_step >= clock_.warmup) {  // the straggler's numbers: steady steps, as the step rate's
+      rank_steady_ += r.timing;
+      ++rank_steady_steps_;
+    }
     if (step - first_step >= clock_.warmup) clock_.sum += r.timing;
     window_n_ += rank_images_;
     const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);
@@ -592,9 +596,10 @@ void Trainer::nonfinite_step(std::int64_t bad_step, bool own_loss_bad) {
 // Rank 0's own step times say little about the others, and a slow rank shows on it only as
 // waiting. So each rank sums its phase times (data, forward, backward, exposed communication,
 // optimizer) and at every log line, where the ranks already meet for the training loss, one small
-// gather (6 doubles a rank, into buffers made at start) brings every rank's window to rank 0: the
-// "ranks" metrics event, the report's per-rank charts, and at the end every rank's means over the
-// run and Note [Naming a straggler]. Nothing is added to the steps between log lines; without
+// gather (12 doubles a rank, into buffers made at start) brings every rank's window to rank 0: the
+// "ranks" metrics event and the report's per-rank charts; and, over the steady steps only (the
+// first 10 left out, as from the step rate: their one-off costs differ from rank to rank), every
+// rank's means over the run and Note [Naming a straggler]. Nothing is added to the steps between log lines; without
 // --log-every the one gather is at the end. Its cost: docs/performance.md#every-ranks-step-times.
 void Trainer::gather_hosts() {
   const std::string h = comm_.host();
@@ -604,7 +609,7 @@ void Trainer::gather_hosts() {
                0);
   if (!rank0_) return;
   const auto world = static_cast<std::size_t>(comm_.size());
-  rank_gathered_.assign(world * 6, 0.0);
+  rank_gathered_.assign(world * kRankValues, 0.0);
   rank_means_.assign(world, RankTimes{});
   rank_sums_.assign(world, RankTimes{});
   std::size_t at = 0;
@@ -618,22 +623,26 @@ void Trainer::gather_hosts() {
 }
 
 void Trainer::gather_rank_times(std::int64_t step) {
-  const StepTiming& w = rank_window_;
-  const double mine[6] = {w.data, w.forward, w.backward, w.exposed_comm, w.optimizer,
-                          static_cast<double>(rank_window_steps_)};
-  comm_.gather(std::span<const double>(mine, 6), std::span<double>(rank_gathered_), 0);
-  const std::int64_t n = rank_window_steps_;
-  rank_window_ = StepTiming{};
-  rank_window_steps_ = 0;
-  if (!rank0_ || n == 0) return;
+  const StepTiming &w = rank_window_, &s = rank_steady_;
+  const double mine[kRankValues] = {w.data, w.forward, w.backward, w.exposed_comm, w.optimizer,
+                                    static_cast<double>(rank_window_steps_),
+                                    s.data, s.forward, s.backward, s.exposed_comm, s.optimizer,
+                                    static_cast<double>(rank_steady_steps_)};
+  comm_.gather(std::span<const double>(mine, kRankValues), std::span<double>(rank_gathered_), 0);
+  const std::int64_t n = rank_window_steps_, steady = rank_steady_steps_;
+  rank_window_ = rank_steady_ = StepTiming{};
+  rank_window_steps_ = rank_steady_steps_ = 0;
+  if (!rank0_) return;
+  const auto timing = [](const double* g) {
+    return StepTiming{.data = g[0], .forward = g[1], .backward = g[2], .exposed_comm = g[3], .optimizer = g[4]};
+  };
   for (std::size_t r = 0; r < rank_sums_.size(); ++r) {
-    const double* g = rank_gathered_.data() + 6 * r;
-    const StepTiming t{.data = g[0], .forward = g[1], .backward = g[2], .exposed_comm = g[3], .optimizer = g[4]};
-    rank_sums_[r].per_step += t;
-    rank_means_[r].per_step = t.mean_over(n);
+    const double* g = rank_gathered_.data() + kRankValues * r;
+    rank_means_[r].per_step = timing(g).mean_over(n);
+    rank_sums_[r].per_step += timing(g + 6);
   }
-  rank_steps_ += n;
-  monitor_->on_ranks(step + 1, rank_means_);
+  rank_steps_ += steady;
+  if (n > 0) monitor_->on_ranks(step + 1, rank_means_);
 }
 
 void Trainer::log_training_loss(std::int64_t step, double lr, RunResult& res) {

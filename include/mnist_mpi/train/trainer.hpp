@@ -184,8 +184,9 @@ class Trainer final : private CheckpointSource {
   std::unique_ptr<Monitor> monitor_;           // progress, metrics file, TensorBoard, timeline, report (src/report/)
   // Note [Every rank's step times]: this rank's sums since the last gather; on rank 0 every
   // rank's gathered window (6 values a rank), its means, and the sums over the run.
-  StepTiming rank_window_;
-  std::int64_t rank_window_steps_ = 0, rank_steps_ = 0;
+  static constexpr std::size_t kRankValues = 12;  // the window's 5 phases and steps, then the steady ones'
+  StepTiming rank_window_, rank_steady_;
+  std::int64_t rank_window_steps_ = 0, rank_steady_steps_ = 0, rank_steps_ = 0;
   std::vector<double> rank_gathered_;
   std::vector<RankTimes> rank_means_, rank_sums_;
   Timeline* timeline_ = nullptr;               // null unless --timeline: then every step records spans
