@@ -16,6 +16,7 @@
 #include "mnist_mpi/export/onnx_export.hpp"
 #include "mnist_mpi/io/standard_streams.hpp"
 #include "mnist_mpi/predict/predict.hpp"
+#include "mnist_mpi/report/report_command.hpp"
 #include "mnist_mpi/comm/consistency.hpp"
 #include "mnist_mpi/resilience/preemption.hpp"
 #include "mnist_mpi/train/trainer.hpp"
@@ -41,7 +42,7 @@ using namespace mnist_mpi;
 int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   open_closed_standard_descriptors();  // before MPI or any file takes descriptor 0, 1 or 2
-  // `mnist_mpi train ...` is `mnist_mpi ...`; `mnist_mpi evaluate|export|predict ...`: one process, no MPI.
+  // `mnist_mpi train ...` is `mnist_mpi ...`; `mnist_mpi evaluate|export|predict|report ...`: one process, no MPI.
   if (argc >= 2 && std::string(argv[1]) == "train") {
     argv[1] = argv[0];
     --argc;
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "evaluate") return evaluate_checkpoint_main(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "export") return export_onnx_main(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "predict") return predict_main(argc - 1, argv + 1);
+  if (argc >= 2 && std::string(argv[1]) == "report") return report_main(argc - 1, argv + 1);
   install_preemption_handlers();  // first: a signal during start-up must not kill a rank either
   // A closed pipe on stdout is an output that cannot be written (exit 7), not a reason to die.
   std::signal(SIGPIPE, SIG_IGN);

@@ -156,5 +156,43 @@ if timeout 120 mpirun -np 2 --oversubscribe "$bin" "${base[@]}" --batch-size 100
   ok "an even run names no straggler"
 else bad "an even run named a straggler" "$out/even"; fi
 
+# 10. `mnist_mpi report` (issue 30 part 3): the straggler run's and an even run's metrics files in one
+# page, each labelled (they share config and ranks, so the seed tells them apart); one file gives
+# the training-time report's charts. A truncated file, one from another version, one without its
+# final event and a missing --out are refused with one line naming the file and line (exit 3 / 2).
+out=$work/run10
+mkdir -p "$out"
+timeout 120 mpirun -np 2 --oversubscribe "$bin" "${base[@]}" --batch-size 25 --max-steps 20 --log-every 10 --seed 7 \
+  --metrics-file "$out/even.jsonl" >/dev/null 2>&1
+if timeout 60 "$bin" report "$work/run9/m.jsonl" "$out/even.jsonl" --out "$out/both.html" >"$out/log" 2>&1 &&
+   grep -q "report: $out/both.html (2 runs)" "$out/log" &&
+   grep -q '>time per step by rank: conv:3x3:4:same,relu,maxpool:2,flatten,fc:10, 2 ranks, seed 42<' "$out/both.html" &&
+   grep -q 'data-name="conv:3x3:4:same,relu,maxpool:2,flatten,fc:10, 2 ranks, seed 7: training loss"' "$out/both.html" &&
+   grep -q 'data-straggler="1"' "$out/both.html"; then
+  ok "report of two runs: overlaid, labelled by what differs"
+else bad "report of two runs" "$out/log"; fi
+if timeout 60 "$bin" report "$work/run9/m.jsonl" --out "$out/one.html" >"$out/log1" 2>&1 &&
+   grep -q 'class="chart" data-title="compute per step by rank"' "$out/one.html"; then
+  ok "report of one run: the training-time report's charts"
+else bad "report of one run" "$out/log1"; fi
+refused() {  # NAME CODE PATTERN -- args
+  local name=$1 want=$2 pattern=$3
+  shift 4
+  timeout 60 "$bin" report "$@" >"$out/r.out" 2>"$out/r.err"
+  local rc=$?
+  if [ "$rc" -eq "$want" ] && grep -qE -- "$pattern" "$out/r.err" && [ "$(grep -c "mnist_mpi: error" "$out/r.err")" -eq 1 ]; then
+    ok "report refuses $name (exit $rc)"
+  else bad "report $name: exit $rc" "$out/r.err"; fi
+}
+head -c "$(( $(wc -c <"$out/even.jsonl") - 40 ))" "$out/even.jsonl" >"$out/cut.jsonl"
+refused "a truncated file" 3 "cut.jsonl:[0-9]+: not a line of JSON" -- "$out/cut.jsonl" --out "$out/x.html"
+sed '1s/"format":1,//' "$out/even.jsonl" >"$out/old.jsonl"
+refused "another version's file" 3 "old.jsonl:1: a metrics file of an earlier version" -- "$out/old.jsonl" --out "$out/x.html"
+grep -v '"event":"final"' "$out/even.jsonl" >"$out/unfinished.jsonl"
+refused "a file without its final event" 3 "unfinished.jsonl: ends at line [0-9]+ without the run's final event" -- \
+  "$out/unfinished.jsonl" --out "$out/x.html"
+refused "a missing --out" 2 "needs at least one metrics file and --out" -- "$out/even.jsonl"
+[ -e "$out/x.html" ] && bad "a refused report wrote its file"
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

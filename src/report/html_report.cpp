@@ -42,6 +42,7 @@ struct Series {
   std::string name, color;
   std::vector<std::pair<double, double>> points;  // (step, value)
   bool markers = false;
+  std::string dash;  // an SVG stroke-dasharray ("" solid): the split, where colours are runs
 };
 
 // How a chart's values are written (Note [Charts people can read]).
@@ -108,7 +109,19 @@ constexpr double kW = 960;  // the viewBox's width; the page scales it to its ow
 // A line chart: nice ticks on both axes, axis titles, epoch marks, a legend row under the title.
 std::string line_chart(const std::string& title, const std::string& y_title, Unit unit, const std::vector<Series>& series,
                        std::int64_t steps_per_epoch) {
-  constexpr double H = 320, L = 84, R = 20, T = 48, B = 52;
+  constexpr double L = 84, R = 20, B = 52;
+  // The legend's rows (it flows under the title) push the plot down.
+  const auto legend_width = [](const Series& s) { return 30 + 6.6 * static_cast<double>(s.name.size()); };
+  int rows = 1;
+  for (double x = L; const Series& s : series) {
+    if (s.points.empty()) continue;
+    if (x + legend_width(s) > kW - R && x > L) {
+      x = L;
+      ++rows;
+    }
+    x += legend_width(s);
+  }
+  const double T = 48 + 14.0 * (rows - 1), H = 272 + T;
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const Series& s : series)
     for (auto [x, y] : s.points) {
@@ -126,16 +139,17 @@ std::string line_chart(const std::string& title, const std::string& y_title, Uni
     o << "<text x=\"" << kW / 2 << "\" y=\"" << H / 2 << "\" text-anchor=\"middle\">no data</text></svg>";
     return o.str();
   }
-  if (x1 == x0) {
-    x0 -= 1;
-    x1 += 1;
+  if (x1 == x0) {  // one step (an evaluation at the end): from step 0 to it
+    x0 = std::min(0.0, x0);
+    if (x1 == x0) x1 = x0 + 1;
   }
   if (y1 == y0) {
     y0 -= std::max(0.5, std::fabs(y0) * 0.1);
     y1 += std::max(0.5, std::fabs(y1) * 0.1);
   }
   const std::vector<double> yt = nice_ticks(y0, y1, 5);
-  const std::vector<double> xt = nice_ticks(x0, x1, 8);
+  std::vector<double> xt = nice_ticks(x0, x1, 8);
+  if (xt.size() > 1 && xt[1] - xt[0] < 1) xt = nice_ticks(x0, std::max(x1, x0 + 8), 8);  // steps are whole
   const double ys = yt.size() > 1 ? yt[1] - yt[0] : 0, xs = xt.size() > 1 ? xt[1] - xt[0] : 0;
   y0 = yt.front();
   y1 = yt.back();
@@ -173,11 +187,12 @@ std::string line_chart(const std::string& title, const std::string& y_title, Uni
     << "<text class=\"axis\" x=\"" << (L + kW - R) / 2 << "\" y=\"" << H - 10 << "\" text-anchor=\"middle\">step</text>"
     << "<text class=\"axis\" transform=\"rotate(-90)\" x=\"" << -(T + H - B) / 2 << "\" y=\"16\" text-anchor=\"middle\">"
     << esc(y_title) << "</text>";
-  double legend_x = L;
+  double legend_x = L, legend_y = 34;
   for (const Series& s : series) {
     if (s.points.empty()) continue;
     o << "<g class=\"series\" data-name=\"" << esc(s.name) << "\" data-points=\"" << s.points.size() << "\">"
-      << "<path fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.8\" d=\"";
+      << "<path fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.8\""
+      << (s.dash.empty() ? "" : " stroke-dasharray=\"" + s.dash + "\"") << " d=\"";
     bool pen = false;
     for (auto [x, y] : s.points) {
       if (!std::isfinite(y)) {
@@ -197,10 +212,19 @@ std::string line_chart(const std::string& title, const std::string& y_title, Uni
           o << b;
         }
     o << "</g>";
-    std::snprintf(b, sizeof b, "<rect x=\"%.1f\" y=\"28\" width=\"12\" height=\"4\" fill=\"%s\"/>", legend_x,
-                  s.color.c_str());
-    o << b << "<text class=\"legend\" x=\"" << legend_x + 16 << "\" y=\"34\">" << esc(s.name) << "</text>";
-    legend_x += 30 + 7.0 * static_cast<double>(s.name.size());
+    // The legend flows in rows of the chart's width under the title.
+    const double width = legend_width(s);
+    if (legend_x + width > kW - R && legend_x > L) {
+      legend_x = L;
+      legend_y += 14;
+    }
+    std::snprintf(b, sizeof b,
+                  "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2.5\"%s/>",
+                  legend_x, legend_x + 14, legend_y - 4, legend_y - 4, s.color.c_str(),
+                  s.dash.empty() ? "" : (" stroke-dasharray=\"" + s.dash + "\"").c_str());
+    o << b << "<text class=\"legend\" x=\"" << legend_x + 18 << "\" y=\"" << legend_y << "\">" << esc(s.name)
+      << "</text>";
+    legend_x += width;
   }
   o << "</svg>";
   return o.str();
@@ -208,7 +232,7 @@ std::string line_chart(const std::string& title, const std::string& y_title, Uni
 
 // One bar per rank: its compute per step, phase by phase, and its wait (exposed communication), in
 // ms, on one ms axis; the straggler's row is marked (Note [Naming a straggler] in src/report/ranks.cpp).
-std::string rank_chart(const std::vector<RankTimes>& ranks, int straggler) {
+std::string rank_chart(const std::vector<RankTimes>& ranks, int straggler, const std::string& title = "time per step by rank") {
   constexpr double L = 190, R = 20, T = 48, Row = 26;
   const double H = T + Row * static_cast<double>(ranks.size()) + 56;
   struct Part {
@@ -227,9 +251,9 @@ std::string rank_chart(const std::vector<RankTimes>& ranks, int straggler) {
   const double x1 = xt.back(), xs = xt.size() > 1 ? xt[1] - xt[0] : 0;
   auto px = [&](double ms) { return L + ms / x1 * (kW - L - R); };
   std::ostringstream o;
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" data-title=\"time per step by rank\" viewBox=\"0 0 "
-    << kW << ' ' << H << "\" role=\"img\"><title>time per step by rank</title><text x=\"" << L
-    << "\" y=\"18\" class=\"t\">time per step by rank</text>";
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" data-title=\"" << esc(title) << "\" viewBox=\"0 0 "
+    << kW << ' ' << H << "\" role=\"img\"><title>" << esc(title) << "</title><text x=\"" << L
+    << "\" y=\"18\" class=\"t\">" << esc(title) << "</text>";
   char b[320];
   double legend_x = L;
   for (const Part& p : kParts) {
@@ -350,12 +374,24 @@ std::string report_json(const ReportData& d) {
   return o;
 }
 
+// The page's head and style, the same for one run and for several.
+static std::string page_head(const std::string& title) {
+  return "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" + esc(title) +
+         "</title>\n"
+         "<style>body{font:14px sans-serif;margin:24px auto;padding:0 24px;color:#222;max-width:1100px}"
+         "svg{display:block;width:100%;height:auto;margin:8px 0 24px}svg text{font:12px sans-serif;fill:#333}"
+         "svg text.t{font-size:14px;font-weight:bold}svg text.axis{fill:#555}"
+         "table{border-collapse:collapse}td,th{padding:2px 12px 2px 0;vertical-align:top;text-align:left}"
+         "td:first-child{color:#666}</style></head>\n<body><h1>" +
+         esc(title) + "</h1>\n";
+}
+
 std::string render_html_report(const ReportData& d) {
-  Series train_loss{"training loss (training split)", "#4e79a7", {}, false},
-      val_loss{"validation loss (validation split)", "#e15759", {}, true},
-      test_loss{"test loss (test split)", "#59a14f", {}, true},
-      val_acc{"validation accuracy (validation split)", "#e15759", {}, true},
-      test_acc{"test accuracy (test split)", "#59a14f", {}, true}, speed{"images/s (all ranks)", "#f28e2b", {}, false};
+  Series train_loss{"training loss (training split)", "#4e79a7", {}, false, ""},
+      val_loss{"validation loss (validation split)", "#e15759", {}, true, ""},
+      test_loss{"test loss (test split)", "#59a14f", {}, true, ""},
+      val_acc{"validation accuracy (validation split)", "#e15759", {}, true, ""},
+      test_acc{"test accuracy (test split)", "#59a14f", {}, true, ""}, speed{"images/s (all ranks)", "#f28e2b", {}, false, ""};
   for (const TrainPoint& p : d.train) {
     train_loss.points.emplace_back(static_cast<double>(p.step), p.loss);
     speed.points.emplace_back(static_cast<double>(p.step), p.images_per_s);
@@ -369,7 +405,7 @@ std::string render_html_report(const ReportData& d) {
                                       "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
   std::vector<Series> by_rank;
   for (std::size_t r = 0; r < d.ranks.size(); ++r) {
-    Series s{"rank " + std::to_string(r) + " compute", kRankColors[r % 10], {}, d.rank_points.size() < 3};
+    Series s{"rank " + std::to_string(r) + " compute", kRankColors[r % 10], {}, d.rank_points.size() < 3, ""};
     for (const RankPoint& p : d.rank_points)
       if (r < p.compute_ms.size()) s.points.emplace_back(static_cast<double>(p.step), p.compute_ms[r]);
     by_rank.push_back(std::move(s));
@@ -377,13 +413,7 @@ std::string render_html_report(const ReportData& d) {
   int straggler = -1;
   if (const auto at = d.straggler.find("rank "); at == 0) straggler = std::atoi(d.straggler.c_str() + 5);
   std::ostringstream o;
-  o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>mnist_mpi training report</title>\n"
-       "<style>body{font:14px sans-serif;margin:24px auto;padding:0 24px;color:#222;max-width:1100px}"
-       "svg{display:block;width:100%;height:auto;margin:8px 0 24px}svg text{font:12px sans-serif;fill:#333}"
-       "svg text.t{font-size:14px;font-weight:bold}svg text.axis{fill:#555}"
-       "table{border-collapse:collapse}td{padding:2px 12px 2px "
-       "0;vertical-align:top}td:first-child{color:#666}</style></head>\n"
-       "<body><h1>mnist_mpi training report</h1>\n<table>";
+  o << page_head("mnist_mpi training report") << "<table>";
   for (const auto& [k, v] : d.facts) o << "<tr><td>" << esc(k) << "</td><td>" << esc(v) << "</td></tr>";
   o << "</table>\n<h2>Loss</h2>\n"
     << line_chart("loss", "loss (cross-entropy)", Unit::kPlain, {train_loss, val_loss, test_loss}, d.steps_per_epoch)
@@ -401,6 +431,67 @@ std::string render_html_report(const ReportData& d) {
   o << "\n<h2>Where the time went (rank 0)</h2>\n"
     << time_bar(d.time) << "\n<script type=\"application/json\" id=\"mnist-mpi-report\">\n"
     << report_json(d) << "\n</script>\n</body></html>\n";
+  return o.str();
+}
+
+// Several runs in one page (mnist_mpi report): one colour per run, the split as the line's style
+// (training solid, validation dashed, test dotted), the facts side by side, a per-rank chart each.
+std::string render_runs_report(const std::vector<LabelledRun>& runs) {
+  static const char* kRunColors[] = {"#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#b07aa1",
+                                     "#76b7b2", "#edc948", "#ff9da7", "#9c755f", "#bab0ac"};
+  std::vector<Series> loss, accuracy, speed;
+  std::int64_t steps_per_epoch = runs.empty() ? 0 : runs.front().data.steps_per_epoch;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const ReportData& d = runs[i].data;
+    const std::string c = kRunColors[i % 10], l = runs[i].label;
+    if (d.steps_per_epoch != steps_per_epoch) steps_per_epoch = 0;  // no one epoch length to mark
+    Series train{l + ": training loss", c, {}, false, ""}, val_loss{l + ": validation loss", c, {}, true, "6 4"},
+        test_loss{l + ": test loss", c, {}, true, "2 3"}, val_acc{l + ": validation accuracy", c, {}, true, "6 4"},
+        test_acc{l + ": test accuracy", c, {}, true, "2 3"}, ips{l + ": images/s", c, {}, false, ""};
+    for (const TrainPoint& p : d.train) {
+      train.points.emplace_back(static_cast<double>(p.step), p.loss);
+      ips.points.emplace_back(static_cast<double>(p.step), p.images_per_s);
+    }
+    for (const EvalPoint& p : d.evals) {
+      const bool val = std::strcmp(p.split, "validation") == 0;
+      (val ? val_loss : test_loss).points.emplace_back(static_cast<double>(p.step), p.loss);
+      (val ? val_acc : test_acc).points.emplace_back(static_cast<double>(p.step), p.accuracy);
+    }
+    loss.insert(loss.end(), {train, val_loss, test_loss});
+    accuracy.insert(accuracy.end(), {val_acc, test_acc});
+    speed.push_back(ips);
+  }
+  std::ostringstream o;
+  o << page_head("mnist_mpi: " + std::to_string(runs.size()) + " runs compared") << "<table><tr><th></th>";
+  for (std::size_t i = 0; i < runs.size(); ++i)
+    o << "<th style=\"color:" << kRunColors[i % 10] << "\">" << esc(runs[i].label) << "</th>";
+  o << "</tr>";
+  std::vector<std::string> keys;  // every fact any run has, in first-seen order
+  for (const LabelledRun& r : runs)
+    for (const auto& [k, v] : r.data.facts)
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  for (const std::string& k : keys) {
+    o << "<tr><td>" << esc(k) << "</td>";
+    for (const LabelledRun& r : runs) {
+      std::string v = "";
+      for (const auto& [rk, rv] : r.data.facts)
+        if (rk == k) v = rv;
+      o << "<td>" << esc(v) << "</td>";
+    }
+    o << "</tr>";
+  }
+  o << "</table>\n<p>Line styles: training solid, validation dashed, test dotted.</p>\n<h2>Loss</h2>\n"
+    << line_chart("loss", "loss (cross-entropy)", Unit::kPlain, loss, steps_per_epoch) << "\n<h2>Accuracy</h2>\n"
+    << line_chart("accuracy", "accuracy", Unit::kFraction, accuracy, steps_per_epoch) << "\n<h2>Throughput</h2>\n"
+    << line_chart("images/s", "images per second", Unit::kRate, speed, steps_per_epoch) << "\n<h2>Ranks</h2>\n";
+  for (const LabelledRun& r : runs) {
+    if (r.data.ranks.empty()) continue;
+    int straggler = -1;
+    if (r.data.straggler.rfind("rank ", 0) == 0) straggler = std::atoi(r.data.straggler.c_str() + 5);
+    o << "<p class=\"straggler\">" << esc(r.label) << ": straggler: " << esc(r.data.straggler) << "</p>\n"
+      << rank_chart(r.data.ranks, straggler, "time per step by rank: " + r.label);
+  }
+  o << "</body></html>\n";
   return o.str();
 }
 

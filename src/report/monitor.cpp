@@ -18,6 +18,7 @@
 #include "mnist_mpi/io/file_kind.hpp"
 #include "mnist_mpi/json.hpp"
 #include "mnist_mpi/report/ranks.hpp"
+#include "mnist_mpi/report/report_command.hpp"  // kMetricsFormat
 
 namespace mnist_mpi {
 namespace {
@@ -143,7 +144,20 @@ void Monitor::on_start(const StartFacts& f) {
                 f.gpu_description.c_str());
   if (!rank0_) return;
   if (metrics_file_) {
+    // format: kMetricsFormat (include/mnist_mpi/report/report_command.hpp); what `mnist_mpi report`
+    // labels a run with and needs for its axes.
     Json event{{"event", "start"},
+               {"format", kMetricsFormat},
+               {"version", MNIST_MPI_VERSION},
+               {"config", opt_.config_file},
+               {"model", opt_.model},
+               {"precision", opt_.precision},
+               {"exact_sums", opt_.exact_sums},
+               {"optimizer", opt_.optimizer.kind},
+               {"lr", json_number(opt_.schedule.base_lr)},
+               {"seed", opt_.seed},
+               {"steps_per_epoch", setup_.steps_per_epoch},
+               {"total_steps", setup_.total_steps},
                {"world_size", setup_.world},
                {"global_batch", setup_.global_batch},
                {"launcher", launch_.launcher}};

@@ -50,6 +50,12 @@ std::string report_json(const ReportData& data);
 std::vector<double> nice_ticks(double lo, double hi, int target);
 std::string format_value(double v, int unit, double step);
 std::string render_html_report(const ReportData& data);
+// Several runs' data overlaid in one page (`mnist_mpi report`), each under its label.
+struct LabelledRun {
+  std::string label;
+  ReportData data;
+};
+std::string render_runs_report(const std::vector<LabelledRun>& runs);
 class OutputFile;
 // Writes render_html_report(data) to `out` (a kReplace OutputFile: through PATH.tmp and a rename).
 // false when it could not be written: a lost output, reported by `out`, not an error.

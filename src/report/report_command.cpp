@@ -1,0 +1,223 @@
+// `mnist_mpi report` (include/mnist_mpi/report/report_command.hpp).
+#include "mnist_mpi/report/report_command.hpp"
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+#include "mnist_mpi/check.hpp"
+#include "mnist_mpi/json.hpp"
+#include "mnist_mpi/report/output.hpp"
+#include "mnist_mpi/report/ranks.hpp"
+
+namespace mnist_mpi {
+namespace {
+
+const char* kUsage =
+    "usage: mnist_mpi report RUN.jsonl [RUN2.jsonl ...] --out FILE.html\n"
+    "  draws one or several runs' metrics files (written with --metrics-file) into one HTML report:\n"
+    "  one run as the training-time --report draws it, several overlaid and labelled by config and options\n";
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+double number(const Json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : std::numeric_limits<double>::quiet_NaN();
+}
+
+StepTiming step_ms(const Json& j) {
+  const auto it = j.find("step_ms");
+  if (it == j.end() || !it->is_object()) return {};
+  return StepTiming{.data = number(*it, "data") / 1e3,
+                    .forward = number(*it, "forward") / 1e3,
+                    .backward = number(*it, "backward") / 1e3,
+                    .exposed_comm = number(*it, "exposed_comm") / 1e3,
+                    .optimizer = number(*it, "optimizer") / 1e3};
+}
+
+std::vector<RankTimes> ranks_of(const Json& event) {
+  std::vector<RankTimes> out;
+  const auto it = event.find("ranks");
+  if (it == event.end() || !it->is_array()) return out;
+  for (const Json& r : *it) {
+    RankTimes t;
+    t.rank = r.value("rank", 0);
+    t.host = r.value("host", std::string());
+    t.per_step = step_ms(r);
+    out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace
+
+LabelledRun read_metrics_file(const std::string& path) {
+  std::ifstream in(path);
+  MNIST_CHECK(in.good(), ExitCode::kData, "cannot read the metrics file '" + path + "': " + std::strerror(errno));
+  LabelledRun run;
+  ReportData& d = run.data;
+  Json start, final_event;
+  std::string line;
+  std::int64_t n = 0;
+  std::map<std::string, std::string> facts;
+  while (std::getline(in, line)) {
+    ++n;
+    const std::string where = path + ":" + std::to_string(n);
+    Json e;
+    try {
+      e = Json::parse(line);
+    } catch (const Json::parse_error&) {
+      throw_error(ExitCode::kData, where + ": not a line of JSON (a truncated or damaged metrics file?)");
+    }
+    MNIST_CHECK(e.is_object() && e.contains("event") && e["event"].is_string(), ExitCode::kData,
+                where + ": a JSON line without an \"event\": not an mnist_mpi metrics file");
+    const std::string kind = e["event"];
+    if (n == 1) {
+      MNIST_CHECK(kind == "start", ExitCode::kData, where + ": the first event is '" + kind + "', not 'start'");
+      const int format = e.value("format", 0);
+      MNIST_CHECK(format == kMetricsFormat, ExitCode::kData,
+                  where + ": a metrics file of " +
+                      (format == 0 ? std::string("an earlier version (no format number)")
+                                   : "format " + std::to_string(format)) +
+                      ", written by mnist_mpi " + e.value("version", std::string("before 0.1.0")) +
+                      "; this program (" MNIST_MPI_VERSION ") reads format " + std::to_string(kMetricsFormat) +
+                      ": draw it with the version that wrote it, or train again");
+      start = e;
+      continue;
+    }
+    if (kind == "step") {
+      d.train.push_back(TrainPoint{e.value("step", std::int64_t{0}), number(e, "loss"), number(e, "lr"),
+                                   number(e, "images_per_s")});
+    } else if (kind == "eval") {
+      const std::string split = e.value("split", std::string());
+      d.evals.push_back(EvalPoint{split == "validation" ? "validation" : "test", e.value("step", std::int64_t{0}),
+                                  number(e, "accuracy"), number(e, "loss")});
+    } else if (kind == "ranks") {
+      RankPoint p{e.value("step", std::int64_t{0}), {}, {}};
+      for (const RankTimes& r : ranks_of(e)) {
+        p.compute_ms.push_back(1e3 * r.compute());
+        p.wait_ms.push_back(1e3 * r.per_step.exposed_comm);
+      }
+      d.rank_points.push_back(std::move(p));
+    } else if (kind == "final") {
+      final_event = e;
+    }
+  }
+  MNIST_CHECK(n > 0, ExitCode::kData, path + ": empty: not a metrics file");
+  MNIST_CHECK(!final_event.is_null(), ExitCode::kData,
+              path + ": ends at line " + std::to_string(n) +
+                  " without the run's final event (a run still going or stopped, or a truncated file)");
+  const Json& f = final_event;
+  d.steps_per_epoch = start.value("steps_per_epoch", std::int64_t{0});
+  d.ranks = ranks_of(f);
+  if (d.ranks.size() > 1) {
+    Straggler s;
+    if (const auto it = f.find("straggler"); it != f.end() && it->is_object()) {
+      s.rank = it->value("rank", -1);
+      s.host = it->value("host", std::string());
+      s.phase = it->value("phase", std::string());
+      s.slower = number(*it, "slower");
+      s.phase_slower = number(*it, "phase_slower");
+      s.others_waited_s = number(*it, "others_waited_s");
+    }
+    d.straggler = straggler_text(d.ranks, s);
+  }
+  const std::string config = start.value("config", std::string());
+  const StepTiming t = step_ms(f);
+  const double steps = number(f, "steps");
+  d.facts = {{"file", path},
+             {"config", config.empty() ? "(none)" : config},
+             {"model", start.value("model", std::string())},
+             {"ranks", std::to_string(start.value("world_size", 0))},
+             {"global batch", std::to_string(start.value("global_batch", 0))},
+             {"precision", start.value("precision", std::string())},
+             {"exact sums", start.value("exact_sums", false) ? "on" : "off"},
+             {"seed", std::to_string(start.value("seed", std::int64_t{0}))},
+             {"steps", fmt("%.0f", steps) + " (" + fmt("%.2f", number(f, "epochs")) + " epochs)"},
+             {"test accuracy", fmt("%.4f", number(f, "test_accuracy"))},
+             {"test loss", fmt("%.4f", number(f, "test_loss"))},
+             {"images/s (steady)", fmt("%.0f", number(f, "images_per_s"))},
+             {"wall time of training", fmt("%.2f s", number(f, "wall_s"))},
+             {"straggler", d.straggler.empty() ? "(one rank)" : d.straggler},
+             {"params_hash", f.value("params_hash", std::string())}};
+  d.time = {{"start-up", number(f, "startup_s")},
+            {"data", t.data * steps},
+            {"forward", t.forward * steps},
+            {"backward", t.backward * steps},
+            {"exposed communication", t.exposed_comm * steps},
+            {"optimizer", t.optimizer * steps}};
+  run.label = config.empty() ? start.value("model", std::string("run")) : config.substr(config.rfind('/') + 1);
+  run.label += ", " + std::to_string(start.value("world_size", 0)) + " rank" +
+               (start.value("world_size", 0) == 1 ? "" : "s");
+  return run;
+}
+
+// Note [Labels that tell runs apart]
+// A run is labelled by its config file's name (or its model) and its number of ranks; where two
+// runs share that, each label gets what differs among them: precision, --exact-sums, seed; runs
+// still alike are numbered.
+void label_runs(std::vector<LabelledRun>& runs, const std::vector<std::string>& what) {
+  const auto fact = [](const LabelledRun& r, const std::string& key) {
+    for (const auto& [k, v] : r.data.facts)
+      if (k == key) return v;
+    return std::string();
+  };
+  std::map<std::string, std::vector<std::size_t>> same;
+  for (std::size_t i = 0; i < runs.size(); ++i) same[runs[i].label].push_back(i);
+  for (auto& [label, group] : same) {
+    if (group.size() < 2) continue;
+    for (const std::string& key : what) {
+      bool differ = false;
+      for (const std::size_t i : group) differ = differ || fact(runs[i], key) != fact(runs[group[0]], key);
+      if (differ)
+        for (const std::size_t i : group)
+          runs[i].label += std::string(", ") + (key == "exact sums" ? "exact sums " : key == "seed" ? "seed " : "") +
+                           fact(runs[i], key);
+    }
+  }
+  std::map<std::string, int> seen;
+  for (LabelledRun& r : runs)
+    if (++seen[r.label] > 1) r.label += " #" + std::to_string(seen[r.label]);
+}
+
+int report_main(int argc, char** argv) {
+  std::vector<std::string> files;
+  std::string out_path;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--help" || a == "-h") {
+        std::fputs(kUsage, stdout);
+        return 0;
+      }
+      if (a == "--out") {
+        MNIST_CHECK(i + 1 < argc, ExitCode::kUsage, "--out needs a file name");
+        out_path = argv[++i];
+      } else if (a.rfind("--out=", 0) == 0) {
+        out_path = a.substr(6);
+      } else {
+        MNIST_CHECK(a.rfind("-", 0) != 0, ExitCode::kUsage, "report: unknown option '" + a + "'");
+        files.push_back(a);
+      }
+    }
+    MNIST_CHECK(!files.empty() && !out_path.empty(), ExitCode::kUsage,
+                std::string("report needs at least one metrics file and --out FILE.html\n") + kUsage);
+    std::vector<LabelledRun> runs;
+    for (const std::string& f : files) runs.push_back(read_metrics_file(f));
+    label_runs(runs, {"precision", "exact sums", "seed"});
+    const std::string html = runs.size() == 1 ? render_html_report(runs[0].data) : render_runs_report(runs);
+    OutputFile out("the report (--out)", out_path, OutputFile::Mode::kReplace);
+    if (!(out.open() && out.write(html) && out.close())) return static_cast<int>(ExitCode::kOutput);
+    std::printf("report: %s (%zu run%s)\n", out_path.c_str(), runs.size(), runs.size() == 1 ? "" : "s");
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "mnist_mpi: error: %s\n", e.what());
+    return static_cast<int>(e.code());
+  }
+}
+
+}  // namespace mnist_mpi
