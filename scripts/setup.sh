@@ -17,7 +17,8 @@ packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libboost-p
           python3 python3-protobuf nlohmann-json3-dev libonnx-dev libprotobuf-dev libpng-dev python3-onnx
           libopenblas0-pthread
           slurm-wlm munge  # Slurm: the slurm-labelled tests start a private one-node cluster
-          clang libclang-rt-14-dev)  # clang + its runtime: libFuzzer targets (tests/fuzz)
+          clang libclang-rt-14-dev  # clang + its runtime: libFuzzer targets (tests/fuzz)
+          chromium)  # headless: tests/e2e_browser.sh opens the HTML report as a user's browser lays it out
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do

@@ -109,7 +109,7 @@ constexpr double kW = 960;  // the viewBox's width; the page scales it to its ow
 // A line chart: nice ticks on both axes, axis titles, epoch marks, a legend row under the title.
 std::string line_chart(const std::string& title, const std::string& y_title, Unit unit, const std::vector<Series>& series,
                        std::int64_t steps_per_epoch) {
-  constexpr double L = 84, R = 20, B = 52;
+  constexpr double L = 84, R = 44, B = 52;
   // The legend's rows (it flows under the title) push the plot down.
   const auto legend_width = [](const Series& s) { return 30 + 6.6 * static_cast<double>(s.name.size()); };
   int rows = 1;
@@ -233,7 +233,7 @@ std::string line_chart(const std::string& title, const std::string& y_title, Uni
 // One bar per rank: its compute per step, phase by phase, and its wait (exposed communication), in
 // ms, on one ms axis; the straggler's row is marked (Note [Naming a straggler] in src/report/ranks.cpp).
 std::string rank_chart(const std::vector<RankTimes>& ranks, int straggler, const std::string& title = "time per step by rank") {
-  constexpr double L = 190, R = 20, T = 48, Row = 26;
+  constexpr double L = 190, R = 44, T = 48, Row = 26;
   const double H = T + Row * static_cast<double>(ranks.size()) + 56;
   struct Part {
     const char* name;
