@@ -674,7 +674,8 @@ TEST(Monitor, NothingLostWhenEveryOutputIsWritten) {
   std::getline(in, line);
   EXPECT_EQ(
       line,
-      "{\"event\":\"start\",\"world_size\":1,\"global_batch\":8,\"launcher\":\"direct\",\"shard_optimizer\":false,"
+      "{\"event\":\"start\",\"format\":1,\"version\":\"" MNIST_MPI_VERSION "\",\"config\":\"\",\"model\":\"conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10\",\"precision\":\"fp32\",\"exact_sums\":false,"
+      "\"optimizer\":\"adam\",\"lr\":0.001,\"seed\":42,\"steps_per_epoch\":2,\"total_steps\":4,\"world_size\":1,\"global_batch\":8,\"launcher\":\"direct\",\"shard_optimizer\":false,"
       "\"optimizer_state_bytes_per_rank\":0,\"optimizer_state_bytes_total\":0}");
   EXPECT_TRUE(fs::is_regular_file(opt.report_file));
   fs::remove_all(dir);
@@ -789,7 +790,8 @@ TEST(Monitor, WritesEveryMetricsEventWithItsMembersInOrder) {
             "--resume auto to continue (exit code 75)\n");
   const std::string slurm = ",\"slurm_job_id\":\"42\",\"slurm_job_name\":\"j\",\"slurm_restart_count\":0}";
   const std::vector<std::string> want{
-      "{\"event\":\"start\",\"world_size\":1,\"global_batch\":8,\"launcher\":\"srun\"" +
+      "{\"event\":\"start\",\"format\":1,\"version\":\"" MNIST_MPI_VERSION "\",\"config\":\"\",\"model\":\"conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10\",\"precision\":\"fp32\",\"exact_sums\":false,"
+      "\"optimizer\":\"adam\",\"lr\":0.001,\"seed\":42,\"steps_per_epoch\":2,\"total_steps\":4,\"world_size\":1,\"global_batch\":8,\"launcher\":\"srun\"" +
           slurm.substr(0, slurm.size() - 1) +
           ",\"shard_optimizer\":true,\"optimizer_state_bytes_per_rank\":31400,\"optimizer_state_bytes_total\":62800}",
       "{\"event\":\"step\",\"step\":2,\"epoch\":1,\"loss\":null,\"lr\":null,\"images_per_s\":null}",
@@ -801,7 +803,7 @@ TEST(Monitor, WritesEveryMetricsEventWithItsMembersInOrder) {
       "\"peak_rss_mb\":[108.9599609375,100],\"step_ms\":{\"data\":125,\"forward\":62.5,\"backward\":250,"
       "\"exposed_comm\":500,\"optimizer\":31.25},\"reduced_bytes_per_step\":40,\"buckets\":1,\"skipped_steps\":1,\"exact_chunk\":0,\"exact_sum_probes\":0,"
       "\"params_hash\":\"0123456789abcdef\",\"checkpoints\":{\"written\":2,\"bytes\":1234,\"capture_ms\":1.5,"
-      "\"write_ms\":2.5,\"others_wait_ms\":0.5,\"others_wait_baseline_ms\":0.25}" +
+      "\"write_ms\":2.5,\"others_wait_ms\":0.5,\"others_wait_baseline_ms\":0.25},\"ranks\":[],\"straggler\":null" +
           slurm};
   EXPECT_EQ(lines_of(opt.metrics_file), want);
   fs::remove_all(dir);

@@ -55,15 +55,33 @@ std::vector<RankTimes> ranks_of(const Json& event) {
 
 }  // namespace
 
+namespace {
+
+LabelledRun read_metrics(const std::string& path, std::int64_t& n);
+
+}  // namespace
+
+// A field of the wrong type (a hand-edited or damaged file) is nlohmann's type_error: said here,
+// with the line, like every other fault of the file.
 LabelledRun read_metrics_file(const std::string& path) {
+  std::int64_t n = 0;
+  try {
+    return read_metrics(path, n);
+  } catch (const Json::exception& e) {
+    throw_error(ExitCode::kData, path + ":" + std::to_string(n) + ": an event with a field of the wrong type (" +
+                                     e.what() + "): not a metrics file this program wrote");
+  }
+}
+
+namespace {
+
+LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
   std::ifstream in(path);
   MNIST_CHECK(in.good(), ExitCode::kData, "cannot read the metrics file '" + path + "': " + std::strerror(errno));
   LabelledRun run;
   ReportData& d = run.data;
   Json start, final_event;
   std::string line;
-  std::int64_t n = 0;
-  std::map<std::string, std::string> facts;
   while (std::getline(in, line)) {
     ++n;
     const std::string where = path + ":" + std::to_string(n);
@@ -155,6 +173,8 @@ LabelledRun read_metrics_file(const std::string& path) {
                (start.value("world_size", 0) == 1 ? "" : "s");
   return run;
 }
+
+}  // namespace
 
 // Note [Labels that tell runs apart]
 // A run is labelled by its config file's name (or its model) and its number of ranks; where two
