@@ -1,7 +1,9 @@
 // `mnist_mpi report` (include/mnist_mpi/report/report_command.hpp).
 #include "mnist_mpi/report/report_command.hpp"
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <fstream>
 #include <map>
 
@@ -29,6 +31,23 @@ double number(const Json& j, const char* key) {
   return it != j.end() && it->is_number() ? it->get<double>() : std::numeric_limits<double>::quiet_NaN();
 }
 
+// A whole-number field (missing: dflt). nlohmann's value() would cast a float such as 1e27 to an
+// integer, undefined behaviour out of range (found by fuzz_metrics): refused here instead.
+std::int64_t whole(const Json& j, const char* key, std::int64_t dflt) {
+  const auto it = j.find(key);
+  if (it == j.end()) return dflt;
+  if (it->is_number_unsigned()) {
+    const std::uint64_t u = it->get<std::uint64_t>();
+    if (u <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return static_cast<std::int64_t>(u);
+  } else if (it->is_number_integer()) {
+    return it->get<std::int64_t>();
+  } else if (it->is_number_float()) {
+    const double d = it->get<double>();
+    if (d == std::floor(d) && std::fabs(d) < 9.2e18) return static_cast<std::int64_t>(d);
+  }
+  throw_error(ExitCode::kData, std::string("the field \"") + key + "\" is not a whole number of 64 bits");
+}
+
 StepTiming step_ms(const Json& j) {
   const auto it = j.find("step_ms");
   if (it == j.end() || !it->is_object()) return {};
@@ -45,7 +64,7 @@ std::vector<RankTimes> ranks_of(const Json& event) {
   if (it == event.end() || !it->is_array()) return out;
   for (const Json& r : *it) {
     RankTimes t;
-    t.rank = r.value("rank", 0);
+    t.rank = static_cast<int>(whole(r, "rank", 0));
     t.host = r.value("host", std::string());
     t.per_step = step_ms(r);
     out.push_back(t);
@@ -70,6 +89,9 @@ LabelledRun read_metrics_file(const std::string& path) {
   } catch (const Json::exception& e) {
     throw_error(ExitCode::kData, path + ":" + std::to_string(n) + ": an event with a field of the wrong type (" +
                                      e.what() + "): not a metrics file this program wrote");
+  }  catch (const Error& e) {  // one that does not name the file yet (whole()): its line
+    if (std::string(e.what()).rfind(path, 0) == 0) throw;
+    throw_error(e.code(), path + ":" + std::to_string(n) + ": " + e.what());
   }
 }
 
@@ -96,7 +118,7 @@ LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
     const std::string kind = e["event"];
     if (n == 1) {
       MNIST_CHECK(kind == "start", ExitCode::kData, where + ": the first event is '" + kind + "', not 'start'");
-      const int format = e.value("format", 0);
+      const std::int64_t format = whole(e, "format", 0);
       MNIST_CHECK(format == kMetricsFormat, ExitCode::kData,
                   where + ": a metrics file of " +
                       (format == 0 ? std::string("an earlier version (no format number)")
@@ -108,14 +130,14 @@ LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
       continue;
     }
     if (kind == "step") {
-      d.train.push_back(TrainPoint{e.value("step", std::int64_t{0}), number(e, "loss"), number(e, "lr"),
+      d.train.push_back(TrainPoint{whole(e, "step", 0), number(e, "loss"), number(e, "lr"),
                                    number(e, "images_per_s")});
     } else if (kind == "eval") {
       const std::string split = e.value("split", std::string());
-      d.evals.push_back(EvalPoint{split == "validation" ? "validation" : "test", e.value("step", std::int64_t{0}),
+      d.evals.push_back(EvalPoint{split == "validation" ? "validation" : "test", whole(e, "step", 0),
                                   number(e, "accuracy"), number(e, "loss")});
     } else if (kind == "ranks") {
-      RankPoint p{e.value("step", std::int64_t{0}), {}, {}};
+      RankPoint p{whole(e, "step", 0), {}, {}};
       for (const RankTimes& r : ranks_of(e)) {
         p.compute_ms.push_back(1e3 * r.compute());
         p.wait_ms.push_back(1e3 * r.per_step.exposed_comm);
@@ -130,12 +152,12 @@ LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
               path + ": ends at line " + std::to_string(n) +
                   " without the run's final event (a run still going or stopped, or a truncated file)");
   const Json& f = final_event;
-  d.steps_per_epoch = start.value("steps_per_epoch", std::int64_t{0});
+  d.steps_per_epoch = whole(start, "steps_per_epoch", 0);
   d.ranks = ranks_of(f);
   if (d.ranks.size() > 1) {
     Straggler s;
     if (const auto it = f.find("straggler"); it != f.end() && it->is_object()) {
-      s.rank = it->value("rank", -1);
+      s.rank = static_cast<int>(whole(*it, "rank", -1));
       s.host = it->value("host", std::string());
       s.phase = it->value("phase", std::string());
       s.slower = number(*it, "slower");
@@ -150,11 +172,11 @@ LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
   d.facts = {{"file", path},
              {"config", config.empty() ? "(none)" : config},
              {"model", start.value("model", std::string())},
-             {"ranks", std::to_string(start.value("world_size", 0))},
-             {"global batch", std::to_string(start.value("global_batch", 0))},
+             {"ranks", std::to_string(whole(start, "world_size", 0))},
+             {"global batch", std::to_string(whole(start, "global_batch", 0))},
              {"precision", start.value("precision", std::string())},
              {"exact sums", start.value("exact_sums", false) ? "on" : "off"},
-             {"seed", std::to_string(start.value("seed", std::int64_t{0}))},
+             {"seed", std::to_string(whole(start, "seed", 0))},
              {"steps", fmt("%.0f", steps) + " (" + fmt("%.2f", number(f, "epochs")) + " epochs)"},
              {"test accuracy", fmt("%.4f", number(f, "test_accuracy"))},
              {"test loss", fmt("%.4f", number(f, "test_loss"))},
@@ -169,8 +191,8 @@ LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
             {"exposed communication", t.exposed_comm * steps},
             {"optimizer", t.optimizer * steps}};
   run.label = config.empty() ? start.value("model", std::string("run")) : config.substr(config.rfind('/') + 1);
-  run.label += ", " + std::to_string(start.value("world_size", 0)) + " rank" +
-               (start.value("world_size", 0) == 1 ? "" : "s");
+  run.label += ", " + std::to_string(whole(start, "world_size", 0)) + " rank" +
+               (whole(start, "world_size", 0) == 1 ? "" : "s");
   return run;
 }
 
