@@ -192,7 +192,7 @@ grep -v '"event":"final"' "$out/even.jsonl" >"$out/unfinished.jsonl"
 refused "a file without its final event" 3 "unfinished.jsonl: ends at line [0-9]+ without the run's final event" -- \
   "$out/unfinished.jsonl" --out "$out/x.html"
 sed '2s/"step":[0-9]*/"step":"five"/' "$out/even.jsonl" >"$out/edited.jsonl"
-refused "a field of the wrong type" 3 "edited.jsonl:2: an event with a field of the wrong type" -- \
+refused "a field of the wrong type" 3 "edited.jsonl:2: the field \"step\" is not a whole number" -- \
   "$out/edited.jsonl" --out "$out/x.html"
 refused "a missing --out" 2 "needs at least one metrics file and --out" -- "$out/even.jsonl"
 [ -e "$out/x.html" ] && bad "a refused report wrote its file"
