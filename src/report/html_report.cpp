@@ -375,6 +375,21 @@ std::string report_json(const ReportData& d) {
 }
 
 // The page's head and style, the same for one run and for several.
+// A run's curves into its series: training loss and images/s at every log line, each split's loss
+// and accuracy at its evaluations.
+static void add_curves(const ReportData& d, Series& train_loss, Series& speed, Series& val_loss, Series& test_loss,
+                       Series& val_acc, Series& test_acc) {
+  for (const TrainPoint& p : d.train) {
+    train_loss.points.emplace_back(static_cast<double>(p.step), p.loss);
+    speed.points.emplace_back(static_cast<double>(p.step), p.images_per_s);
+  }
+  for (const EvalPoint& p : d.evals) {
+    const bool val = std::strcmp(p.split, "validation") == 0;
+    (val ? val_loss : test_loss).points.emplace_back(static_cast<double>(p.step), p.loss);
+    (val ? val_acc : test_acc).points.emplace_back(static_cast<double>(p.step), p.accuracy);
+  }
+}
+
 static std::string page_head(const std::string& title) {
   return "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" + esc(title) +
          "</title>\n"
@@ -392,15 +407,7 @@ std::string render_html_report(const ReportData& d) {
       test_loss{"test loss (test split)", "#59a14f", {}, true, ""},
       val_acc{"validation accuracy (validation split)", "#e15759", {}, true, ""},
       test_acc{"test accuracy (test split)", "#59a14f", {}, true, ""}, speed{"images/s (all ranks)", "#f28e2b", {}, false, ""};
-  for (const TrainPoint& p : d.train) {
-    train_loss.points.emplace_back(static_cast<double>(p.step), p.loss);
-    speed.points.emplace_back(static_cast<double>(p.step), p.images_per_s);
-  }
-  for (const EvalPoint& p : d.evals) {
-    const bool val = std::strcmp(p.split, "validation") == 0;
-    (val ? val_loss : test_loss).points.emplace_back(static_cast<double>(p.step), p.loss);
-    (val ? val_acc : test_acc).points.emplace_back(static_cast<double>(p.step), p.accuracy);
-  }
+  add_curves(d, train_loss, speed, val_loss, test_loss, val_acc, test_acc);
   static const char* kRankColors[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
                                       "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
   std::vector<Series> by_rank;
@@ -448,15 +455,7 @@ std::string render_runs_report(const std::vector<LabelledRun>& runs) {
     Series train{l + ": training loss", c, {}, false, ""}, val_loss{l + ": validation loss", c, {}, true, "6 4"},
         test_loss{l + ": test loss", c, {}, true, "2 3"}, val_acc{l + ": validation accuracy", c, {}, true, "6 4"},
         test_acc{l + ": test accuracy", c, {}, true, "2 3"}, ips{l + ": images/s", c, {}, false, ""};
-    for (const TrainPoint& p : d.train) {
-      train.points.emplace_back(static_cast<double>(p.step), p.loss);
-      ips.points.emplace_back(static_cast<double>(p.step), p.images_per_s);
-    }
-    for (const EvalPoint& p : d.evals) {
-      const bool val = std::strcmp(p.split, "validation") == 0;
-      (val ? val_loss : test_loss).points.emplace_back(static_cast<double>(p.step), p.loss);
-      (val ? val_acc : test_acc).points.emplace_back(static_cast<double>(p.step), p.accuracy);
-    }
+    add_curves(d, train, ips, val_loss, test_loss, val_acc, test_acc);
     loss.insert(loss.end(), {train, val_loss, test_loss});
     accuracy.insert(accuracy.end(), {val_acc, test_acc});
     speed.push_back(ips);
