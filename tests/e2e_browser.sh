@@ -30,7 +30,8 @@ timeout 60 "$bin" report "$work/a.jsonl" "$work/b.jsonl" --out "$work/two.html" 
 
 # look NAME PAGE QUERY: the page's verdict (the JSON of #result) in $work/NAME.json, stderr in NAME.err
 look() {
-  timeout 90 "$browser" --headless --no-sandbox --disable-gpu --allow-file-access-from-files --enable-logging=stderr \
+  timeout 90 "$browser" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --user-data-dir="$work/profile" \
+    --allow-file-access-from-files --enable-logging=stderr \
     --v=0 --virtual-time-budget=10000 --dump-dom "file://$work/check_report.html?report=$2&$3" \
     >"$work/$1.dom" 2>"$work/$1.err"
   sed -n 's|.*<pre id="result">\(.*\)</pre>.*|\1|p' "$work/$1.dom" >"$work/$1.json"
