@@ -3,17 +3,19 @@
 // not depend on the number of ranks. Each rank turns each of its chunks' gradients into 64-bit
 // fixed point (Note [Exact sums in fixed point] in include/mnist_mpi/exact_sum.hpp) with one shift
 // per parameter tensor, adds them up as integers, the reducer sums the integers over the ranks
-// (exact, in any order), and every rank turns the sum back into float once.
+// (exact, in any order), and every rank turns the sums it holds back into float once (all of
+// them, or with --shard-optimizer its shard of each bucket).
 //
 // Note [Where the shift comes from]
 // The shift of a tensor must be the same on every rank and for every number of ranks, and must be
 // known before the first chunk is turned into integers. Taking it from the exact MAX of this
 // step's chunks would need every chunk's gradient kept until all are computed (lenet: 13 MB a
 // chunk) or computed twice. Instead it is predicted: a tensor's limit is 2^(e + kHeadroomBits),
-// where 2^(e-1) <= max|g| < 2^e over the tensor's summed gradient of the previous step, which
-// every rank holds bit for bit whatever the number of ranks. A chunk value at or beyond the limit
+// where 2^(e-1) <= max|g| < 2^e over the tensor's summed gradient of the previous step, whose
+// bits are the same whatever the number of ranks (sharded, each rank takes e over its shard and
+// an exact MAX over the ranks gives the tensor's). A chunk value at or beyond the limit
 // cannot be represented; such values are counted (as are non-finite ones) in two counters summed
-// with the last bucket, so every rank learns the same counts from the same integers. A step
+// just after the last bucket, so every rank learns the same counts from the same integers. A step
 // with a value out of range is computed again: first a probe pass that takes the exact MAX over
 // all chunks of every rank (one allreduce of one integer per tensor), then the step with limits
 // from it, which cannot be exceeded. The first step of a run has no previous gradient and is
