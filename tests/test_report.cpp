@@ -401,6 +401,7 @@ TEST(HtmlReport, ChartsHaveRoundTicksAndOneBarPerRank) {
   }
   d.rank_points = {{60, {3.1, 3.1, 5.1}, {2.0, 2.0, 0.1}}, {120, {3.1, 3.2, 5.1}, {2.0, 2.0, 0.1}}};
   d.straggler = "rank 2 on host h2: backward 100 % slower than the median rank";
+  d.straggler_rank = 2;
   const std::string html = render_html_report(d);
   std::size_t bars = 0;
   for (auto p = html.find("<g class=\"rank\""); p != std::string::npos; p = html.find("<g class=\"rank\"", p + 1)) ++bars;

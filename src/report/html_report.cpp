@@ -417,8 +417,6 @@ std::string render_html_report(const ReportData& d) {
       if (r < p.compute_ms.size()) s.points.emplace_back(static_cast<double>(p.step), p.compute_ms[r]);
     by_rank.push_back(std::move(s));
   }
-  int straggler = -1;
-  if (const auto at = d.straggler.find("rank "); at == 0) straggler = std::atoi(d.straggler.c_str() + 5);
   std::ostringstream o;
   o << page_head("mnist_mpi training report") << "<table>";
   for (const auto& [k, v] : d.facts) o << "<tr><td>" << esc(k) << "</td><td>" << esc(v) << "</td></tr>";
@@ -431,7 +429,7 @@ std::string render_html_report(const ReportData& d) {
   if (!d.ranks.empty()) {
     o << "\n<h2>Ranks</h2>\n<p class=\"straggler\">straggler: " << esc(d.straggler.empty() ? "(one rank)" : d.straggler)
       << "</p>\n"
-      << rank_chart(d.ranks, straggler);
+      << rank_chart(d.ranks, d.straggler_rank);
     if (!d.rank_points.empty())
       o << line_chart("compute per step by rank", "ms per step", Unit::kMs, by_rank, d.steps_per_epoch);
   }
@@ -485,10 +483,8 @@ std::string render_runs_report(const std::vector<LabelledRun>& runs) {
     << line_chart("images/s", "images per second", Unit::kRate, speed, steps_per_epoch) << "\n<h2>Ranks</h2>\n";
   for (const LabelledRun& r : runs) {
     if (r.data.ranks.empty()) continue;
-    int straggler = -1;
-    if (r.data.straggler.rfind("rank ", 0) == 0) straggler = std::atoi(r.data.straggler.c_str() + 5);
     o << "<p class=\"straggler\">" << esc(r.label) << ": straggler: " << esc(r.data.straggler) << "</p>\n"
-      << rank_chart(r.data.ranks, straggler, "time per step by rank: " + r.label);
+      << rank_chart(r.data.ranks, r.data.straggler_rank, "time per step by rank: " + r.label);
   }
   o << "</body></html>\n";
   return o.str();

@@ -23,12 +23,6 @@
 namespace mnist_mpi {
 namespace {
 
-std::string fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
-}
-
 // Per rank, "109.0, 95.7" (MB, one decimal: the "final" event has the exact values); beyond 8
 // ranks the range, "95.7 to 109.0 (16 ranks; the most on rank 3)".
 std::string mb_list(const std::vector<std::uint64_t>& kib) {
@@ -260,18 +254,20 @@ void Monitor::on_log(std::int64_t step, double loss, double lr, double images_pe
 }
 
 namespace {
+// A step's parts in ms: the final event's "step_ms", and each rank's.
+Json step_ms_json(const StepTiming& t) {
+  return Json{{"data", json_number(1e3 * t.data)},
+              {"forward", json_number(1e3 * t.forward)},
+              {"backward", json_number(1e3 * t.backward)},
+              {"exposed_comm", json_number(1e3 * t.exposed_comm)},
+              {"optimizer", json_number(1e3 * t.optimizer)}};
+}
 Json rank_json(const RankTimes& r) {
-  const StepTiming& t = r.per_step;
   return Json{{"rank", r.rank},
               {"host", r.host},
               {"compute_ms", json_number(1e3 * r.compute())},
-              {"wait_ms", json_number(1e3 * t.exposed_comm)},
-              {"step_ms",
-               {{"data", json_number(1e3 * t.data)},
-                {"forward", json_number(1e3 * t.forward)},
-                {"backward", json_number(1e3 * t.backward)},
-                {"exposed_comm", json_number(1e3 * t.exposed_comm)},
-                {"optimizer", json_number(1e3 * t.optimizer)}}}};
+              {"wait_ms", json_number(1e3 * r.per_step.exposed_comm)},
+              {"step_ms", step_ms_json(r.per_step)}};
 }
 }  // namespace
 
@@ -395,6 +391,7 @@ void Monitor::on_final(const FinalFacts& f) {
   }
   report_.ranks = f.ranks;
   report_.straggler = f.ranks.size() > 1 ? straggler_text(f.ranks, f.straggler) : "";
+  report_.straggler_rank = f.straggler.rank;
   out.flush();
   if (!metrics_file_) return;
   Json rss = Json::array();
@@ -411,12 +408,7 @@ void Monitor::on_final(const FinalFacts& f) {
              {"images_per_s", json_number(f.images_per_s)},
              {"startup_s", json_number(f.startup_s)},
              {"peak_rss_mb", std::move(rss)},
-             {"step_ms",
-              {{"data", json_number(1e3 * t.data)},
-               {"forward", json_number(1e3 * t.forward)},
-               {"backward", json_number(1e3 * t.backward)},
-               {"exposed_comm", json_number(1e3 * t.exposed_comm)},
-               {"optimizer", json_number(1e3 * t.optimizer)}}},
+             {"step_ms", step_ms_json(t)},
              {"reduced_bytes_per_step", json_number(t.reduced_bytes)},
              {"buckets", setup_.buckets},
              {"skipped_steps", f.skipped_steps},

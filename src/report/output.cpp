@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdarg>
 #include <cstring>
 #include <utility>
@@ -188,6 +189,12 @@ void OutputFile::discard() {
   if (owned_) file_ = nullptr;
   if (!tmp_.empty()) ::unlink(tmp_.c_str());
   tmp_.clear();
+}
+
+std::string fmt(const char* format, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, format, v);
+  return b;
 }
 
 }  // namespace mnist_mpi

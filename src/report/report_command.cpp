@@ -20,12 +20,6 @@ const char* kUsage =
     "  draws one or several runs' metrics files (written with --metrics-file) into one HTML report:\n"
     "  one run as the training-time --report draws it, several overlaid and labelled by config and options\n";
 
-std::string fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
-}
-
 double number(const Json& j, const char* key) {
   const auto it = j.find(key);
   return it != j.end() && it->is_number() ? it->get<double>() : std::numeric_limits<double>::quiet_NaN();
@@ -165,6 +159,7 @@ LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
       s.others_waited_s = number(*it, "others_waited_s");
     }
     d.straggler = straggler_text(d.ranks, s);
+    d.straggler_rank = s.rank;
   }
   const std::string config = start.value("config", std::string());
   const StepTiming t = step_ms(f);

@@ -123,11 +123,15 @@ void ExactSums::begin_probe() {
 // The exponent e of the largest finite |x| (max|x| < 2^e). A non-finite value has no limit to
 // give: the pass that follows counts it, and the step guard refuses the step.
 void ExactSums::probe_part(std::size_t t, const float* g, std::int64_t n) {
-  float m = 0.0f;
+  // The largest finite magnitude, over the bits as from_fixed_pass takes it (std::fmax is a libm
+  // call per element): NaN and inf, whose bits are those of inf and above, count as 0.
+  constexpr std::uint32_t kInf = 0x7f800000u;
+  std::uint32_t bits = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(g[i]);
-    if (a <= std::numeric_limits<float>::max()) m = std::fmax(m, a);  // false for NaN and inf
+    const std::uint32_t a = std::bit_cast<std::uint32_t>(g[i]) & 0x7fffffffu;
+    bits = std::max(bits, a < kInf ? a : 0u);
   }
+  const float m = std::bit_cast<float>(bits);
   int e = 0;
   if (m > 0.0f) {
     std::frexp(m, &e);

@@ -38,7 +38,6 @@ Step::Step(const StepParts& parts, const StepShape& shape)
       taken_layer_[static_cast<std::size_t>(w.layer)] = 1;
     }
   }
-  sharded_ = p_.reducer->sharded();
   layer_params_.assign(spec.layers.size(), {0, 0});
   for (const ParamTensor& t : spec.params) {
     auto& [begin, size] = layer_params_[static_cast<std::size_t>(t.layer)];
@@ -182,7 +181,7 @@ void Step::body_exact(std::int64_t step, double lr, bool poison, StepTiming& tim
     timing.exposed_comm += p_.reducer->finish();
     if (x.out_of_range() == 0 || x.nonfinite() > 0) {
       const auto c0 = Clock::now();
-      x.to_float(p_.grads->data(), owned_, sharded_ ? &p_.reducer->communicator() : nullptr);
+      x.to_float(p_.grads->data(), owned_, p_.reducer->sharded() ? &p_.reducer->communicator() : nullptr);
       timing.optimizer += seconds(Clock::now() - c0);
       apply(step, lr, backward_end, timing, /*sums_in=*/true);
       return;

@@ -457,7 +457,7 @@ RunResult Trainer::run() {
   grad_comm_->broadcast(std::span<float>(params_->data(), static_cast<std::size_t>(spec_.param_count)), 0);
   check_replicas(first_step);
   monitor_->start(comm_);
-  gather_hosts();
+  start_rank_times();
   clock_ = RunClock{};
   clock_.run = clock_.window = std::chrono::steady_clock::now();
   clock_.warmup = total_steps_ - first_step > kWarmupSteps ? kWarmupSteps : 0;
@@ -483,10 +483,6 @@ RunResult Trainer::run() {
     monitor_->on_step(step, r.timing, r.end);
     rank_window_ += r.timing;
     ++rank_window_steps_;
-    if (step - first_step >= clock_.warmup) {  // the straggler's numbers: steady steps, as the step rate's
-      rank_steady_ += r.timing;
-      ++rank_steady_steps_;
-    }
     if (step - first_step >= clock_.warmup) clock_.sum += r.timing;
     window_n_ += rank_images_;
     const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);
@@ -511,8 +507,8 @@ RunResult Trainer::run() {
     }
   }
   settle_verdicts(end_step - 1);
-  gather_rank_times(end_step - 1);  // the last window (maybe empty): every rank calls it here
   const std::int64_t steady_steps = end_step - first_step - clock_.warmup;  // <= 0: stopped in the warm-up
+  gather_rank_times(end_step - 1, std::max<std::int64_t>(steady_steps, 0));  // the last window (maybe empty)
   if (steady_steps > 0) clock_.end_steady(*backend_);
   boundary_->finish();
   check_replicas(end_step);
@@ -597,11 +593,12 @@ void Trainer::nonfinite_step(std::int64_t bad_step, bool own_loss_bad) {
 // waiting. So each rank sums its phase times (data, forward, backward, exposed communication,
 // optimizer) and at every log line, where the ranks already meet for the training loss, one small
 // gather (12 doubles a rank, into buffers made at start) brings every rank's window to rank 0: the
-// "ranks" metrics event and the report's per-rank charts; and, over the steady steps only (the
-// first 10 left out, as from the step rate: their one-off costs differ from rank to rank), every
-// rank's means over the run and Note [Naming a straggler]. Nothing is added to the steps between log lines; without
-// --log-every the one gather is at the end. Its cost: docs/performance.md#every-ranks-step-times.
-void Trainer::gather_hosts() {
+// "ranks" metrics event and the report's per-rank charts; and each rank's sums over the steady
+// steps so far (clock_.sum, the first 10 left out as from the step rate: their one-off costs
+// differ from rank to rank), for every rank's means over the run and Note [Naming a straggler].
+// Nothing is added to the steps between log lines; without --log-every the one gather is at the
+// end. Its cost: docs/performance.md#every-ranks-step-times.
+void Trainer::start_rank_times() {
   const std::string h = comm_.host();
   std::vector<std::uint8_t> all;
   std::vector<std::int64_t> counts;
@@ -622,16 +619,15 @@ void Trainer::gather_hosts() {
   }
 }
 
-void Trainer::gather_rank_times(std::int64_t step) {
-  const StepTiming &w = rank_window_, &s = rank_steady_;
+void Trainer::gather_rank_times(std::int64_t step, std::int64_t steady_steps) {
+  const StepTiming &w = rank_window_, &s = clock_.sum;
   const double mine[kRankValues] = {w.data, w.forward, w.backward, w.exposed_comm, w.optimizer,
                                     static_cast<double>(rank_window_steps_),
-                                    s.data, s.forward, s.backward, s.exposed_comm, s.optimizer,
-                                    static_cast<double>(rank_steady_steps_)};
+                                    s.data, s.forward, s.backward, s.exposed_comm, s.optimizer};
   comm_.gather(std::span<const double>(mine, kRankValues), std::span<double>(rank_gathered_), 0);
-  const std::int64_t n = rank_window_steps_, steady = rank_steady_steps_;
-  rank_window_ = rank_steady_ = StepTiming{};
-  rank_window_steps_ = rank_steady_steps_ = 0;
+  const std::int64_t n = rank_window_steps_;
+  rank_window_ = StepTiming{};
+  rank_window_steps_ = 0;
   if (!rank0_) return;
   const auto timing = [](const double* g) {
     return StepTiming{.data = g[0], .forward = g[1], .backward = g[2], .exposed_comm = g[3], .optimizer = g[4]};
@@ -639,9 +635,9 @@ void Trainer::gather_rank_times(std::int64_t step) {
   for (std::size_t r = 0; r < rank_sums_.size(); ++r) {
     const double* g = rank_gathered_.data() + kRankValues * r;
     rank_means_[r].per_step = timing(g).mean_over(n);
-    rank_sums_[r].per_step += timing(g + 6);
+    rank_sums_[r].per_step = timing(g + 6);
   }
-  rank_steps_ += steady;
+  rank_steps_ = steady_steps;
   if (n > 0) monitor_->on_ranks(step + 1, rank_means_);
 }
 
@@ -655,7 +651,7 @@ void Trainer::log_training_loss(std::int64_t step, double lr, RunResult& res) {
     const double ips = v[1] / seconds_since(clock_.window);
     monitor_->on_log(step, res.last_train_loss, lr, ips);
   }
-  gather_rank_times(step);
+  gather_rank_times(step, std::max<std::int64_t>(step + 1 - res.first_step - clock_.warmup, 0));
   window_n_ = 0;
   clock_.window = std::chrono::steady_clock::now();
 }

@@ -41,6 +41,7 @@ struct ReportData {
   std::vector<RankPoint> rank_points;  // at every --log-every (Note [Every rank's step times])
   std::vector<RankTimes> ranks;        // every rank's means over the run
   std::string straggler;               // Note [Naming a straggler]'s line ("" with one rank)
+  int straggler_rank = -1;             // the rank it names, -1: none
 };
 
 std::string report_json(const ReportData& data);

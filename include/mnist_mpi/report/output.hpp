@@ -39,6 +39,9 @@ namespace mnist_mpi {
 // training goes on without it, and the run will exit with code 7".
 void report_lost_output(const std::string& what, const std::string& path, const std::string& error);
 
+// One number as printf's `format` writes it ("%.2f"), for the summary lines and the reports.
+std::string fmt(const char* format, double v);
+
 class OutputFile {
  public:
   // kStream: PATH itself, written as the run goes (metrics, TensorBoard). kReplace: written whole

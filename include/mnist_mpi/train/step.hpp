@@ -103,7 +103,6 @@ class Step {
   std::function<void(int)> on_layer_done_;  // made once: finishes a layer's gradient, starts buckets
   bool exact_first_chunk_ = false;          // --exact-sums: the pass's first chunk assigns the integers
   std::vector<ParamRange> owned_;           // the reducer's owned ranges: the sums this rank receives
-  bool sharded_ = false;                    // they are shards
   std::vector<char> taken_layer_;           // --exact-sums: layers whose kernel hands its weight gradient over
   std::int64_t order_epoch_ = -1;           // the epoch whose order p_.data holds
   std::unique_ptr<StepGraph> graph_;        // --cuda-graph: the step, captured at its second run

@@ -126,8 +126,9 @@ class Trainer final : private CheckpointSource {
   void nonfinite_step(std::int64_t bad_step, bool own_loss_bad);
   void log_training_loss(std::int64_t step, double lr, RunResult& res);
   // Note [Every rank's step times]: this rank's phase times since the last call, to rank 0.
-  void gather_rank_times(std::int64_t step);
-  void gather_hosts();
+  // steady_steps: the steps in clock_.sum (past the warm-up) up to `step`.
+  void gather_rank_times(std::int64_t step, std::int64_t steady_steps);
+  void start_rank_times();  // every rank's host to rank 0, and rank 0's buffers
   std::int64_t eval_batches(const Split& split) const;
   LossStats evaluate_batches(const Split& split, std::int64_t first, std::int64_t n);
   // --exact-sums: the split's loss from every rank's batch losses, and the correct count.
@@ -184,9 +185,9 @@ class Trainer final : private CheckpointSource {
   std::unique_ptr<Monitor> monitor_;           // progress, metrics file, TensorBoard, timeline, report (src/report/)
   // Note [Every rank's step times]: this rank's sums since the last gather; on rank 0 every
   // rank's gathered window (6 values a rank), its means, and the sums over the run.
-  static constexpr std::size_t kRankValues = 12;  // the window's 5 phases and steps, then the steady ones'
-  StepTiming rank_window_, rank_steady_;
-  std::int64_t rank_window_steps_ = 0, rank_steady_steps_ = 0, rank_steps_ = 0;
+  static constexpr std::size_t kRankValues = 11;  // the window's 5 phases and steps, then clock_.sum's 5
+  StepTiming rank_window_;
+  std::int64_t rank_window_steps_ = 0, rank_steps_ = 0;  // rank_steps_: the steps in rank_sums_
   std::vector<double> rank_gathered_;
   std::vector<RankTimes> rank_means_, rank_sums_;
   Timeline* timeline_ = nullptr;               // null unless --timeline: then every step records spans

@@ -579,6 +579,18 @@ namespace {
 
 bool is_ref(const std::string& impl_name) { return impl_name.rfind("ref", 0) == 0; }
 
+// The forward primitive of convolution l on these memory descriptors (fp32, or bf16 inputs).
+dnnl::convolution_forward::primitive_desc conv_forward_pd(const Context& c, const LayerSpec& l, bool training,
+                                                          const dnnl::memory::desc& src, const dnnl::memory::desc& wei,
+                                                          const dnnl::memory::desc& bia, const dnnl::memory::desc& dst) {
+  return dnnl::convolution_forward::primitive_desc(
+      dnnl::convolution_forward::desc(
+          training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference,
+          dnnl::algorithm::convolution_direct, src, wei, bia, dst, {l.stride, l.stride}, {l.pad_top, l.pad_left},
+          {l.pad_bottom, l.pad_right}),
+      user_scratchpad(), c.engine);
+}
+
 class Conv final : public LayerKernel {
  public:
   // Long on purpose (Note [Why a function is long] in docs/style.md): oneDNN's primitives for the
@@ -600,11 +612,8 @@ class Conv final : public LayerKernel {
     const float* bias = b.w + l.channels * l.in.c * l.kernel_h * l.kernel_w;
     const dnnl::memory user_w = wrap(c, wei, tag::oihw, b.w);
 
-    dnnl::convolution_forward::primitive_desc fwd(
-        dnnl::convolution_forward::desc(
-            training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference,
-            dnnl::algorithm::convolution_direct, src_md, wei_any, bia_md, dst_md, strides, pad_l, pad_r),
-        user_scratchpad(), c.engine);
+    const dnnl::convolution_forward::primitive_desc fwd =
+        conv_forward_pd(c, l, training, src_md, wei_any, bia_md, dst_md);
     desc_ = "conv fwd " + impl(fwd);
     if (c.fuse.conv_pool_forward && first_conv_pool_fits(l, b.x_layout, b.y_layout)) {
       // Note [The first convolution and its pool in one pass]: a pool after it may take it.
@@ -750,11 +759,8 @@ class Conv final : public LayerKernel {
         dst_f(dst, dt::f32, dst_tag), dst_bf(dst, dt::bf16, dst_tag);
     const float* bias = b.w + l.channels * l.in.c * l.kernel_h * l.kernel_w;
     const dnnl::memory user_w = wrap(c_, wei, tag::oihw, b.w);
-    dnnl::convolution_forward::primitive_desc fwd(
-        dnnl::convolution_forward::desc(
-            training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference,
-            dnnl::algorithm::convolution_direct, src_bf, wei_bf, bia_md, dst_f, strides, pad_l, pad_r),
-        user_scratchpad(), c_.engine);
+    const dnnl::convolution_forward::primitive_desc fwd =
+        conv_forward_pd(c_, l, training, src_bf, wei_bf, bia_md, dst_f);
     desc_ = "bf16 conv fwd " + impl(fwd);
     const dnnl::memory x_bf(src_bf, c_.engine);  // allocated once, here
     x_to_bf16_ = bound_reorder(c_, wrap(c_, src, src_tag, b.x), x_bf);
