@@ -1018,9 +1018,9 @@ TEST(Model, TakenFcWeightGradientIsEachChunksWeightGradient) {
   } sink;
   sink.got.assign(chunks, std::vector<float>(P));
   sink.calls.assign(P, 0);
-  const std::vector<Model::TakenWeight> took = taken.take_weight_gradients(chunks, sink);
-  ASSERT_EQ(took.size(), 2u);  // both fc layers
-  for (const Model::TakenWeight& t : took) ASSERT_EQ(t.size, t.layer == 0 ? 37 * 3000 : 10 * 37);
+  const std::vector<Model::TakenWeight> took = taken.take_weight_gradients(chunks, batch, sink);
+  ASSERT_EQ(took.size(), 2u);  // both fc layers, each its weight and bias
+  for (const Model::TakenWeight& t : took) ASSERT_EQ(t.size, t.layer == 0 ? 37 * 3000 + 37 : 10 * 37 + 10);
   EXPECT_NE(taken.describe().find("weight gradient as integers in tiles of 14 rows"), std::string::npos)
       << taken.describe();
   std::vector<std::vector<float>> want;
@@ -1031,14 +1031,9 @@ TEST(Model, TakenFcWeightGradientIsEachChunksWeightGradient) {
     step_on(plain, *be, x, labels, batch);
     step_on(taken, *be, x, labels, batch);
     want.push_back(plain_grads);
-    for (const Model::TakenWeight& t : took) {
+    for (const Model::TakenWeight& t : took)
       for (std::int64_t i = t.offset; i < t.offset + t.size; ++i)
-        ASSERT_EQ(taken_grads[static_cast<std::size_t>(i)], 7.0f) << "a taken weight's gradient was written";
-      const std::int64_t bias = t.offset + t.size;  // the bias follows its weight
-      for (std::int64_t i = bias; i < bias + (t.layer == 0 ? 37 : 10); ++i)
-        ASSERT_NEAR(taken_grads[static_cast<std::size_t>(i)], plain_grads[static_cast<std::size_t>(i)],
-                    1e-6 + 1e-5 * std::fabs(plain_grads[static_cast<std::size_t>(i)]));
-    }
+        ASSERT_EQ(taken_grads[static_cast<std::size_t>(i)], 7.0f) << "a taken gradient was written";
   }
   for (const Model::TakenWeight& t : took) taken.finish_weight_gradient(t.layer);
   for (const Model::TakenWeight& t : took)
@@ -1053,6 +1048,106 @@ TEST(Model, TakenFcWeightGradientIsEachChunksWeightGradient) {
   const std::vector<std::int32_t> labels{0, 1, 2, 3};
   for (int j = 0; j < chunks; ++j) step_on(taken, *be, x, labels, batch);
   EXPECT_THROW(step_on(taken, *be, x, labels, batch), Error);
+}
+
+// Note [The row-wise tail at the rank's batch] (src/train/step.cpp): head models at batch c, each
+// writing its rows of the tail's input, and the tail at batch k c compute what the whole model
+// computes chunk by chunk at batch c: the logits, the input gradient at the boundary, every chunk's
+// fc weight and bias gradient handed over by the tail, and every chunk's conv gradient from its head.
+// (Bit for bit where the kernels agree, which the step checks at set-up; here to a tolerance.)
+TEST(Model, HeadsAndTailComputeTheWholeModelChunkByChunk) {
+  auto be = make_cpu_backend(1);
+  const ModelSpec spec = parse_model_spec("conv:3x3:16:same,relu,maxpool:2,flatten,fc:12,relu,fc:10", {1, 12, 12}, 10);
+  const int c = 2, k = 3, first = 3;  // the tail: flatten, fc, relu, fc
+  const auto P = static_cast<std::size_t>(spec.param_count);
+  std::vector<float> params(P);
+  init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 42, params.data());
+  std::vector<float> whole_grads(P), part_grads(P);
+  Model whole(spec, c, *be, params.data(), whole_grads.data());
+  Model tail(spec, k * c, *be, params.data(), part_grads.data(), ModelPart{first, -1});
+  const std::int64_t row = spec.layers[first - 1].out.size(), pixels = spec.input.size();
+  std::vector<std::unique_ptr<Model>> heads;
+  for (int j = 0; j < k; ++j)
+    heads.push_back(std::make_unique<Model>(
+        spec, c, *be, params.data(), part_grads.data(),
+        ModelPart{0, first, const_cast<float*>(tail.activation(first)) + j * c * row,
+                  const_cast<float*>(tail.activation_gradient(first)) + j * c * row}));
+  EXPECT_EQ(tail.first_layer(), first);
+  EXPECT_EQ(heads[0]->end_layer(), first);
+  EXPECT_EQ(tail.describe().find("layer 0 "), std::string::npos) << tail.describe();
+  EXPECT_NE(tail.describe().find("layer 6 "), std::string::npos) << tail.describe();
+  struct Recorder final : FixedPointSink {
+    std::map<std::int64_t, std::vector<std::vector<float>>> got;  // per range start: each chunk's values
+    void absorb_range(std::int64_t offset, const float* v, std::int64_t n, bool first_chunk) override {
+      auto& chunks = got[offset];
+      if (first_chunk) chunks.clear();
+      chunks.emplace_back(v, v + n);
+    }
+  } sink;
+  const std::vector<Model::TakenWeight> took = tail.take_weight_gradients(k, c, sink);
+  ASSERT_EQ(took.size(), 2u);
+  const std::vector<float> x = uniform(static_cast<std::size_t>(k * c * pixels), 5);
+  const std::vector<float> dl = uniform(static_cast<std::size_t>(k * c * 10), 6, -0.1f, 0.1f);
+  const auto near = [](float want, float got) { return std::fabs(want - got) <= 1e-6f + 1e-5f * std::fabs(want); };
+  // The whole model, chunk by chunk.
+  std::vector<std::vector<float>> want_grads;
+  std::vector<float> want_logits, want_dboundary;
+  for (int j = 0; j < k; ++j) {
+    const StepContext ctx{true, 3, 0, j * c};
+    std::copy_n(x.data() + j * c * pixels, c * pixels, whole.input());
+    whole.forward(ctx);
+    want_logits.insert(want_logits.end(), whole.logits(), whole.logits() + c * 10);
+    std::copy_n(dl.data() + j * c * 10, c * 10, whole.dlogits());
+    whole.backward(ctx);
+    want_dboundary.insert(want_dboundary.end(), whole.activation_gradient(first),
+                          whole.activation_gradient(first) + c * row);
+    want_grads.push_back(whole_grads);
+  }
+  // Heads per chunk, the tail at k c.
+  for (int j = 0; j < k; ++j) {
+    std::copy_n(x.data() + j * c * pixels, c * pixels, heads[static_cast<std::size_t>(j)]->input());
+    heads[static_cast<std::size_t>(j)]->forward(StepContext{true, 3, 0, j * c});
+  }
+  tail.forward(StepContext{true, 3, 0, 0});
+  for (std::size_t i = 0; i < want_logits.size(); ++i) ASSERT_TRUE(near(want_logits[i], tail.logits()[i])) << i;
+  std::copy(dl.begin(), dl.end(), tail.dlogits());
+  std::fill(part_grads.begin(), part_grads.end(), 7.0f);
+  tail.backward(StepContext{true, 3, 0, 0});
+  for (std::size_t i = 0; i < want_dboundary.size(); ++i)
+    ASSERT_TRUE(near(want_dboundary[i], tail.activation_gradient(first)[i])) << i;
+  for (const Model::TakenWeight& t : took) tail.finish_weight_gradient(t.layer);
+  for (const Model::TakenWeight& t : took) {
+    for (std::int64_t i = t.offset; i < t.offset + t.size; ++i)
+      ASSERT_EQ(part_grads[static_cast<std::size_t>(i)], 7.0f) << "a taken gradient was written";
+    std::int64_t seen = 0;
+    for (const auto& [offset, chunks] : sink.got) {
+      if (offset < t.offset || offset >= t.offset + t.size) continue;
+      ASSERT_EQ(chunks.size(), static_cast<std::size_t>(k)) << "every chunk's values, once";
+      for (std::size_t j = 0; j < chunks.size(); ++j)
+        for (std::size_t i = 0; i < chunks[j].size(); ++i)
+          ASSERT_TRUE(near(want_grads[j][static_cast<std::size_t>(offset) + i], chunks[j][i]))
+              << "chunk " << j << " element " << offset + static_cast<std::int64_t>(i);
+      seen += static_cast<std::int64_t>(chunks[0].size());
+    }
+    EXPECT_EQ(seen, t.size) << "layer " << t.layer << ": its weight and bias";
+  }
+  std::vector<std::int64_t> conv;  // the head's parameters: the conv's weight and bias
+  for (const ParamTensor& t : spec.params)
+    if (t.layer == 0)
+      for (std::int64_t i = t.offset; i < t.offset + t.size; ++i) conv.push_back(i);
+  ASSERT_EQ(conv.size(), 16u * 9 + 16);
+  for (int j = 0; j < k; ++j) {
+    heads[static_cast<std::size_t>(j)]->backward(StepContext{true, 3, 0, j * c});
+    for (const std::int64_t i : conv)
+      ASSERT_TRUE(near(want_grads[static_cast<std::size_t>(j)][static_cast<std::size_t>(i)],
+                       part_grads[static_cast<std::size_t>(i)]))
+          << "chunk " << j << " conv element " << i << ": " << want_grads[static_cast<std::size_t>(j)][static_cast<std::size_t>(i)] << " vs " << part_grads[static_cast<std::size_t>(i)];
+  }
+  // A part short of the end needs its boundary, and may not end after a flatten.
+  EXPECT_THROW(Model(spec, c, *be, params.data(), part_grads.data(), ModelPart{0, first}), Error);
+  std::vector<float> buf(static_cast<std::size_t>(c * row)), dbuf(buf.size());
+  EXPECT_THROW(Model(spec, c, *be, params.data(), part_grads.data(), ModelPart{0, first + 1, buf.data(), dbuf.data()}),
+               Error);
 }
 
 // Note [bf16 on the CPU] (src/backend/cpu/cpu_backend.cpp): the bf16 model's logits and every

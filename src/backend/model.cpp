@@ -10,15 +10,27 @@
 
 namespace mnist_mpi {
 
-Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads)
+Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads, ModelPart part)
     : spec_(spec), batch_(batch), training_(grads != nullptr) {
   const std::size_t L = spec.layers.size();
+  first_ = part.first;
+  end_ = part.end < 0 ? static_cast<int>(L) : part.end;
+  MNIST_CHECK(first_ >= 0 && first_ < end_ && static_cast<std::size_t>(end_) <= L &&
+                  (static_cast<std::size_t>(end_) == L || part.boundary != nullptr) &&
+                  (!training_ || static_cast<std::size_t>(end_) == L || part.dboundary != nullptr),
+              ExitCode::kRuntime, "Model: a part needs layers [first, end) of the spec and, short of the end, its output");
   act_ptr_.assign(L + 1, nullptr);
   dact_ptr_.assign(L + 1, nullptr);
   // Activation i is the input of layer i; flatten's output aliases its input.
-  for (std::size_t i = 0; i <= L; ++i) {
+  for (std::size_t i = static_cast<std::size_t>(first_); i <= static_cast<std::size_t>(end_); ++i) {
     const Shape s = i == 0 ? spec.input : spec.layers[i - 1].out;
-    const bool alias = i > 0 && spec.layers[i - 1].kind == LayerKind::kFlatten;
+    const bool alias = i > static_cast<std::size_t>(first_) && spec.layers[i - 1].kind == LayerKind::kFlatten;
+    if (i == static_cast<std::size_t>(end_) && i < L) {  // another part's input
+      MNIST_CHECK(!alias, ExitCode::kRuntime, "Model: a part may not end after a flatten");
+      act_ptr_[i] = part.boundary;
+      dact_ptr_[i] = training_ ? part.dboundary : nullptr;
+      continue;
+    }
     if (alias) {
       act_ptr_[i] = act_ptr_[i - 1];
       dact_ptr_[i] = dact_ptr_[i - 1];
@@ -45,7 +57,7 @@ Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* pa
   param_offset.assign(L, -1);
   for (const ParamTensor& p : spec.params)
     if (!p.is_bias) param_offset[static_cast<std::size_t>(p.layer)] = p.offset;
-  for (std::size_t i = 0; i < L; ++i) {
+  for (std::size_t i = static_cast<std::size_t>(first_); i < static_cast<std::size_t>(end_); ++i) {
     LayerBuffers b;
     b.batch = batch;
     b.x = act_ptr_[i];
@@ -69,28 +81,32 @@ void Model::forward(const StepContext& ctx) {
 }
 
 void Model::backward(const StepContext& ctx, const std::function<void(int)>& on_layer_done) {
-  for (int i = static_cast<int>(kernels_.size()) - 1; i >= 0; --i) {
-    kernels_[static_cast<std::size_t>(i)]->backward(ctx);
+  for (int i = end_ - 1; i >= first_; --i) {
+    kernels_[static_cast<std::size_t>(i - first_)]->backward(ctx);
     if (on_layer_done) on_layer_done(i);
   }
 }
 
-std::vector<Model::TakenWeight> Model::take_weight_gradients(int chunks, FixedPointSink& sink) {
-  MNIST_CHECK(training_ && chunks >= 1, ExitCode::kRuntime, "take_weight_gradients: a training model and chunks >= 1");
+std::vector<Model::TakenWeight> Model::take_weight_gradients(int chunks, int chunk_rows, FixedPointSink& sink) {
+  MNIST_CHECK(training_ && chunks >= 1 && chunk_rows >= 1 && batch_ % chunk_rows == 0, ExitCode::kRuntime,
+              "take_weight_gradients: a training model, chunks >= 1 and chunks of rows that divide its batch");
   std::vector<TakenWeight> taken;
-  for (std::size_t i = 0; i < kernels_.size(); ++i) {
-    if (weight_offset_[i] < 0) continue;
-    if (const std::int64_t n = kernels_[i]->take_weight_gradient(chunks, weight_offset_[i], sink); n > 0)
-      taken.push_back({static_cast<int>(i), weight_offset_[i], n});
+  for (int i = first_; i < end_; ++i) {
+    const std::int64_t offset = weight_offset_[static_cast<std::size_t>(i)];
+    if (offset < 0) continue;
+    if (const std::int64_t n =
+            kernels_[static_cast<std::size_t>(i - first_)]->take_weight_gradient(chunks, chunk_rows, offset, sink);
+        n > 0)
+      taken.push_back({i, offset, n});
   }
   return taken;
 }
 
 std::string Model::describe() const {
   std::ostringstream os;
-  for (std::size_t i = 0; i < kernels_.size(); ++i)
+  for (std::size_t i = static_cast<std::size_t>(first_); i < static_cast<std::size_t>(end_); ++i)
     os << "  layer " << i << " " << spec_.layers[i].text << " (" << spec_.layers[i].out.c << ","
-       << spec_.layers[i].out.h << "," << spec_.layers[i].out.w << "): " << kernels_[i]->describe() << "\n";
+       << spec_.layers[i].out.h << "," << spec_.layers[i].out.w << "): " << kernels_[i - static_cast<std::size_t>(first_)]->describe() << "\n";
   return os.str();
 }
 

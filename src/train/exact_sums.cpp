@@ -177,13 +177,15 @@ void ExactSums::absorb(const float* grads, std::size_t t, bool first_chunk) {
 }
 
 void ExactSums::take(std::int64_t offset, std::int64_t size) {
+  std::int64_t covered = 0;  // the range must be whole tensors
   for (std::size_t t = 0; t < tensors_.size(); ++t)
-    if (tensors_[t].offset == offset && tensors_[t].size == size) {
+    if (tensors_[t].offset >= offset && tensors_[t].offset + tensors_[t].size <= offset + size) {
       taken_[t] = 1;
-      return;
+      covered += tensors_[t].size;
     }
-  MNIST_CHECK(false, ExitCode::kRuntime,
-              "exact sums: no parameter tensor at " + std::to_string(offset) + " of " + std::to_string(size));
+  MNIST_CHECK(covered == size && size > 0, ExitCode::kRuntime,
+              "exact sums: [" + std::to_string(offset) + ", " + std::to_string(offset + size) +
+                  ") is not a run of whole parameter tensors");
 }
 
 void ExactSums::absorb_range(std::int64_t offset, const float* values, std::int64_t n, bool first) {

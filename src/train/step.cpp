@@ -1,6 +1,8 @@
 // One global step of one rank (include/mnist_mpi/train/step.hpp).
 #include "mnist_mpi/train/step.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "mnist_mpi/check.hpp"
@@ -30,25 +32,34 @@ Step::Step(const StepParts& parts, const StepShape& shape)
   if (shape_.global_batch % (shape_.world * shape_.accumulation) != 0)  // Note [Uneven slices]
     p_.backend->allocate(shape_.batch * spec.num_classes()).swap(zeros_);
   owned_ = p_.reducer->owned();
-  if (p_.exact) {  // Note [A weight gradient written once as integers] in include/mnist_mpi/backend/layer.hpp
-    taken_layer_.assign(spec.layers.size(), 0);
-    for (const Model::TakenWeight& w :
-         p_.model->take_weight_gradients(static_cast<int>(shape_.my_chunks.count), *p_.exact)) {
-      p_.exact->take(w.offset, w.size);
-      taken_layer_[static_cast<std::size_t>(w.layer)] = 1;
-    }
-  }
   layer_params_.assign(spec.layers.size(), {0, 0});
   for (const ParamTensor& t : spec.params) {
     auto& [begin, size] = layer_params_[static_cast<std::size_t>(t.layer)];
     if (size == 0 || t.offset < begin) begin = t.offset;
     size += t.size;
   }
+  if (p_.exact) {  // Note [A weight gradient written once as integers] in include/mnist_mpi/backend/layer.hpp
+    // Note [The row-wise tail at the rank's batch]: the layers from `first` on compute each row alone.
+    int first = static_cast<int>(spec.layers.size());
+    const auto row_wise = [](LayerKind k) {
+      return k == LayerKind::kFc || k == LayerKind::kRelu || k == LayerKind::kDropout || k == LayerKind::kFlatten;
+    };
+    while (first > 0 && row_wise(spec.layers[static_cast<std::size_t>(first - 1)].kind)) --first;
+    exact_plan_ = "every layer chunk by chunk";
+    if (shape_.my_chunks.count > 1 && first < static_cast<int>(spec.layers.size())) try_tail(first);
+    taker_ = tail_ ? tail_.get() : p_.model;
+    taken_layer_.assign(spec.layers.size(), 0);
+    for (const Model::TakenWeight& w : taker_->take_weight_gradients(static_cast<int>(shape_.my_chunks.count),
+                                                                     static_cast<int>(shape_.batch), *p_.exact)) {
+      p_.exact->take(w.offset, w.size);
+      taken_layer_[static_cast<std::size_t>(w.layer)] = 1;
+    }
+  }
   // On the last micro-batch of a step, a layer's gradients become final when the earlier
   // micro-batches' sum is added to them; only then may their bucket start.
   on_layer_done_ = [this](int layer) {
     if (p_.exact) {
-      if (taken_layer_[static_cast<std::size_t>(layer)]) p_.model->finish_weight_gradient(layer);
+      if (taken_layer_[static_cast<std::size_t>(layer)]) taker_->finish_weight_gradient(layer);
       p_.exact->absorb_layer(p_.grads->data(), layer, exact_first_chunk_);
     }
     if (accumulating_) {
@@ -192,6 +203,7 @@ void Step::body_exact(std::int64_t step, double lr, bool poison, StepTiming& tim
 }
 
 Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, LossMeter& loss, StepTiming& timing) {
+  if (tail_) return exact_pass_tail(step, probe, poison, loss, timing);
   ExactSums& x = *p_.exact;
   Timeline* const tl = probe ? nullptr : p_.timeline;
   if (probe)
@@ -210,7 +222,7 @@ Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, L
       x.probe_chunk(p_.grads->data());
       if (last)  // the taken weights, every chunk at once
         for (std::size_t layer = 0; layer < taken_layer_.size(); ++layer)
-          if (taken_layer_[layer]) p_.model->finish_weight_gradient(static_cast<int>(layer));
+          if (taken_layer_[layer]) taker_->finish_weight_gradient(static_cast<int>(layer));
     } else if (last) {
       p_.model->backward(ctx, on_layer_done_);  // absorbs each layer, then starts its buckets
     } else {
@@ -220,6 +232,193 @@ Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, L
     backward_end = Clock::now();
     record_micro(step, j, last, at, backward_end, tl, timing);
   }
+  return backward_end;
+}
+
+// Note [The row-wise tail at the rank's batch]
+// With --exact-sums a rank computes its chunks of c images one after another with kernels of batch
+// c, so that a chunk's gradient is the same bits on whichever rank computes it. That costs most
+// where a layer reads much for few rows: lenet's fc1 at batch 10 reads its 12.8 MB of weights once
+// per chunk, forward and backward (5 chunks on 2 ranks: 3.4 ms of a 30 ms step more than at batch
+// 50). The layers at the end of a model that compute every row on its own (fc, ReLU, dropout,
+// flatten: a row of the output depends on that row of the input only, a row of the input
+// gradient on that row of the output gradient only) may run at the rank's batch k c instead, if
+// their kernels give each row the bits they give it at batch c. That is a property of the kernels
+// oneDNN picks for the two batch sizes (the order of each row's sums), not of the values, so the
+// step checks it at set-up instead of assuming it (try_tail): on the same random images and output
+// gradients it runs the model chunk by chunk at batch c (p_.model) and the new way, and compares
+// bit for bit every activation and activation gradient of the tail, the heads' outputs, and every
+// chunk's gradient of the head's parameters. An order of summation does not depend on the data, so
+// the same bits on random data are the same bits on any data. Then a pass is:
+//   - the head (the layers before the tail) chunk by chunk at batch c, one head model per chunk,
+//     each writing its rows of the tail's input;
+//   - the tail once at batch k c: forward, loss, backward. Its fc kernels keep each chunk's rows
+//     and hand each chunk's weight and bias gradient to the integers in tiles, as chunk by chunk;
+//   - the heads' backward, chunk by chunk, each chunk's gradient into the integers.
+// Every chunk's gradient is the bits it was chunk by chunk (the exact runs' params_hash did not
+// move), and the integers make the order of the chunks irrelevant. Where any bit differs the step
+// stays chunk by chunk, and the banner says which.
+void Step::try_tail(int first) {
+  const ModelSpec& spec = p_.model->spec();
+  const int c = static_cast<int>(shape_.batch), k = static_cast<int>(shape_.my_chunks.count);
+  Backend& be = *p_.backend;
+  tail_ = std::make_unique<Model>(spec, k * c, be, p_.params->data(), p_.grads->data(), ModelPart{first, -1});
+  const std::int64_t row = first == 0 ? spec.input.size() : spec.layers[static_cast<std::size_t>(first - 1)].out.size();
+  if (first > 0)
+    for (int j = 0; j < k; ++j) {
+      const std::int64_t at = static_cast<std::int64_t>(j) * c * row;
+      heads_.push_back(std::make_unique<Model>(
+          spec, c, be, p_.params->data(), p_.grads->data(),
+          ModelPart{0, first, const_cast<float*>(tail_->activation(first)) + at,
+                    const_cast<float*>(tail_->activation_gradient(first)) + at}));
+    }
+  tail_labels_.assign(static_cast<std::size_t>(k) * static_cast<std::size_t>(c), 0);
+  const std::string layers = "layers " + std::to_string(first) + "-" + std::to_string(spec.layers.size() - 1);
+  if (tail_matches_chunks(first)) {
+    exact_plan_ = layers + " at the rank's batch of " + std::to_string(k * c) + ", the layers before chunk by chunk (" +
+                  "checked at start-up: each chunk's rows the bits of batch " + std::to_string(c) + ")";
+    return;
+  }
+  exact_plan_ = "every layer chunk by chunk (" + layers + " at batch " + std::to_string(k * c) +
+                " gave rows other bits than at batch " + std::to_string(c) + ")";
+  heads_.clear();
+  tail_.reset();
+}
+
+float* Step::chunk_input(std::int64_t j) {
+  if (!heads_.empty()) return heads_[static_cast<std::size_t>(j)]->input();
+  const std::int64_t pixels = p_.model->spec().input.size();
+  return tail_->input() + j * shape_.batch * pixels;
+}
+
+bool Step::tail_matches_chunks(int first) {
+  const ModelSpec& spec = p_.model->spec();
+  const std::int64_t c = shape_.batch, k = shape_.my_chunks.count, L = static_cast<std::int64_t>(spec.layers.size());
+  const auto row_size = [&](std::int64_t i) {
+    return i == 0 ? spec.input.size() : spec.layers[static_cast<std::size_t>(i - 1)].out.size();
+  };
+  std::uint64_t state = 0x9e3779b97f4a7c15ull;  // the same random values on every rank
+  const auto uniform = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(state >> 40) / 16777216.0f;
+  };
+  std::vector<float> images(static_cast<std::size_t>(k * c * spec.input.size()));
+  for (float& v : images) v = uniform();
+  std::vector<float> dlogits(static_cast<std::size_t>(k * c * spec.num_classes()));
+  for (float& v : dlogits) v = (uniform() - 0.5f) * 0.02f;
+  const auto ctx = [&](std::int64_t j) { return StepContext{true, shape_.seed, 0, j * c}; };
+  // The head's parameters: layers [0, first).
+  std::vector<std::pair<std::int64_t, std::int64_t>> head;
+  for (std::int64_t i = 0; i < first; ++i)
+    if (layer_params_[static_cast<std::size_t>(i)].second > 0) head.push_back(layer_params_[static_cast<std::size_t>(i)]);
+  const float* grads = p_.grads->data();
+  const auto head_grads = [&] {
+    std::vector<float> g;
+    for (const auto& [begin, size] : head) g.insert(g.end(), grads + begin, grads + begin + size);
+    return g;
+  };
+  // Chunk by chunk at batch c: what every activation (i in [first, L]) and gradient must be.
+  Model& ref = *p_.model;
+  std::vector<std::vector<float>> act(static_cast<std::size_t>(L + 1)), dact(static_cast<std::size_t>(L + 1));
+  std::vector<std::vector<float>> head_want;
+  for (std::int64_t j = 0; j < k; ++j) {
+    std::copy_n(images.data() + j * c * spec.input.size(), c * spec.input.size(), ref.input());
+    ref.forward(ctx(j));
+    std::copy_n(dlogits.data() + j * c * spec.num_classes(), c * spec.num_classes(), ref.dlogits());
+    for (std::int64_t i = first; i <= L; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      act[u].insert(act[u].end(), ref.activation(static_cast<int>(i)), ref.activation(static_cast<int>(i)) + c * row_size(i));
+    }
+    ref.backward(ctx(j));
+    for (std::int64_t i = first; i <= L; ++i)
+      if (const float* d = ref.activation_gradient(static_cast<int>(i)))
+        dact[static_cast<std::size_t>(i)].insert(dact[static_cast<std::size_t>(i)].end(), d, d + c * row_size(i));
+    head_want.push_back(head_grads());
+  }
+  // The head per chunk, the tail at batch k c.
+  for (std::int64_t j = 0; j < k; ++j) {
+    std::copy_n(images.data() + j * c * spec.input.size(), c * spec.input.size(), chunk_input(j));
+    if (!heads_.empty()) heads_[static_cast<std::size_t>(j)]->forward(ctx(j));
+  }
+  tail_->forward(ctx(0));
+  std::copy(dlogits.begin(), dlogits.end(), tail_->dlogits());
+  tail_->backward(ctx(0));
+  const auto same = [](const std::vector<float>& want, const float* got) {
+    return std::memcmp(want.data(), got, want.size() * sizeof(float)) == 0;
+  };
+  bool ok = true;
+  for (std::int64_t i = first; i <= L; ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    ok = ok && same(act[u], tail_->activation(static_cast<int>(i)));
+    if (!dact[u].empty()) ok = ok && tail_->activation_gradient(static_cast<int>(i)) != nullptr &&
+                                same(dact[u], tail_->activation_gradient(static_cast<int>(i)));
+  }
+  for (std::int64_t j = 0; ok && j < static_cast<std::int64_t>(heads_.size()); ++j) {
+    heads_[static_cast<std::size_t>(j)]->backward(ctx(j));
+    ok = same(head_want[static_cast<std::size_t>(j)], head_grads().data());
+  }
+  return ok;
+}
+
+// exact_pass with the tail at the rank's batch (Note [The row-wise tail at the rank's batch]).
+Clock::time_point Step::exact_pass_tail(std::int64_t step, bool probe, bool poison, LossMeter& loss,
+                                        StepTiming& timing) {
+  ExactSums& x = *p_.exact;
+  Timeline* const tl = probe ? nullptr : p_.timeline;
+  if (probe)
+    x.begin_probe();
+  else
+    x.begin_pass();
+  const ModelSpec& spec = p_.model->spec();
+  const std::int64_t c = shape_.batch, k = shape_.my_chunks.count;
+  MicroTimes at;
+  at.start = Clock::now();
+  std::int64_t first_sample = 0;
+  for (std::int64_t j = 0; j < k; ++j) {
+    const Slice slice = p_.sampler->slice(step, shape_.my_chunks.first + j, shape_.chunks);  // c images
+    MNIST_CHECK(slice.count == c, ExitCode::kRuntime, "exact sums: a chunk shorter than its size");
+    if (j == 0) first_sample = slice.first;
+    p_.data->gather(slice.position, c, chunk_input(j));
+    std::copy_n(p_.data->labels(), c, tail_labels_.data() + j * c);
+  }
+  at.data = Clock::now();
+  for (std::int64_t j = 0; j < static_cast<std::int64_t>(heads_.size()); ++j)
+    heads_[static_cast<std::size_t>(j)]->forward(StepContext{true, shape_.seed, step, first_sample + j * c});
+  const StepContext ctx{true, shape_.seed, step, first_sample};
+  tail_->forward(ctx);
+  p_.backend->softmax_cross_entropy(tail_->logits(), tail_labels_.data(), static_cast<int>(k * c), spec.num_classes(),
+                                    tail_->dlogits(), grad_scale_, loss);
+  p_.guard->after_loss(loss, tail_->dlogits(), poison);
+  at.loss = Clock::now();
+  if (tl) tl->backward_starts(at.loss, step);
+  const bool heads = !heads_.empty();
+  exact_first_chunk_ = true;
+  if (probe) {
+    tail_->backward(ctx);
+    for (std::size_t layer = 0; layer < taken_layer_.size(); ++layer)
+      if (taken_layer_[layer]) tail_->finish_weight_gradient(static_cast<int>(layer));
+  } else {
+    // The tail's layers are done for every chunk (their weights taken, the rest without
+    // parameters): their buckets may start. Without heads the last one is layer 0.
+    tail_->backward(ctx, on_layer_done_);
+  }
+  for (std::int64_t j = 0; heads && j < k; ++j) {
+    const bool last = j + 1 == k;
+    const StepContext cj{true, shape_.seed, step, first_sample + j * c};
+    exact_first_chunk_ = j == 0;
+    Model& head = *heads_[static_cast<std::size_t>(j)];
+    if (probe) {
+      head.backward(cj);
+      x.probe_chunk(p_.grads->data());
+    } else if (last) {
+      head.backward(cj, on_layer_done_);
+    } else {
+      head.backward(cj);
+      x.absorb_all(p_.grads->data(), exact_first_chunk_);
+    }
+  }
+  const Clock::time_point backward_end = Clock::now();
+  record_micro(step, 0, true, at, backward_end, tl, timing);
   return backward_end;
 }
 

@@ -69,12 +69,13 @@ class LayerKernel {
   // Writes dx (when bound) and this layer's parameter gradients (overwritten, not accumulated).
   virtual void backward(const StepContext& ctx) = 0;
   // --exact-sums (Note [A weight gradient written once as integers]): the kernel may take its
-  // weight's gradient over for up to `chunks` backward calls between finishes; it returns how many
-  // elements it took (0: none, the default). From then on backward() leaves the weight's part of
-  // dw unwritten (the bias's it still writes), and finish_weight_gradient() hands the weight
-  // gradient of every backward since the last finish to the sink, at weight_offset of the flat
-  // buffer, in order of those calls (the first with first = true).
-  virtual std::int64_t take_weight_gradient(int /*chunks*/, std::int64_t /*weight_offset*/, FixedPointSink& /*sink*/) {
+  // parameters' gradients over for up to `chunks` chunks of chunk_rows rows between finishes (a
+  // backward call holds batch / chunk_rows of them); it returns how many elements it took from
+  // weight_offset of the flat buffer on (its weight, then its bias; 0: none, the default). From
+  // then on backward() leaves them unwritten in dw, and finish_weight_gradient() hands every
+  // chunk's since the last finish to the sink, in chunk order (the first with first = true).
+  virtual std::int64_t take_weight_gradient(int /*chunks*/, int /*chunk_rows*/, std::int64_t /*weight_offset*/,
+                                            FixedPointSink& /*sink*/) {
     return 0;
   }
   virtual void finish_weight_gradient() {}

@@ -13,17 +13,32 @@
 
 namespace mnist_mpi {
 
+// A part of a model: its layers [first, end) (end -1: to the last layer). A part that stops
+// before the last layer writes its output into `boundary`, and reads that output's gradient from
+// `dboundary`: buffers of another part, `batch` rows (Note [The row-wise tail at the rank's batch]
+// in src/train/step.cpp).
+struct ModelPart {
+  int first = 0, end = -1;
+  float* boundary = nullptr;
+  float* dboundary = nullptr;
+};
+
 class Model {
  public:
   // params / grads: flat buffers of spec.param_count elements; grads is null for inference.
-  Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads);
+  Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads, ModelPart part = {});
 
   const ModelSpec& spec() const { return spec_; }
   int batch() const { return batch_; }
-  float* input() { return act_ptr_.front(); }              // (N, C, H, W)
+  float* input() { return act_ptr_.at(static_cast<std::size_t>(first_)); }  // (N, C, H, W) of the first layer
   const float* logits() const { return act_ptr_.back(); }  // (N, classes)
   float* dlogits() { return dact_ptr_.back(); }            // (N, classes)
   bool training() const { return training_; }
+  int first_layer() const { return first_; }
+  int end_layer() const { return end_; }
+  // The input of layer i (i == end_layer(): the part's output) and its gradient, for comparisons.
+  const float* activation(int i) const { return act_ptr_.at(static_cast<std::size_t>(i)); }
+  const float* activation_gradient(int i) const { return dact_ptr_.at(static_cast<std::size_t>(i)); }
 
   void forward(const StepContext& ctx);
   // Runs backward from dlogits() down to the first layer. on_layer_done(i) is called as soon as
@@ -38,17 +53,19 @@ class Model {
     int layer = 0;
     std::int64_t offset = 0, size = 0;
   };
-  std::vector<TakenWeight> take_weight_gradients(int chunks, FixedPointSink& sink);
+  // Each backward call holds batch() / chunk_rows chunks.
+  std::vector<TakenWeight> take_weight_gradients(int chunks, int chunk_rows, FixedPointSink& sink);
   // Hands layer's taken weight gradient of every chunk since the last call to the sink.
-  void finish_weight_gradient(int layer) { kernels_.at(static_cast<std::size_t>(layer))->finish_weight_gradient(); }
+  void finish_weight_gradient(int layer) { kernels_.at(static_cast<std::size_t>(layer - first_))->finish_weight_gradient(); }
 
  private:
   const ModelSpec& spec_;
   int batch_;
   bool training_;
+  int first_ = 0, end_ = 0;  // the layers built: [first_, end_)
   std::vector<std::unique_ptr<Buffer>> acts_, dacts_;  // acts_[i]: input of layer i; back(): logits
   std::vector<float*> act_ptr_, dact_ptr_;
-  std::vector<std::unique_ptr<LayerKernel>> kernels_;
+  std::vector<std::unique_ptr<LayerKernel>> kernels_;  // kernels_[i - first_]: layer i's
   std::vector<std::int64_t> weight_offset_;  // per layer: its weight's flat offset, -1 without
 };
 

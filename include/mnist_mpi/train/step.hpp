@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -68,6 +69,8 @@ class Step {
   // as non-finite (MNIST_MPI_FAULT=RANK:STEP:nan).
   StepResult run(std::int64_t step, double lr, bool poison);
   std::int64_t graph_replays() const { return replays_; }  // --cuda-graph: steps run as the captured graph
+  // --exact-sums: how this rank's chunks run (Note [The row-wise tail at the rank's batch]), for the banner.
+  const std::string& exact_plan() const { return exact_plan_; }
 
  private:
   // The step's work, queued (or, inside a graph capture, recorded); adds host times to `timing`.
@@ -92,6 +95,14 @@ class Step {
   // returns when backward of the last chunk ended.
   std::chrono::steady_clock::time_point exact_pass(std::int64_t step, bool probe, bool poison, LossMeter& loss,
                                                    StepTiming& timing);
+  // The same pass with the row-wise tail at the rank's batch (Note [The row-wise tail at the rank's batch]).
+  std::chrono::steady_clock::time_point exact_pass_tail(std::int64_t step, bool probe, bool poison, LossMeter& loss,
+                                                        StepTiming& timing);
+  // Builds the head and tail models from layer `first` on, and keeps them only if the tail at the
+  // rank's batch and the heads give the chunk-by-chunk model's bits on random data.
+  void try_tail(int first);
+  bool tail_matches_chunks(int first);
+  float* chunk_input(std::int64_t j);  // where chunk j's images go
 
   StepParts p_;
   StepShape shape_;
@@ -104,6 +115,11 @@ class Step {
   bool exact_first_chunk_ = false;          // --exact-sums: the pass's first chunk assigns the integers
   std::vector<ParamRange> owned_;           // the reducer's owned ranges: the sums this rank receives
   std::vector<char> taken_layer_;           // --exact-sums: layers whose kernel hands its weight gradient over
+  Model* taker_ = nullptr;                  // --exact-sums: the model whose kernels took them (the tail, or p_.model)
+  std::vector<std::unique_ptr<Model>> heads_;  // --exact-sums with a tail: chunk j's layers before the tail
+  std::unique_ptr<Model> tail_;                // --exact-sums: the row-wise tail at the rank's batch, if it agrees
+  std::vector<std::int32_t> tail_labels_;      // the rank's chunks' labels, in chunk order
+  std::string exact_plan_;
   std::int64_t order_epoch_ = -1;           // the epoch whose order p_.data holds
   std::unique_ptr<StepGraph> graph_;        // --cuda-graph: the step, captured at its second run
   std::int64_t runs_ = 0;                   // steps run by this Step

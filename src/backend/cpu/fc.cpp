@@ -76,25 +76,29 @@ class Fc final : public BoundLayer {
   }
 
   // Note [A weight gradient written once as integers] in include/mnist_mpi/backend/layer.hpp. A
-  // chunk's weight gradient is dy^T x (O x N times N x I); each chunk's x and dy^T are kept, and
+  // chunk's weight gradient is dy^T x (O x c times c x I); each chunk's x and dy^T are kept, and
   // finish_weight_gradient() computes it in tiles of rows_ rows of W, every chunk's tile in turn:
-  // the tile (rows_ x I floats) and the integers it goes into (twice its bytes) stay in L2.
-  std::int64_t take_weight_gradient(int chunks, std::int64_t weight_offset, FixedPointSink& sink) override {
-    MNIST_CHECK(dw_ != nullptr && chunks >= 1 && !x_to_bf16_, ExitCode::kRuntime,
-                "fc: a weight gradient to take over (fp32 only)");
+  // the tile (rows_ x I floats) and the integers it goes into (twice its bytes) stay in L2. The
+  // bias's gradient of a chunk (the sum over its rows, in row order) is kept too and handed over
+  // after the weight's.
+  std::int64_t take_weight_gradient(int chunks, int chunk_rows, std::int64_t weight_offset,
+                                    FixedPointSink& sink) override {
+    MNIST_CHECK(dw_ != nullptr && chunks >= 1 && chunk_rows >= 1 && batch_ % chunk_rows == 0 && !x_to_bf16_,
+                ExitCode::kRuntime, "fc: a weight gradient to take over (fp32, chunks that divide the batch)");
     sink_ = &sink;
     weight_offset_ = weight_offset;
     chunks_ = chunks;
+    chunk_rows_ = chunk_rows;
     taken_ = 0;
-    stash_x_.assign(static_cast<std::size_t>(chunks * batch_ * in_), 0.0f);
-    stash_dyt_.assign(static_cast<std::size_t>(chunks * out_ * batch_), 0.0f);
+    stash_x_.assign(static_cast<std::size_t>(chunks * chunk_rows_ * in_), 0.0f);
+    stash_dyt_.assign(static_cast<std::size_t>(chunks * out_ * chunk_rows_), 0.0f);
+    stash_db_.assign(static_cast<std::size_t>(chunks * out_), 0.0f);
     rows_ = std::clamp<std::int64_t>(kTileBytes / (in_ * 12), 1, out_);
     tile_.assign(static_cast<std::size_t>(rows_ * in_), 0.0f);
     full_ = tile_matmul(rows_);
     if (out_ % rows_ != 0) rest_ = tile_matmul(out_ % rows_);
-    desc_ += ", weight gradient as integers in tiles of " + std::to_string(rows_) + " rows (" +
-             impl_of_tile_ + ")";
-    return out_ * in_;
+    desc_ += ", weight gradient as integers in tiles of " + std::to_string(rows_) + " rows (" + impl_of_tile_ + ")";
+    return out_ * in_ + out_;
   }
 
   void forward(const StepContext& ctx) override {
@@ -115,21 +119,25 @@ class Fc final : public BoundLayer {
     }
     if (sink_ == nullptr) return BoundLayer::backward(ctx);
     if (bwd_data_) bwd_data_->run(c_);
-    MNIST_CHECK(taken_ < chunks_, ExitCode::kRuntime, "fc: more chunks than were taken over since the last finish");
-    std::copy(x_, x_ + batch_ * in_, stash_x_.data() + taken_ * batch_ * in_);
-    // dy^T for the tiles, and the bias gradient (the sum over the chunk's rows, in row order).
-    float* dyt = stash_dyt_.data() + taken_ * out_ * batch_;
-    float* db = dw_ + out_ * in_;
-    for (std::int64_t o = 0; o < out_; ++o) {
-      float sum = 0.0f;
-      for (std::int64_t n = 0; n < batch_; ++n) {
-        const float v = dy_[n * out_ + o];
-        dyt[o * batch_ + n] = v;
-        sum += v;
+    const std::int64_t here = batch_ / chunk_rows_;  // chunks in this call
+    MNIST_CHECK(taken_ + here <= chunks_, ExitCode::kRuntime, "fc: more chunks than were taken over since the last finish");
+    std::copy(x_, x_ + batch_ * in_, stash_x_.data() + taken_ * chunk_rows_ * in_);
+    // Per chunk dy^T for the tiles, and the bias gradient (the sum over the chunk's rows, in row order).
+    for (std::int64_t q = 0; q < here; ++q) {
+      const float* dy = dy_ + q * chunk_rows_ * out_;
+      float* dyt = stash_dyt_.data() + (taken_ + q) * out_ * chunk_rows_;
+      float* db = stash_db_.data() + (taken_ + q) * out_;
+      for (std::int64_t o = 0; o < out_; ++o) {
+        float sum = 0.0f;
+        for (std::int64_t n = 0; n < chunk_rows_; ++n) {
+          const float v = dy[n * out_ + o];
+          dyt[o * chunk_rows_ + n] = v;
+          sum += v;
+        }
+        db[o] = sum;
       }
-      db[o] = sum;
     }
-    ++taken_;
+    taken_ += here;
   }
 
   void finish_weight_gradient() override {
@@ -138,12 +146,14 @@ class Fc final : public BoundLayer {
       const std::int64_t rows = std::min(rows_, out_ - o0);
       Bound& mm = rows == rows_ ? *full_ : *rest_;
       for (std::int64_t j = 0; j < taken_; ++j) {
-        mm.args.at(DNNL_ARG_SRC).set_data_handle(stash_dyt_.data() + j * out_ * batch_ + o0 * batch_);
-        mm.args.at(DNNL_ARG_WEIGHTS).set_data_handle(stash_x_.data() + j * batch_ * in_);
+        mm.args.at(DNNL_ARG_SRC).set_data_handle(stash_dyt_.data() + j * out_ * chunk_rows_ + o0 * chunk_rows_);
+        mm.args.at(DNNL_ARG_WEIGHTS).set_data_handle(stash_x_.data() + j * chunk_rows_ * in_);
         mm.run(c_);
         sink_->absorb_range(weight_offset_ + o0 * in_, tile_.data(), rows * in_, j == 0);
       }
     }
+    for (std::int64_t j = 0; j < taken_; ++j)
+      sink_->absorb_range(weight_offset_ + out_ * in_, stash_db_.data() + j * out_, out_, j == 0);
     taken_ = 0;
   }
 
@@ -207,7 +217,7 @@ class Fc final : public BoundLayer {
 
   // (rows x N) times (N x I) into the tile; the operands' pointers are set per call.
   Bound tile_matmul(std::int64_t rows) {
-    const dnnl::memory::desc a({rows, batch_}, dt::f32, tag::ab), b({batch_, in_}, dt::f32, tag::ab),
+    const dnnl::memory::desc a({rows, chunk_rows_}, dt::f32, tag::ab), b({chunk_rows_, in_}, dt::f32, tag::ab),
         y({rows, in_}, dt::f32, tag::ab);
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, y), user_scratchpad(), c_.engine);
     impl_of_tile_ = impl(pd);
@@ -223,8 +233,8 @@ class Fc final : public BoundLayer {
   float* dw_;
   // --exact-sums, once the weight gradient is taken over
   FixedPointSink* sink_ = nullptr;
-  std::int64_t weight_offset_ = 0, chunks_ = 0, taken_ = 0, rows_ = 0;
-  std::vector<float> stash_x_, stash_dyt_, tile_;  // (chunks, N, I), (chunks, O, N), (rows_, I)
+  std::int64_t weight_offset_ = 0, chunks_ = 0, chunk_rows_ = 0, taken_ = 0, rows_ = 0;
+  std::vector<float> stash_x_, stash_dyt_, stash_db_, tile_;  // (chunks, c, I), (chunks, O, c), (chunks, O), (rows_, I)
   std::optional<Bound> full_, rest_;                // tiles of rows_ rows, and the last, shorter one
   std::string impl_of_tile_;
 };
