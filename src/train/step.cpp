@@ -2,6 +2,7 @@
 #include "mnist_mpi/train/step.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -274,9 +275,13 @@ void Step::try_tail(int first) {
     }
   tail_labels_.assign(static_cast<std::size_t>(k) * static_cast<std::size_t>(c), 0);
   const std::string layers = "layers " + std::to_string(first) + "-" + std::to_string(spec.layers.size() - 1);
-  if (tail_matches_chunks(first)) {
+  const auto t0 = Clock::now();
+  const bool same = tail_matches_chunks(first);
+  char took[32];
+  std::snprintf(took, sizeof took, "%.2f s", seconds(Clock::now() - t0));
+  if (same) {
     exact_plan_ = layers + " at the rank's batch of " + std::to_string(k * c) + ", the layers before chunk by chunk (" +
-                  "checked at start-up: each chunk's rows the bits of batch " + std::to_string(c) + ")";
+                  "checked at start-up in " + took + ": each chunk's rows the bits of batch " + std::to_string(c) + ")";
     return;
   }
   exact_plan_ = "every layer chunk by chunk (" + layers + " at batch " + std::to_string(k * c) +
