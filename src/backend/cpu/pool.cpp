@@ -6,6 +6,8 @@
 #include <limits>
 #include <vector>
 
+#include <omp.h>
+
 #include "mnist_mpi/check.hpp"
 #include "src/backend/cpu/kernels.hpp"
 
@@ -45,6 +47,7 @@ struct PoolShape {
   std::int64_t in_sample, out_sample;
   bool y_blocked;
   bool relu;  // each window's max starts at relu(first): Note [A ReLU taken over by its max pool]
+  bool arg_blocked = false;  // y plain, the argmax kept in x's blocked order (Note [A 2 x 2 pool's gradient in one pass])
 };
 
 // Sample n: x blocked (N, C/B, H, W, B); y blocked the same way or plain; arg (may be null) as in
@@ -96,7 +99,12 @@ template <int B, int K>
           for (int c = 0; c < B; ++c) {
             const std::int64_t o = (static_cast<std::int64_t>(cb * B + c) * oh + i) * ow + j;
             y[o] = best[c];
-            if (arg) arg[o] = static_cast<std::int32_t>(base + best_at[c]);
+            if (arg && !p.arg_blocked) arg[o] = static_cast<std::int32_t>(base + best_at[c]);
+          }
+          if (arg && p.arg_blocked) {
+            const std::int64_t o = (static_cast<std::int64_t>(cb) * oh * ow + i * ow + j) * B;
+#pragma omp simd
+            for (int c = 0; c < B; ++c) arg[o + c] = static_cast<std::int32_t>(base + best_at[c]);
           }
         }
       }
@@ -130,11 +138,13 @@ void pool_forward_blocked16(const PoolShape& p, std::int64_t n, const float* x, 
 // in one pass, dy (masked by the ReLU it took over) at the argmax and 0 at the other three,
 // instead of zeroing all of dx and then scattering dy into it. The argmax's element is written as
 // 0.0f + dy, the very addition the scatter made (a -0 still becomes +0), so the bits are the same:
-// BlockedLayouts.PoolGradientInOnePassIsBitwiseTheSame. Only where y has x's layout (blocked by
-// B, or both plain): the B lanes of a block then read dy, y and the argmax contiguously. A pool that
-// turns blocked into plain (lenet's second) keeps the scatter: read across channels, one pass took
-// 2.1 ms where the scatter took 1.2 (lenet, batch 100, one thread). lenet's first pool: 1.42 ->
-// 0.44 ms.
+// BlockedLayouts.PoolGradientInOnePassIsBitwiseTheSame. The B lanes of a block read dy, y and the
+// argmax contiguously where y has x's layout (blocked by B, or both plain). lenet's first pool:
+// 1.42 -> 0.44 ms. A pool that turns blocked into plain (lenet's second, before the flatten) keeps
+// its argmax in x's blocked order instead (nothing else reads it) and, per sample, first copies dy,
+// masked by the ReLU, into a blocked scratch of one sample (12.5 KB for lenet, in L1): reading
+// plain dy across channels inside the pass had taken 2.1 ms where the scatter took 1.2 (lenet,
+// batch 100, one thread); with the copy first, 0.53 -> 0.26 ms a step at batch 50 (perf, 2 ranks).
 template <int B, bool Relu>
 [[gnu::always_inline]] inline void pool_backward_tiles(const PoolShape& p, std::int64_t n, const float* __restrict dys,
                                                        const float* __restrict ys, const std::int32_t* __restrict args,
@@ -163,6 +173,38 @@ template <int B, bool Relu>
           d1[b + B] = k == row + B ? v : 0.0f;
         }
       }
+}
+
+// Sample n of a pool whose y is plain and whose argmax is in x's blocked order: dy (masked by the
+// ReLU it took over) into g, one sample blocked by B, then the one pass.
+template <int B>
+[[gnu::always_inline]] inline void pool_backward_tiles_plain_y(const PoolShape& p, std::int64_t n,
+                                                               const float* __restrict dys, const float* __restrict ys,
+                                                               const std::int32_t* __restrict args, float* __restrict g,
+                                                               float* __restrict dxs) {
+  const std::int64_t plane = static_cast<std::int64_t>(p.oh) * p.ow;
+  const float* dy = dys + n * p.out_sample;
+  const float* y = ys + n * p.out_sample;
+  for (int cb = 0; cb < p.cb_count; ++cb)
+    for (int b = 0; b < B; ++b) {
+      const std::int64_t c = static_cast<std::int64_t>(cb) * B + b;
+      float* out = g + static_cast<std::int64_t>(cb) * plane * B + b;
+      if (p.relu)
+        for (std::int64_t o = 0; o < plane; ++o) out[o * B] = y[c * plane + o] > 0.0f ? dy[c * plane + o] : 0.0f;
+      else
+        for (std::int64_t o = 0; o < plane; ++o) out[o * B] = dy[c * plane + o];
+    }
+  pool_backward_tiles<B, false>(p, 0, g, nullptr, args + n * p.out_sample, dxs + n * p.in_sample);
+}
+MNIST_MPI_CPU_CLONES
+void pool_backward_plain_y8(const PoolShape& p, std::int64_t n, const float* dy, const float* y,
+                            const std::int32_t* arg, float* g, float* dx) {
+  pool_backward_tiles_plain_y<8>(p, n, dy, y, arg, g, dx);
+}
+MNIST_MPI_CPU_CLONES
+void pool_backward_plain_y16(const PoolShape& p, std::int64_t n, const float* dy, const float* y,
+                             const std::int32_t* arg, float* g, float* dx) {
+  pool_backward_tiles_plain_y<16>(p, n, dy, y, arg, g, dx);
 }
 
 template <int B>
@@ -204,7 +246,10 @@ class MaxPool final : public LayerKernel {
         x_(b.x),
         dx_(b.dx),
         // Note [A 2 x 2 pool's gradient in one pass]
-        tiles_(c.fuse.pool_backward_tiles && exact_2x2(l) && by_ == bx_) {
+        tiles_(c.fuse.pool_backward_tiles && exact_2x2(l) && by_ == bx_),
+        plain_y_tiles_(training && c.fuse.pool_backward_tiles && exact_2x2(l) && bx_ > 1 && by_ == 1) {
+    if (plain_y_tiles_)
+      scratch_.assign(static_cast<std::size_t>(std::max(1, omp_get_max_threads())) * out_sample_, 0.0f);
     MNIST_CHECK(l.in.c % bx_ == 0 && l.out.c % by_ == 0 && (bx_ == by_ || by_ == 1), ExitCode::kRuntime,
                 "maxpool: unsupported layouts for " + l.text);
     if (training) argmax_.assign(static_cast<std::size_t>(b.batch * out_sample_), 0);
@@ -245,6 +290,18 @@ class MaxPool final : public LayerKernel {
 
   void backward(const StepContext&) override {
     if (!dx_ || dx_left_to_conv_) return;
+    if (plain_y_tiles_) {  // Note [A 2 x 2 pool's gradient in one pass]
+      const PoolShape p = shape(bx_);
+#pragma omp parallel for schedule(static)
+      for (std::int64_t n = 0; n < b_.batch; ++n) {
+        float* g = scratch_.data() + static_cast<std::int64_t>(omp_get_thread_num()) * out_sample_;
+        if (bx_ == 16)
+          pool_backward_plain_y16(p, n, b_.dy, b_.y, argmax_.data(), g, dx_);
+        else
+          pool_backward_plain_y8(p, n, b_.dy, b_.y, argmax_.data(), g, dx_);
+      }
+      return;
+    }
     if (tiles_) {  // Note [A 2 x 2 pool's gradient in one pass]
       const PoolShape p = shape(bx_);
       const float* y = relu_ ? b_.y : nullptr;
@@ -276,7 +333,7 @@ class MaxPool final : public LayerKernel {
   std::string describe() const override {
     return "maxpool (plain loops, argmax kept; x block " + std::to_string(bx_) + ", y block " + std::to_string(by_) +
            (dx_left_to_conv_ ? "; dx left to the convolution"
-            : tiles_         ? "; dx in one pass"
+            : tiles_ || plain_y_tiles_ ? "; dx in one pass"
                              : "") +
            (relu_ ? "; applies the ReLU before it" : "") + (conv_ ? "; computes the convolution before it" : "") + ")";
   }
@@ -314,7 +371,8 @@ class MaxPool final : public LayerKernel {
   // The loops' view of this pool, with x blocked by B.
   PoolShape shape(int B) const {
     return PoolShape{l_.in.h,   l_.in.w,     l_.out.h,   l_.out.w,    l_.kernel_h, l_.kernel_w,
-                     l_.stride, l_.in.c / B, in_sample_, out_sample_, by_ != 1,    relu_};
+                     l_.stride, l_.in.c / B, in_sample_, out_sample_, by_ != 1,    relu_,
+                     plain_y_tiles_};
   }
 
   template <int B>
@@ -338,11 +396,13 @@ class MaxPool final : public LayerKernel {
   const float* x_;                          // what forward reads: b_.x, or the input of a ReLU this pool took over
   float* dx_;                               // what backward writes: b_.dx, or that ReLU's dx
   bool tiles_;                              // Note [A 2 x 2 pool's gradient in one pass]
+  bool plain_y_tiles_;                      // the same for blocked x and plain y: argmax_ in x's blocked order
+  std::vector<float> scratch_;              // plain_y_tiles_: one sample's dy, blocked, per thread
   bool relu_ = false;                       // Note [A ReLU taken over by its max pool]
   bool dx_left_to_conv_ = false;            // the convolution before reads dy and argmax_ instead of dx
   const FirstConvForward* conv_ = nullptr;  // the convolution before, computed in this pool's forward
   std::vector<float> conv_weights_;         // its weights rearranged, each forward
-  std::vector<std::int32_t> argmax_;        // in y's order: offset of the max within its sample's x
+  std::vector<std::int32_t> argmax_;        // in y's order (plain_y_tiles_: x's blocked order): offset of the max within its sample's x
 };
 
 }  // namespace
