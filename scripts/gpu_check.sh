@@ -33,7 +33,7 @@ read -r -d '' budget_table <<'EOF' || true
 smoke              50  unpack; GPU, driver, CUDA runtime and driver, cuDNN, cuBLAS, NCCL versions; the libraries ldd resolves; 20 steps of tiny, 1 rank, --device cuda, listing what it loaded at run time (was 60 s)
 gpu_tests          60  gpu_tests in one process (with the CUDA graph against the ungraphed step, bitwise); every test skipped, or none run, is a FAIL (was 90 s; the first GPU run took 9 s)
 gpu_np2            40  gpu_tests under mpirun -np 2: NCCL sums and shards, and world-size invariance with 2+ GPUs, with one GPU invariance, both ranks on it (was 50 s)
-lenet             130  lenet, 1 epoch, 1 rank (2 with 2+ GPUs), --precision fp32 then tf32, each without and with --cuda-graph (the rates, params_hash equal), then with --cuda-graph --conv-algos measured; then build/cudnn_algos, cudnnFind's time for every convolution algorithm of lenet and tiny with the heuristics' pick marked, and the fc GEMMs (was lenet_fp32 70 s + lenet_tf32 55 s)
+lenet             130  lenet, 1 epoch, 1 rank (2 with 2+ GPUs), --precision fp32 then tf32, each without and with --cuda-graph (the rates, params_hash equal), then with --cuda-graph --conv-algos measured; then build/cudnn_algos, cudnnFind's time for every convolution algorithm of lenet and tiny with the heuristics' pick marked, and the fc GEMMs; then --precision bf16 (Note [bf16 on the GPU]): lenet with and without --cuda-graph (params_hash equal), the fast recipe in bf16 and fp32 with the graph (was lenet_fp32 70 s + lenet_tf32 55 s; the whole check took 86 s on the last GPU)
 sharded            40  lenet, 100 steps, --shard-optimizer off and on: 1 rank (NCCL), then 2 ranks (NCCL with 2+ GPUs, else both on the one GPU): params_hash equal each time (new)
 torch              70  PyTorch eager, same network and data: fp32 (at most 50 s), then tf32 (the rest); LD_LIBRARY_PATH unset (was 85 s)
 EOF
@@ -394,6 +394,31 @@ lenet_precision() {
   fi
   note "${rates[0]} | ${rates[1]} | params_hash ${hashes[0]} both | ${rates[2]}, params_hash ${hashes[2]:-none}"
 }
+# Note [bf16 on the GPU] (src/backend/cuda/cuda_backend.cpp) on the device, part of the lenet stage:
+# lenet in bf16 without and with the graph (the same bits), then the fast recipe (configs/fast.ini,
+# its whole budget) in bf16 and fp32 with the graph; each run's rate and test accuracy.
+lenet_bf16() {
+  local rc how tag hashes=() rates=()
+  [ -x "$b/bin/mnist_mpi" ] || { note "no $b/bin/mnist_mpi (smoke did not unpack the bundle)"; return 1; }
+  for tag in lenet_bf16_eager lenet_bf16_graph fast_bf16_graph fast_fp32_graph; do
+    local cfg=${tag%%_*} prec extra=()
+    prec=${tag#*_} && prec=${prec%_*}
+    [ "${tag##*_}" = graph ] && extra+=(--cuda-graph)
+    [ "$cfg" = lenet ] && extra+=(--epochs 1)
+    echo "-- mnist_mpi $cfg, 1 rank, --precision $prec ${extra[*]}"
+    "$b/bin/mnist_mpi" --config "$b/$cfg.ini" --data-dir "$b/data" --device cuda --precision "$prec" "${extra[@]}" \
+      --log-every 0 --metrics-file "$work/bf16_$tag.jsonl" 2>&1 | tee "$work/bf16_$tag.txt"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" != 0 ]; then note "$tag: exit code $rc${rates[*]:+; before it: ${rates[*]}}"; return 1; fi
+    hashes+=("$(grep -ohE '"params_hash":"[0-9a-f]+"' "$work/bf16_$tag.jsonl" | tail -n 1 | cut -d'"' -f4)")
+    rates+=("$tag: $(grep -hE 'images/s steady' "$work/bf16_$tag.txt" | cut -d, -f1), $(grep -hE '^test accuracy' "$work/bf16_$tag.txt" | cut -d' ' -f1-3)")
+  done
+  if [ -z "${hashes[0]}" ] || [ "${hashes[0]}" != "${hashes[1]}" ]; then
+    note "lenet bf16 params_hash without the graph ${hashes[0]:-none}, with it ${hashes[1]:-none}; ${rates[*]}"
+    return 1
+  fi
+  note "$(printf '%s | ' "${rates[@]}")lenet bf16 params_hash ${hashes[0]} with and without the graph"
+}
 # Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp) on the device: the sharded
 # run's params_hash is the unsharded one's, on 1 rank and on 2.
 stage_sharded() {
@@ -438,6 +463,8 @@ stage_lenet() {
     notes+=("cudnn_algos: not in the bundle")
     rc=1
   fi
+  lenet_bf16 || rc=1
+  notes+=("bf16: $(tail -n 1 "$sink" 2>/dev/null)")
   note "$(printf '%s || ' "${notes[@]}" | sed 's/ || $//')"
   return "$rc"
 }
@@ -575,7 +602,7 @@ pack() {
     ldd "$f" 2>/dev/null | awk '/=> \//{print $3}' | grep -vE "$skip" || true
   done | sort -u | while read -r lib; do cp -Ln "$lib" "$b/lib/" 2>/dev/null || true; done
   cp data/mnist/*-ubyte "$b/data/"
-  cp configs/lenet.ini configs/tiny.ini "$b/"
+  cp configs/lenet.ini configs/tiny.ini configs/fast.ini "$b/"
   build_info >"$b/BUILD_INFO"
   mkdir -p "$bundle_dir"
   echo "gpu_check: packing $(du -sh "$b" | cut -f1) (xz; a minute or two) ..."

@@ -15,14 +15,14 @@
 
 namespace mnist_mpi {
 
-inline constexpr int kCudaModuleAbi = 2;  // 2: the communicators are made by the backend
+inline constexpr int kCudaModuleAbi = 3;  // 2: the communicators are made by the backend; 3: GpuPrecision
 
 struct CudaModule {
   int abi;                 // kCudaModuleAbi
   std::size_t table_size;  // sizeof(CudaModule)
   GpuProbe (*probe_gpus)();
   std::string (*describe_gpu)(int gpu);
-  std::unique_ptr<Backend> (*make_backend)(int gpu, bool tf32);
+  std::unique_ptr<Backend> (*make_backend)(int gpu, GpuPrecision precision);
 };
 
 }  // namespace mnist_mpi

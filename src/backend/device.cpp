@@ -118,8 +118,8 @@ GpuProbe probe_gpus() {
 
 std::string describe_gpu(int gpu) { return require_module().describe_gpu(gpu); }
 
-std::unique_ptr<Backend> make_cuda_backend(int device, bool tf32) {
-  return require_module().make_backend(device, tf32);
+std::unique_ptr<Backend> make_cuda_backend(int device, GpuPrecision precision) {
+  return require_module().make_backend(device, precision);
 }
 
 bool cuda_module_loaded() {
@@ -134,17 +134,17 @@ bool cuda_built() { return false; }
 GpuProbe probe_gpus() { return GpuProbe{0, "this build has no CUDA backend"}; }
 std::string describe_gpu(int) { return "none (no CUDA backend in this build)"; }
 bool cuda_module_loaded() { return false; }
-std::unique_ptr<Backend> make_cuda_backend(int, bool) {
+std::unique_ptr<Backend> make_cuda_backend(int, GpuPrecision) {
   throw_error(ExitCode::kDevice, "this build has no CUDA backend; rebuild with -DMNIST_MPI_CUDA=ON");
 }
 
 #endif
 
 std::unique_ptr<Backend> make_backend(const DeviceChoice& device, int threads, const std::string& precision) {
-  MNIST_CHECK(!device.cuda || precision != "bf16", ExitCode::kUsage,
-              "--precision bf16 is built for the CPU backend only so far; on the GPU use --precision tf32 (tensor "
-              "cores) or fp32");
-  if (device.cuda) return make_cuda_backend(device.gpu, precision == "tf32");
+  if (device.cuda)
+    return make_cuda_backend(device.gpu, precision == "tf32"   ? GpuPrecision::kTf32
+                                         : precision == "bf16" ? GpuPrecision::kBf16
+                                                               : GpuPrecision::kFp32);
   CpuFusions kernels;
   kernels.bf16 = precision == "bf16";
   return make_cpu_backend(threads, kernels);

@@ -28,14 +28,18 @@ DeviceChoice choose_device(const std::string& requested, bool cuda_built, const 
                            int local_size, bool allow_sharing, const std::string& host);
 
 // The backend of a chosen device: the CUDA backend on its GPU (precision tf32: TF32 tensor cores
-// for float math), else the CPU backend with `threads` threads per rank (precision bf16: Note
-// [bf16 on the CPU] in src/backend/cpu/cpu_backend.cpp; refused on a CPU without bf16, exit 2).
+// for float math; bf16: Note [bf16 on the GPU] in src/backend/cuda/cuda_backend.cpp), else the CPU
+// backend with `threads` threads per rank (precision bf16: Note [bf16 on the CPU] in
+// src/backend/cpu/cpu_backend.cpp; refused on a CPU without bf16, exit 2).
 std::unique_ptr<Backend> make_backend(const DeviceChoice& device, int threads, const std::string& precision);
 
-// The CUDA backend on GPU `device` (already chosen, see include/mnist_mpi/backend/device.hpp);
-// tf32: let cuDNN and cuBLAS use TF32 tensor cores for float math. Only in builds with CUDA
-// (MNIST_MPI_HAVE_CUDA); elsewhere it throws Error(kDevice).
-std::unique_ptr<Backend> make_cuda_backend(int device, bool tf32);
+// The arithmetic of the GPU's convolutions and products (--precision): float on FMA units, float
+// inputs on TF32 tensor cores, or bf16 copies of the inputs on bf16 tensor cores.
+enum class GpuPrecision { kFp32, kTf32, kBf16 };
+
+// The CUDA backend on GPU `device` (already chosen, see include/mnist_mpi/backend/device.hpp). Only
+// in builds with CUDA (MNIST_MPI_HAVE_CUDA); elsewhere it throws Error(kDevice).
+std::unique_ptr<Backend> make_cuda_backend(int device, GpuPrecision precision);
 
 bool cuda_built();
 GpuProbe probe_gpus();              // never throws; count 0 in builds without CUDA

@@ -106,31 +106,34 @@ constexpr std::size_t kWorkspaceCap = std::size_t{256} << 20;  // per layer and 
 constexpr int kMaxAlgos = 16;
 
 // A convolution as cuDNN sees it: x (N, C, PH, PW) with the asymmetric 'same' padding made
-// explicit (padded: PH, PW include it and cuDNN pads nothing), w (O, I, KH, KW), y (N, O, OH, OW).
+// explicit (padded: PH, PW include it and cuDNN pads nothing), w (O, I, KH, KW), y (N, O, OH, OW);
+// x, w and y in float, or in bf16 (Note [bf16 on the GPU] in cuda_backend.cpp: cuDNN's
+// PSEUDO_BFLOAT16 configuration, float accumulation). yf: y in float, for the bias.
 struct ConvDescs {
-  bool padded = false;
+  bool padded = false, bf16 = false;
   int ph = 0, pw = 0;
-  TensorDesc x, y, bias;
+  TensorDesc x, y, yf, bias;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
 
-  ConvDescs(const Context& c, const LayerSpec& l, int batch) {
+  ConvDescs(const Context& c, const LayerSpec& l, int batch, bool in_bf16) : bf16(in_bf16) {
     padded = l.pad_top != l.pad_bottom || l.pad_left != l.pad_right;
     ph = l.in.h + (padded ? l.pad_top + l.pad_bottom : 0);
     pw = l.in.w + (padded ? l.pad_left + l.pad_right : 0);
-    x.set(batch, l.in.c, ph, pw);
-    y.set(batch, l.channels, l.out.h, l.out.w);
+    const cudnnDataType_t type = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    x.set(batch, l.in.c, ph, pw, type);
+    y.set(batch, l.channels, l.out.h, l.out.w, type);
+    yf.set(batch, l.channels, l.out.h, l.out.w);
     bias.set(1, l.channels, 1, 1);
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
-    CUDNN_CHECK(
-        cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, l.channels, l.in.c, l.kernel_h, l.kernel_w));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, type, CUDNN_TENSOR_NCHW, l.channels, l.in.c, l.kernel_h, l.kernel_w));
     CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
     const int pad_h = padded ? 0 : l.pad_top, pad_w = padded ? 0 : l.pad_left;
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, pad_h, pad_w, l.stride, l.stride, 1, 1, CUDNN_CROSS_CORRELATION,
                                                 CUDNN_DATA_FLOAT));
     // fp32: FMA kernels only, no TF32 tensor cores; tf32: cuDNN's default math, which on sm_80 and
-    // later lets float convolutions use TF32 tensor cores.
-    CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math(c)));
+    // later lets float convolutions use TF32 tensor cores; bf16: tensor cores.
+    CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math(c, bf16)));
     int n = 0, oc = 0, oh = 0, ow = 0;
     CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv, x.d, w, &n, &oc, &oh, &ow));
     MNIST_CHECK(n == batch && oc == l.channels && oh == l.out.h && ow == l.out.w, ExitCode::kRuntime,
@@ -142,17 +145,22 @@ struct ConvDescs {
   }
   ConvDescs(const ConvDescs&) = delete;
   ConvDescs& operator=(const ConvDescs&) = delete;
-  static cudnnMathType_t math(const Context& c) { return c.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH; }
+  static cudnnMathType_t math(const Context& c, bool bf16) {
+    return bf16 ? CUDNN_TENSOR_OP_MATH : c.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  }
 };
 
 // Of cudnnFind's results (sorted by measured time), the first that ran, is deterministic, fits
-// the cap and used the descriptor's math; -1 if none did.
+// the cap and used the descriptor's math (bf16: tensor cores or cuDNN's default, either is bf16
+// arithmetic); -1 if none did.
 template <typename Perf>
 int fastest(const std::vector<Perf>& perf, int returned, cudnnMathType_t math, double& ms) {
   for (int i = 0; i < returned; ++i) {
     const Perf& p = perf[static_cast<std::size_t>(i)];
+    const bool same_math =
+        p.mathType == math || (math == CUDNN_TENSOR_OP_MATH && p.mathType == CUDNN_DEFAULT_MATH);
     if (p.status == CUDNN_STATUS_SUCCESS && p.determinism == CUDNN_DETERMINISTIC && p.memory <= kWorkspaceCap &&
-        p.mathType == math) {
+        same_math) {
       ms = static_cast<double>(p.time);
       return static_cast<int>(p.algo);
     }
@@ -178,13 +186,26 @@ std::size_t measured_workspace(cudnnStatus_t status, std::size_t bytes, const La
 class Conv final : public LayerKernel {
  public:
   Conv(Context& c, const LayerSpec& l, int index, const LayerBuffers& b, bool training)
-      : c_(c), l_(l), b_(b), d_(c, l, b.batch) {
+      : c_(c), l_(l), b_(b), d_(c, l, b.batch, c.bf16 && index != 0) {
     padded_ = d_.padded;
     ph_ = d_.ph;
     pw_ = d_.pw;
+    const std::int64_t nx = static_cast<std::int64_t>(b.batch) * l.in.c * ph_ * pw_,
+                       ny = static_cast<std::int64_t>(b.batch) * l.channels * l.out.h * l.out.w,
+                       nw = static_cast<std::int64_t>(l.channels) * l.in.c * l.kernel_h * l.kernel_w;
     if (padded_) {
-      xpad_ = DeviceArray<float>(static_cast<std::int64_t>(b.batch) * l.in.c * ph_ * pw_);
+      xpad_ = DeviceArray<float>(nx);
       if (training && b.dx) dxpad_ = DeviceArray<float>(xpad_.size());
+    }
+    if (d_.bf16) {  // Note [bf16 on the GPU] in cuda_backend.cpp: the copies, made once
+      x16_ = DeviceArray<std::uint16_t>(nx);
+      w16_ = DeviceArray<std::uint16_t>(nw);
+      y16_ = DeviceArray<std::uint16_t>(ny);
+      if (training) {
+        dy16_ = DeviceArray<std::uint16_t>(ny);
+        dw16_ = DeviceArray<std::uint16_t>(nw);
+        if (b.dx) dx16_ = DeviceArray<std::uint16_t>(nx);
+      }
     }
     bias_ptr_ = b.w + static_cast<std::int64_t>(l.channels) * l.in.c * l.kernel_h * l.kernel_w;
     use_heuristics(training);
@@ -205,12 +226,22 @@ class Conv final : public LayerKernel {
       launch_pad(c_.stream, b_.x, xpad_.get(), b_.batch * l_.in.c, l_.in.h, l_.in.w, l_.pad_top, l_.pad_left, ph_, pw_);
       xin = xpad_.get();
     }
-    CUDNN_CHECK(cudnnConvolutionForward(c_.cudnn, &one, d_.x.d, xin, d_.w, b_.w, d_.conv, fwd_, workspace_.get(),
-                                        static_cast<std::size_t>(workspace_.size()), &zero, d_.y.d, b_.y));
-    CUDNN_CHECK(cudnnAddTensor(c_.cudnn, &one, d_.bias.d, bias_ptr_, &one, d_.y.d, b_.y));
+    if (d_.bf16) {
+      launch_to_bf16(c_.stream, xin, x16_.get(), x16_.size());
+      launch_to_bf16(c_.stream, b_.w, w16_.get(), w16_.size());
+      CUDNN_CHECK(cudnnConvolutionForward(c_.cudnn, &one, d_.x.d, x16_.get(), d_.w, w16_.get(), d_.conv, fwd_,
+                                          workspace_.get(), static_cast<std::size_t>(workspace_.size()), &zero, d_.y.d,
+                                          y16_.get()));
+      launch_from_bf16(c_.stream, y16_.get(), b_.y, y16_.size());
+    } else {
+      CUDNN_CHECK(cudnnConvolutionForward(c_.cudnn, &one, d_.x.d, xin, d_.w, b_.w, d_.conv, fwd_, workspace_.get(),
+                                          static_cast<std::size_t>(workspace_.size()), &zero, d_.y.d, b_.y));
+    }
+    CUDNN_CHECK(cudnnAddTensor(c_.cudnn, &one, d_.bias.d, bias_ptr_, &one, d_.yf.d, b_.y));
   }
 
   void backward(const StepContext&) override {
+    if (d_.bf16) return backward_bf16();
     const float one = 1.0f, zero = 0.0f;
     const float* xin = padded_ ? xpad_.get() : b_.x;  // the padded input of this step's forward
     if (b_.dx) {
@@ -230,10 +261,32 @@ class Conv final : public LayerKernel {
   }
   std::string describe() const override {
     return desc_ + (padded_ ? " (input padded into a buffer: asymmetric 'same')" : "") +
-           (c_.tf32 ? ", tf32" : ", fp32");
+           (d_.bf16 ? ", bf16 (y, dx and dW widened to float)" : c_.tf32 ? ", tf32" : ", fp32");
   }
 
  private:
+  // Note [bf16 on the GPU]: x16_ and w16_ are this step's forward's.
+  void backward_bf16() {
+    const float one = 1.0f, zero = 0.0f;
+    launch_to_bf16(c_.stream, b_.dy, dy16_.get(), dy16_.size());
+    if (b_.dx) {
+      CUDNN_CHECK(cudnnConvolutionBackwardData(c_.cudnn, &one, d_.w, w16_.get(), d_.y.d, dy16_.get(), d_.conv,
+                                               bwd_data_, workspace_.get(), static_cast<std::size_t>(workspace_.size()),
+                                               &zero, d_.x.d, dx16_.get()));
+      float* dxout = padded_ ? dxpad_.get() : b_.dx;
+      launch_from_bf16(c_.stream, dx16_.get(), dxout, dx16_.size());
+      if (padded_)
+        launch_crop(c_.stream, dxpad_.get(), b_.dx, b_.batch * l_.in.c, l_.in.h, l_.in.w, l_.pad_top, l_.pad_left, ph_,
+                    pw_);
+    }
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(c_.cudnn, &one, d_.x.d, x16_.get(), d_.y.d, dy16_.get(), d_.conv,
+                                               bwd_filter_, workspace_.get(),
+                                               static_cast<std::size_t>(workspace_.size()), &zero, d_.w, dw16_.get()));
+    launch_from_bf16(c_.stream, dw16_.get(), b_.dw, dw16_.size());
+    float* dbias = b_.dw + (bias_ptr_ - b_.w);
+    launch_bias_grad(c_.stream, b_.dy, b_.batch, l_.channels, static_cast<std::int64_t>(l_.out.h) * l_.out.w, dbias);
+  }
+
   // --conv-algos heuristic: the first deterministic algorithm of cuDNN's heuristics per direction.
   void use_heuristics(bool training) {
     std::size_t ws = 0;
@@ -303,6 +356,7 @@ class Conv final : public LayerKernel {
   bool padded_ = false;
   int ph_ = 0, pw_ = 0;
   DeviceArray<float> xpad_, dxpad_;  // (N, C, PH, PW) when padded_
+  DeviceArray<std::uint16_t> x16_, w16_, y16_, dy16_, dw16_, dx16_;  // bf16 copies (Note [bf16 on the GPU])
   cudnnConvolutionFwdAlgo_t fwd_{};
   cudnnConvolutionBwdDataAlgo_t bwd_data_{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter_{};
@@ -320,8 +374,8 @@ std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, int index
 }
 
 MeasuredConv measure_conv(Context& c, const LayerSpec& l, int batch, bool needs_dx, double ms[3]) {
-  const ConvDescs d(c, l, batch);
-  const cudnnMathType_t math = ConvDescs::math(c);
+  const ConvDescs d(c, l, batch, c.bf16 && needs_dx);  // as the layer: the first convolution stays float
+  const cudnnMathType_t math = ConvDescs::math(c, d.bf16);
   MeasuredConv m;
   ms[0] = ms[1] = ms[2] = 0.0;
   int got = 0;

@@ -138,9 +138,11 @@ class DeviceDataSource final : public DataSource {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, bool tf32) {
+  CudaBackend(int device, GpuPrecision precision) {
     c_.device = device;
-    c_.tf32 = tf32;
+    c_.tf32 = precision == GpuPrecision::kTf32;
+    c_.bf16 = precision == GpuPrecision::kBf16;
+    const bool tf32 = c_.tf32;
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c_.stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&c_.sync_event, cudaEventDisableTiming));
@@ -149,6 +151,7 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasCreate(&c_.cublas));
     CUBLAS_CHECK(cublasSetStream(c_.cublas, c_.stream));
     // fp32: cuBLAS's default math, which keeps float GEMMs in float (no TF32); tf32: tensor cores.
+    // bf16: the fc layers' cublasGemmEx on bf16 inputs uses bf16 tensor cores in the default math.
     CUBLAS_CHECK(cublasSetMathMode(c_.cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     // A workspace of cuBLAS's own, so that a captured GEMM never allocates (Note [A step as one CUDA graph]).
     cublas_workspace_ = DeviceArray<std::uint8_t>(kCublasWorkspace);
@@ -177,7 +180,9 @@ class CudaBackend final : public Backend {
     if (c_.stream) cudaStreamDestroy(c_.stream);
   }
 
-  std::string name() const override { return std::string("cuda (") + (c_.tf32 ? "tf32" : "fp32") + ")"; }
+  std::string name() const override {
+    return std::string("cuda (") + (c_.bf16 ? "bf16" : c_.tf32 ? "tf32" : "fp32") + ")";
+  }
   std::unique_ptr<Buffer> allocate(std::int64_t count) override { return std::make_unique<DeviceBuffer>(count); }
 
   std::unique_ptr<LayerKernel> make_layer(const LayerSpec& l, int index, const LayerBuffers& b,
@@ -416,7 +421,21 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_backend(int device, bool tf32) { return std::make_unique<CudaBackend>(device, tf32); }
+// Note [bf16 on the GPU]
+// --precision bf16 on the GPU mirrors Note [bf16 on the CPU] (src/backend/cpu/cpu_backend.cpp):
+// the convolutions after the first and the fc layers multiply bf16 copies of their inputs,
+// weights and output gradients on bf16 tensor cores and accumulate in float; the master weights,
+// the optimiser, the sums over ranks and checkpoints stay fp32, so a bf16 run resumes in fp32 and
+// back. The fc layers' cublasGemmEx writes float outputs (y, dx and dW) directly. cuDNN's legacy
+// API runs bf16 convolutions in its PSEUDO_BFLOAT16 configuration only (x, w and y of one type,
+// float accumulation), so a convolution writes y, dx and dW in bf16 and widens them to float: the
+// weight gradient is rounded to bf16 once per step before the sum over ranks (on the CPU, oneDNN
+// writes it in float). The first convolution stays float (its input is the images). The copies
+// are our kernels (round to nearest even, as oneDNN). Built and compiled here; it has not yet run
+// on a GPU (docs/gpu.md), which the gpu_check stage "bf16" does first.
+std::unique_ptr<Backend> make_backend(int device, GpuPrecision precision) {
+  return std::make_unique<CudaBackend>(device, precision);
+}
 
 }  // namespace cuda
 }  // namespace mnist_mpi

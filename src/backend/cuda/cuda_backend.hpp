@@ -16,6 +16,7 @@
 #include <string>
 
 #include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/backend/device.hpp"  // GpuPrecision
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/watchdog.hpp"  // DeviceWaitPolicy
 
@@ -49,6 +50,7 @@ struct MeasuredConv {
 struct Context {
   int device = 0;
   bool tf32 = false;
+  bool bf16 = false;  // Note [bf16 on the GPU] in src/backend/cuda/cuda_backend.cpp
   // --conv-algos measured (Note [Choosing cuDNN algorithms] in conv.cpp): each training
   // convolution's way to take rank 0's choice once built, by layer index (registered while it lives).
   std::map<int, std::function<void(const MeasuredConv&)>> retune;
@@ -106,8 +108,8 @@ struct TensorDesc {
   ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
   TensorDesc(const TensorDesc&) = delete;
   TensorDesc& operator=(const TensorDesc&) = delete;
-  void set(int n, int c, int h, int w) {  // (N, C, H, W), fully packed
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+  void set(int n, int c, int h, int w, cudnnDataType_t type = CUDNN_DATA_FLOAT) {  // (N, C, H, W), fully packed
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, type, n, c, h, w));
   }
 };
 
@@ -182,5 +184,9 @@ void launch_mul(cudaStream_t s, const float* a, const float* b, float* out, std:
 // in kernels.cu).
 void launch_relu_forward(cudaStream_t s, const float* x, float* y, std::int64_t n);
 void launch_relu_backward(cudaStream_t s, const float* x, const float* dy, float* dx, std::int64_t n);
+// bf16 (its bits in a uint16) from float, rounded to nearest even (as oneDNN's reorder on the CPU),
+// and back (exact). Note [bf16 on the GPU] in cuda_backend.cpp.
+void launch_to_bf16(cudaStream_t s, const float* x, std::uint16_t* y, std::int64_t n);
+void launch_from_bf16(cudaStream_t s, const std::uint16_t* x, float* y, std::int64_t n);
 
 }  // namespace mnist_mpi::cuda

@@ -3,6 +3,7 @@
 // optimiser pass, dropout, padding and small elementwise helpers. Each is written to compute the
 // same float operations as the CPU code it mirrors; the GPU tests compare them
 // (tests/test_gpu.cpp).
+#include <cuda_bf16.h>
 #include <math_constants.h>
 
 #include <cmath>
@@ -331,6 +332,27 @@ void launch_relu_backward(cudaStream_t s, const float* x, const float* dy, float
   if (n <= 0) return;
   relu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, dy, dx, n);
   CUDA_CHECK_LAUNCH(relu_backward_kernel);
+}
+
+namespace {
+__global__ void to_bf16_kernel(const float* x, __nv_bfloat16* y, std::int64_t n) {
+  MNIST_GRID_LOOP(i, n) { y[i] = __float2bfloat16_rn(x[i]); }
+}
+__global__ void from_bf16_kernel(const __nv_bfloat16* x, float* y, std::int64_t n) {
+  MNIST_GRID_LOOP(i, n) { y[i] = __bfloat162float(x[i]); }
+}
+}  // namespace
+
+void launch_to_bf16(cudaStream_t s, const float* x, std::uint16_t* y, std::int64_t n) {
+  if (n <= 0) return;
+  to_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, reinterpret_cast<__nv_bfloat16*>(y), n);
+  CUDA_CHECK_LAUNCH(to_bf16_kernel);
+}
+
+void launch_from_bf16(cudaStream_t s, const std::uint16_t* x, float* y, std::int64_t n) {
+  if (n <= 0) return;
+  from_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(reinterpret_cast<const __nv_bfloat16*>(x), y, n);
+  CUDA_CHECK_LAUNCH(from_bf16_kernel);
 }
 
 void launch_pad(cudaStream_t s, const float* src, float* dst, int nc, int h, int w, int top, int left, int ph, int pw) {

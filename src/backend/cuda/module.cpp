@@ -10,7 +10,7 @@
 
 namespace mnist_mpi::cuda {
 
-std::unique_ptr<Backend> make_backend(int device, bool tf32);
+std::unique_ptr<Backend> make_backend(int device, GpuPrecision precision);
 
 namespace {
 
