@@ -365,6 +365,10 @@ stage_gpu_np2() {
 # PRECISION: the ungraphed step, then --cuda-graph (Note [A step as one CUDA graph]), both with the
 # heuristics' convolution algorithms (their params_hash must be equal), then --cuda-graph with
 # --conv-algos measured (Note [Choosing cuDNN algorithms]: other algorithms, other bits).
+# A run's last params_hash (its metrics file), and "images/s steady, test accuracy A" (its output).
+final_hash() { grep -ohE '"params_hash":"[0-9a-f]+"' "$1" 2>/dev/null | tail -n 1 | cut -d'"' -f4; }
+rate_and_accuracy() { echo "$(grep -hE 'images/s steady' "$1" | cut -d, -f1), $(grep -hE '^test accuracy' "$1" | cut -d' ' -f1-3)"; }
+
 lenet_precision() {
   local prec=$1 ranks=1 run=("$b/bin/mnist_mpi") rc how tag hashes=() rates=()
   [ -x "$b/bin/mnist_mpi" ] || { note "no $b/bin/mnist_mpi (smoke did not unpack the bundle)"; return 1; }
@@ -385,8 +389,8 @@ lenet_precision() {
       note "measured: the banner names no convolution built with measured algorithms"
       return 1
     fi
-    hashes+=("$(grep -ohE '"params_hash":"[0-9a-f]+"' "$work/lenet_$tag.jsonl" | tail -n 1 | cut -d'"' -f4)")
-    rates+=("$how: $(grep -hE 'images/s steady' "$work/lenet_$tag.txt" | cut -d, -f1), $(grep -hE '^test accuracy' "$work/lenet_$tag.txt" | cut -d' ' -f1-3)")
+    hashes+=("$(final_hash "$work/lenet_$tag.jsonl")")
+    rates+=("$how: $(rate_and_accuracy "$work/lenet_$tag.txt")")
   done
   if [ -z "${hashes[0]}" ] || [ "${hashes[0]}" != "${hashes[1]}" ]; then
     note "params_hash without the graph ${hashes[0]:-none}, with it ${hashes[1]:-none}: the graph changes the bits; ${rates[*]}"
@@ -410,8 +414,8 @@ lenet_bf16() {
       --log-every 0 --metrics-file "$work/bf16_$tag.jsonl" 2>&1 | tee "$work/bf16_$tag.txt"
     rc=${PIPESTATUS[0]}
     if [ "$rc" != 0 ]; then note "$tag: exit code $rc${rates[*]:+; before it: ${rates[*]}}"; return 1; fi
-    hashes+=("$(grep -ohE '"params_hash":"[0-9a-f]+"' "$work/bf16_$tag.jsonl" | tail -n 1 | cut -d'"' -f4)")
-    rates+=("$tag: $(grep -hE 'images/s steady' "$work/bf16_$tag.txt" | cut -d, -f1), $(grep -hE '^test accuracy' "$work/bf16_$tag.txt" | cut -d' ' -f1-3)")
+    hashes+=("$(final_hash "$work/bf16_$tag.jsonl")")
+    rates+=("$tag: $(rate_and_accuracy "$work/bf16_$tag.txt")")
   done
   if [ -z "${hashes[0]}" ] || [ "${hashes[0]}" != "${hashes[1]}" ]; then
     note "lenet bf16 params_hash without the graph ${hashes[0]:-none}, with it ${hashes[1]:-none}; ${rates[*]}"

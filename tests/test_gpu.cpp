@@ -281,23 +281,13 @@ TEST_F(Gpu, Bf16GradientsAreTheFp32OnesToBf16Precision) {
   EXPECT_EQ(first_layer.find("bf16"), std::string::npos) << described;
   EXPECT_NE(described.find(", bf16 (y, dx and dW widened to float)"), std::string::npos) << described;
   EXPECT_NE(described.find("cublas gemm fc on bf16 copies"), std::string::npos) << described;
-  const auto close = [](const float* a, const float* b, std::int64_t n) {
-    double norm = 0.0, diff = 0.0;
-    bool differ = false;
-    for (std::int64_t i = 0; i < n; ++i) {
-      norm += static_cast<double>(a[i]) * a[i];
-      diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-      differ = differ || a[i] != b[i];
-    }
-    return std::make_pair(std::sqrt(diff / norm), differ);
-  };
-  const auto [logits_err, logits_differ] = close(logits[0].data(), logits[1].data(), batch * 10);
-  EXPECT_LE(logits_err, 2e-2) << "logits off by " << logits_err << " of their norm";
-  EXPECT_TRUE(logits_differ) << "the bf16 model computed the fp32 bits: did its kernels run?";
+  const Distance d = distance(logits[0].data(), logits[1].data(), batch * 10);  // test_util.hpp
+  EXPECT_LE(d.relative, 2e-2) << "logits off by " << d.relative << " of their norm";
+  EXPECT_TRUE(d.differ) << "the bf16 model computed the fp32 bits: did its kernels run?";
   for (const ParamTensor& t : spec.params) {
-    const auto [err, differ] = close(grads[0].data() + t.offset, grads[1].data() + t.offset, t.size);
-    EXPECT_LE(err, 2e-2) << t.name << ": off by " << err << " of its norm";
-    EXPECT_TRUE(differ) << t.name << ": the fp32 bits";
+    const Distance g = distance(grads[0].data() + t.offset, grads[1].data() + t.offset, t.size);
+    EXPECT_LE(g.relative, 2e-2) << t.name << ": off by " << g.relative << " of its norm";
+    EXPECT_TRUE(g.differ) << t.name << ": the fp32 bits";
   }
 }
 

@@ -1183,24 +1183,13 @@ TEST(Model, Bf16GradientsAreTheFp32OnesToBf16Precision) {
   step_on(m32, *be32, x, labels, batch);
   step_on(m16, *be16, x, labels, batch);
   // Relative to the tensor's norm.
-  const auto close = [](const float* a, const float* b, std::int64_t n, double rel) {
-    double norm = 0.0, diff = 0.0;
-    bool differ = false;
-    for (std::int64_t i = 0; i < n; ++i) {
-      norm += static_cast<double>(a[i]) * a[i];
-      diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-      differ = differ || a[i] != b[i];
-    }
-    const double err = std::sqrt(diff / norm);
-    return std::make_tuple(err <= rel, differ, err);
-  };
-  const auto [logits_ok, logits_differ, logits_err] = close(m32.logits(), m16.logits(), batch * 10, 2e-2);
-  EXPECT_TRUE(logits_ok) << "logits off by " << logits_err << " of their norm";
-  EXPECT_TRUE(logits_differ) << "the bf16 model computed the fp32 bits: did its kernels run?";
+  const Distance logits = distance(m32.logits(), m16.logits(), batch * 10);
+  EXPECT_LE(logits.relative, 2e-2) << "logits off by " << logits.relative << " of their norm";
+  EXPECT_TRUE(logits.differ) << "the bf16 model computed the fp32 bits: did its kernels run?";
   for (const ParamTensor& t : spec.params) {
-    const auto [ok, differ, err] = close(g32.data() + t.offset, g16.data() + t.offset, t.size, 2e-2);
-    EXPECT_TRUE(ok) << t.name << ": off by " << err << " of its norm";
-    EXPECT_TRUE(differ) << t.name << ": the fp32 bits";
+    const Distance d = distance(g32.data() + t.offset, g16.data() + t.offset, t.size);
+    EXPECT_LE(d.relative, 2e-2) << t.name << ": off by " << d.relative << " of its norm";
+    EXPECT_TRUE(d.differ) << t.name << ": the fp32 bits";
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -37,6 +38,22 @@ inline std::vector<float> uniform(std::size_t n, std::uint64_t seed, float lo = 
   std::vector<float> v(n);
   for (float& x : v) x = d(g);
   return v;
+}
+
+// How far b is from a: the norm of a - b over the norm of a; and whether any element differs.
+struct Distance {
+  double relative = 0.0;
+  bool differ = false;
+};
+inline Distance distance(const float* a, const float* b, std::int64_t n) {
+  double norm = 0.0, diff = 0.0;
+  bool differ = false;
+  for (std::int64_t i = 0; i < n; ++i) {
+    norm += static_cast<double>(a[i]) * a[i];
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    differ = differ || a[i] != b[i];
+  }
+  return {std::sqrt(diff / norm), differ};
 }
 
 }  // namespace mnist_mpi

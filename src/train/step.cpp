@@ -204,13 +204,13 @@ void Step::body_exact(std::int64_t step, double lr, bool poison, StepTiming& tim
 }
 
 Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, LossMeter& loss, StepTiming& timing) {
-  if (tail_) return exact_pass_tail(step, probe, poison, loss, timing);
   ExactSums& x = *p_.exact;
   Timeline* const tl = probe ? nullptr : p_.timeline;
   if (probe)
     x.begin_probe();
   else
     x.begin_pass();
+  if (tail_) return exact_pass_tail(step, probe, poison, loss, tl, timing);
   Clock::time_point backward_end;
   for (std::int64_t j = 0; j < shape_.my_chunks.count; ++j) {
     const bool last = j + 1 == shape_.my_chunks.count;
@@ -366,14 +366,9 @@ bool Step::tail_matches_chunks(int first) {
 }
 
 // exact_pass with the tail at the rank's batch (Note [The row-wise tail at the rank's batch]).
-Clock::time_point Step::exact_pass_tail(std::int64_t step, bool probe, bool poison, LossMeter& loss,
+Clock::time_point Step::exact_pass_tail(std::int64_t step, bool probe, bool poison, LossMeter& loss, Timeline* tl,
                                         StepTiming& timing) {
   ExactSums& x = *p_.exact;
-  Timeline* const tl = probe ? nullptr : p_.timeline;
-  if (probe)
-    x.begin_probe();
-  else
-    x.begin_pass();
   const ModelSpec& spec = p_.model->spec();
   const std::int64_t c = shape_.batch, k = shape_.my_chunks.count;
   MicroTimes at;

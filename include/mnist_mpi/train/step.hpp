@@ -95,9 +95,10 @@ class Step {
   // returns when backward of the last chunk ended.
   std::chrono::steady_clock::time_point exact_pass(std::int64_t step, bool probe, bool poison, LossMeter& loss,
                                                    StepTiming& timing);
-  // The same pass with the row-wise tail at the rank's batch (Note [The row-wise tail at the rank's batch]).
+  // The same pass, once begun, with the row-wise tail at the rank's batch (Note [The row-wise tail
+  // at the rank's batch]); tl: the timeline, or null.
   std::chrono::steady_clock::time_point exact_pass_tail(std::int64_t step, bool probe, bool poison, LossMeter& loss,
-                                                        StepTiming& timing);
+                                                        Timeline* tl, StepTiming& timing);
   // Builds the head and tail models from layer `first` on, and keeps them only if the tail at the
   // rank's batch and the heads give the chunk-by-chunk model's bits on random data.
   void try_tail(int first);
