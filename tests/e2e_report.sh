@@ -151,10 +151,17 @@ assert 'data-name="rank 1 compute"' in html
 PY
 then ok "a slow rank is named: summary, final event, ranks events, report"
 else bad "straggler not named" "$out/log"; fi
-if timeout 120 mpirun -np 2 --oversubscribe "$bin" "${base[@]}" --batch-size 100 --max-steps 300 --log-every 100 \
-     >"$out/even" 2>&1 && grep -q "straggler: none" "$out/even"; then
+# A time measured on a shared 2-core machine can still be off once (the ASan build's even run named
+# rank 1 once in 4, forward 19 % slower): a second run decides, and a real fault names one in both.
+even_run() {
+  timeout 120 mpirun -np 2 --oversubscribe "$bin" "${base[@]}" --batch-size 100 --max-steps 300 --log-every 100 \
+    >"$out/even$1" 2>&1 && grep -q "straggler: none" "$out/even$1"
+}
+if even_run ""; then
   ok "an even run names no straggler"
-else bad "an even run named a straggler" "$out/even"; fi
+elif echo "the first even run: $(grep -o 'straggler: .*' "$out/even")" && even_run 2; then
+  ok "an even run names no straggler (the second run; the first named one, above)"
+else bad "an even run named a straggler twice" "$out/even2"; fi
 
 # 10. `mnist_mpi report` (issue 30 part 3): the straggler run's and an even run's metrics files in one
 # page, each labelled (they share config and ranks, so the seed tells them apart); one file gives

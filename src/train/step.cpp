@@ -280,8 +280,9 @@ void Step::try_tail(int first) {
   char took[32];
   std::snprintf(took, sizeof took, "%.2f s", seconds(Clock::now() - t0));
   if (same) {
-    exact_plan_ = layers + " at the rank's batch of " + std::to_string(k * c) + ", the layers before chunk by chunk (" +
-                  "checked at start-up in " + took + ": each chunk's rows the bits of batch " + std::to_string(c) + ")";
+    exact_plan_ = layers + " at the rank's batch of " + std::to_string(k * c) +
+                  (first > 0 ? ", the layers before chunk by chunk" : "") + " (checked at start-up in " + took +
+                  ": each chunk's rows the bits of batch " + std::to_string(c) + ")";
     return;
   }
   exact_plan_ = "every layer chunk by chunk (" + layers + " at batch " + std::to_string(k * c) +
