@@ -404,6 +404,7 @@ lenet_precision() {
 lenet_bf16() {
   local rc how tag hashes=() rates=()
   [ -x "$b/bin/mnist_mpi" ] || { note "no $b/bin/mnist_mpi (smoke did not unpack the bundle)"; return 1; }
+  [ -f "$b/fast.ini" ] || cp configs/fast.ini "$b/"  # a bundle packed before it carried fast.ini
   for tag in lenet_bf16_eager lenet_bf16_graph fast_bf16_graph fast_fp32_graph; do
     local cfg=${tag%%_*} prec extra=()
     prec=${tag#*_} && prec=${prec%_*}

@@ -50,11 +50,19 @@ Step::Step(const StepParts& parts, const StepShape& shape)
     if (shape_.my_chunks.count > 1 && first < static_cast<int>(spec.layers.size())) try_tail(first);
     taker_ = tail_ ? tail_.get() : p_.model;
     taken_layer_.assign(spec.layers.size(), 0);
+    std::int64_t taken = 0;
     for (const Model::TakenWeight& w : taker_->take_weight_gradients(static_cast<int>(shape_.my_chunks.count),
                                                                      static_cast<int>(shape_.batch), *p_.exact)) {
       p_.exact->take(w.offset, w.size);
       taken_layer_[static_cast<std::size_t>(w.layer)] = 1;
+      taken += w.size;
     }
+    // The tail computes k chunks in one call: a parameter of it that its kernel did not take would
+    // reach the integers as one sum of k chunks, not k of them.
+    std::int64_t tail_params = 0;
+    for (const ParamTensor& t : spec.params) tail_params += tail_ && t.layer >= tail_->first_layer() ? t.size : 0;
+    MNIST_CHECK(!tail_ || taken == tail_params, ExitCode::kRuntime,
+                "exact sums: a kernel of the row-wise tail did not take its parameters' gradients over");
   }
   // On the last micro-batch of a step, a layer's gradients become final when the earlier
   // micro-batches' sum is added to them; only then may their bucket start.
@@ -260,6 +268,24 @@ Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, L
 // move), and the integers make the order of the chunks irrelevant. Where any bit differs the step
 // stays chunk by chunk, and the banner says which.
 void Step::try_tail(int first) {
+  // A model per chunk: with many chunks a rank they would cost more in memory and start-up than
+  // the tail saves (the activations of the rank's whole batch, as the default mode holds).
+  const std::int64_t k = shape_.my_chunks.count;
+  if (k > kMaxTailChunks) {
+    exact_plan_ = "every layer chunk by chunk (" + std::to_string(k) + " chunks a rank: the tail is tried up to " +
+                  std::to_string(kMaxTailChunks) + ")";
+    return;
+  }
+  try {
+    build_tail(first);
+  } catch (const std::exception& e) {  // memory, most likely: the chunk-by-chunk plan needs none of it
+    heads_.clear();
+    tail_.reset();
+    exact_plan_ = std::string("every layer chunk by chunk (the tail could not be built: ") + e.what() + ")";
+  }
+}
+
+void Step::build_tail(int first) {
   const ModelSpec& spec = p_.model->spec();
   const int c = static_cast<int>(shape_.batch), k = static_cast<int>(shape_.my_chunks.count);
   Backend& be = *p_.backend;
@@ -291,6 +317,11 @@ void Step::try_tail(int first) {
   tail_.reset();
 }
 
+std::string Step::describe_layers() const {
+  if (!tail_) return p_.model->describe();
+  return (heads_.empty() ? std::string() : heads_.front()->describe()) + tail_->describe();
+}
+
 float* Step::chunk_input(std::int64_t j) {
   if (!heads_.empty()) return heads_[static_cast<std::size_t>(j)]->input();
   const std::int64_t pixels = p_.model->spec().input.size();
@@ -312,6 +343,17 @@ bool Step::tail_matches_chunks(int first) {
   for (float& v : images) v = uniform();
   std::vector<float> dlogits(static_cast<std::size_t>(k * c * spec.num_classes()));
   for (float& v : dlogits) v = (uniform() - 0.5f) * 0.02f;
+  // Random parameters too: with the run's own (all zero under --weight-init zeros, say) every
+  // product could be 0 whatever the order of its sums, and the comparison would prove nothing.
+  // They are the run's again when it returns.
+  float* params = p_.params->data();
+  std::vector<float> saved(params, params + spec.param_count);
+  for (std::int64_t i = 0; i < spec.param_count; ++i) params[i] = (uniform() - 0.5f) * 0.2f;
+  struct Restore {
+    float* to;
+    const std::vector<float>& from;
+    ~Restore() { std::copy(from.begin(), from.end(), to); }
+  } restore{params, saved};
   const auto ctx = [&](std::int64_t j) { return StepContext{true, shape_.seed, 0, j * c}; };
   // The head's parameters: layers [0, first).
   std::vector<std::pair<std::int64_t, std::int64_t>> head;

@@ -271,7 +271,7 @@ StartFacts Trainer::start_facts(int threads, const GpuProbe& gpus) const {
       .test_images = data_.test.count,
       .model = spec_.text,
       .params = spec_.param_count,
-      .layers = train_model_->describe() + (exact_ ? "  exact sums: " + step_->exact_plan() + "\n" : std::string()),
+      .layers = step_->describe_layers() + (exact_ ? "  exact sums: " + step_->exact_plan() + "\n" : std::string()),
       .per_rank_batch = batch_,
       .gradient_progress = grad_comm_->progress_mode(),
       .conv_algos = conv_algos_,

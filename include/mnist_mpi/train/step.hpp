@@ -71,6 +71,9 @@ class Step {
   std::int64_t graph_replays() const { return replays_; }  // --cuda-graph: steps run as the captured graph
   // --exact-sums: how this rank's chunks run (Note [The row-wise tail at the rank's batch]), for the banner.
   const std::string& exact_plan() const { return exact_plan_; }
+  // The training layers' kernels as they run (Model::describe of the heads and the tail, when the
+  // exact sums' tail is used).
+  std::string describe_layers() const;
 
  private:
   // The step's work, queued (or, inside a graph capture, recorded); adds host times to `timing`.
@@ -102,6 +105,8 @@ class Step {
   // Builds the head and tail models from layer `first` on, and keeps them only if the tail at the
   // rank's batch and the heads give the chunk-by-chunk model's bits on random data.
   void try_tail(int first);
+  void build_tail(int first);
+  static constexpr int kMaxTailChunks = 64;  // chunks a rank: a head model each
   bool tail_matches_chunks(int first);
   float* chunk_input(std::int64_t j);  // where chunk j's images go
 

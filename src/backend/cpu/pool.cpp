@@ -248,8 +248,10 @@ class MaxPool final : public LayerKernel {
         // Note [A 2 x 2 pool's gradient in one pass]
         tiles_(c.fuse.pool_backward_tiles && exact_2x2(l) && by_ == bx_),
         plain_y_tiles_(training && c.fuse.pool_backward_tiles && exact_2x2(l) && bx_ > 1 && by_ == 1) {
-    if (plain_y_tiles_)
-      scratch_.assign(static_cast<std::size_t>(std::max(1, omp_get_max_threads())) * out_sample_, 0.0f);
+    if (plain_y_tiles_) {
+      threads_ = std::max(1, omp_get_max_threads());
+      scratch_.assign(static_cast<std::size_t>(threads_) * out_sample_, 0.0f);
+    }
     MNIST_CHECK(l.in.c % bx_ == 0 && l.out.c % by_ == 0 && (bx_ == by_ || by_ == 1), ExitCode::kRuntime,
                 "maxpool: unsupported layouts for " + l.text);
     if (training) argmax_.assign(static_cast<std::size_t>(b.batch * out_sample_), 0);
@@ -292,7 +294,7 @@ class MaxPool final : public LayerKernel {
     if (!dx_ || dx_left_to_conv_) return;
     if (plain_y_tiles_) {  // Note [A 2 x 2 pool's gradient in one pass]
       const PoolShape p = shape(bx_);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(threads_)  // no more threads than scratches
       for (std::int64_t n = 0; n < b_.batch; ++n) {
         float* g = scratch_.data() + static_cast<std::int64_t>(omp_get_thread_num()) * out_sample_;
         if (bx_ == 16)
@@ -398,6 +400,7 @@ class MaxPool final : public LayerKernel {
   bool tiles_;                              // Note [A 2 x 2 pool's gradient in one pass]
   bool plain_y_tiles_;                      // the same for blocked x and plain y: argmax_ in x's blocked order
   std::vector<float> scratch_;              // plain_y_tiles_: one sample's dy, blocked, per thread
+  int threads_ = 1;                         // of them
   bool relu_ = false;                       // Note [A ReLU taken over by its max pool]
   bool dx_left_to_conv_ = false;            // the convolution before reads dy and argmax_ instead of dx
   const FirstConvForward* conv_ = nullptr;  // the convolution before, computed in this pool's forward

@@ -151,14 +151,13 @@ struct ConvDescs {
 };
 
 // Of cudnnFind's results (sorted by measured time), the first that ran, is deterministic, fits
-// the cap and used the descriptor's math (bf16: tensor cores or cuDNN's default, either is bf16
-// arithmetic); -1 if none did.
+// the cap and used the descriptor's math (the rule keeps TF32 out of an fp32 run; bf16 inputs are
+// bf16 arithmetic whatever math cuDNN reports); -1 if none did.
 template <typename Perf>
 int fastest(const std::vector<Perf>& perf, int returned, cudnnMathType_t math, double& ms) {
   for (int i = 0; i < returned; ++i) {
     const Perf& p = perf[static_cast<std::size_t>(i)];
-    const bool same_math =
-        p.mathType == math || (math == CUDNN_TENSOR_OP_MATH && p.mathType == CUDNN_DEFAULT_MATH);
+    const bool same_math = p.mathType == math || math == CUDNN_TENSOR_OP_MATH;
     if (p.status == CUDNN_STATUS_SUCCESS && p.determinism == CUDNN_DETERMINISTIC && p.memory <= kWorkspaceCap &&
         same_math) {
       ms = static_cast<double>(p.time);

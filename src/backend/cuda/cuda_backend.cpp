@@ -144,6 +144,14 @@ class CudaBackend final : public Backend {
     c_.bf16 = precision == GpuPrecision::kBf16;
     const bool tf32 = c_.tf32;
     CUDA_CHECK(cudaSetDevice(device));
+    if (c_.bf16) {  // Note [bf16 on the GPU]: bf16 tensor cores came with compute capability 8.0
+      cudaDeviceProp prop{};
+      CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+      MNIST_CHECK(prop.major >= 8, ExitCode::kUsage,
+                  "--precision bf16 needs a GPU with bf16 tensor cores (compute capability 8.0 or later); GPU " +
+                      std::to_string(device) + " (" + prop.name + ") is sm_" + std::to_string(prop.major) +
+                      std::to_string(prop.minor) + ": use --precision fp32 or tf32 there");
+    }
     CUDA_CHECK(cudaStreamCreateWithFlags(&c_.stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&c_.sync_event, cudaEventDisableTiming));
     CUDNN_CHECK(cudnnCreate(&c_.cudnn));
