@@ -254,8 +254,9 @@ Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, L
 // gradient on that row of the output gradient only) may run at the rank's batch k c instead, if
 // their kernels give each row the bits they give it at batch c. That is a property of the kernels
 // oneDNN picks for the two batch sizes (the order of each row's sums), not of the values, so the
-// step checks it at set-up instead of assuming it (try_tail): on the same random images and output
-// gradients it runs the model chunk by chunk at batch c (p_.model) and the new way, and compares
+// step checks it at set-up instead of assuming it (try_tail): on the same random parameters (the
+// run's are put back after), images and output gradients it runs the model chunk by chunk at
+// batch c (p_.model) and the new way, and compares
 // bit for bit every activation and activation gradient of the tail, the heads' outputs, and every
 // chunk's gradient of the head's parameters. An order of summation does not depend on the data, so
 // the same bits on random data are the same bits on any data. Then a pass is:
@@ -265,8 +266,9 @@ Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, L
 //     and hand each chunk's weight and bias gradient to the integers in tiles, as chunk by chunk;
 //   - the heads' backward, chunk by chunk, each chunk's gradient into the integers.
 // Every chunk's gradient is the bits it was chunk by chunk (the exact runs' params_hash did not
-// move), and the integers make the order of the chunks irrelevant. Where any bit differs the step
-// stays chunk by chunk, and the banner says which.
+// move), and the integers make the order of the chunks irrelevant. Where any bit differs, where a
+// rank has more than kMaxTailChunks chunks (a head model each), or where the tail cannot be built,
+// the step stays chunk by chunk, and the banner says which.
 void Step::try_tail(int first) {
   // A model per chunk: with many chunks a rank they would cost more in memory and start-up than
   // the tail saves (the activations of the rank's whole batch, as the default mode holds).
