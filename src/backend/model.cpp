@@ -23,7 +23,7 @@ Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* pa
   dact_ptr_.assign(L + 1, nullptr);
   // Activation i is the input of layer i; flatten's output aliases its input.
   for (std::size_t i = static_cast<std::size_t>(first_); i <= static_cast<std::size_t>(end_); ++i) {
-    const Shape s = i == 0 ? spec.input : spec.layers[i - 1].out;
+    const Shape s = spec.activation(i);
     const bool alias = i > static_cast<std::size_t>(first_) && spec.layers[i - 1].kind == LayerKind::kFlatten;
     if (i == static_cast<std::size_t>(end_) && i < L) {  // another part's input
       MNIST_CHECK(!alias, ExitCode::kRuntime, "Model: a part may not end after a flatten");

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/rng.hpp"
 
 namespace mnist_mpi {
 
@@ -229,9 +230,7 @@ Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, L
     if (probe) {
       p_.model->backward(ctx);
       x.probe_chunk(p_.grads->data());
-      if (last)  // the taken weights, every chunk at once
-        for (std::size_t layer = 0; layer < taken_layer_.size(); ++layer)
-          if (taken_layer_[layer]) taker_->finish_weight_gradient(static_cast<int>(layer));
+      if (last) finish_taken();  // the taken weights, every chunk at once
     } else if (last) {
       p_.model->backward(ctx, on_layer_done_);  // absorbs each layer, then starts its buckets
     } else {
@@ -256,9 +255,8 @@ Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, L
 // oneDNN picks for the two batch sizes (the order of each row's sums), not of the values, so the
 // step checks it at set-up instead of assuming it (try_tail): on the same random parameters (the
 // run's are put back after), images and output gradients it runs the model chunk by chunk at
-// batch c (p_.model) and the new way, and compares
-// bit for bit every activation and activation gradient of the tail, the heads' outputs, and every
-// chunk's gradient of the head's parameters. An order of summation does not depend on the data, so
+// batch c (p_.model) and the new way, and compares bit for bit every activation and activation
+// gradient of the tail, the heads' outputs, and every chunk's gradient of the head's parameters. An order of summation does not depend on the data, so
 // the same bits on random data are the same bits on any data. Then a pass is:
 //   - the head (the layers before the tail) chunk by chunk at batch c, one head model per chunk,
 //     each writing its rows of the tail's input;
@@ -292,7 +290,7 @@ void Step::build_tail(int first) {
   const int c = static_cast<int>(shape_.batch), k = static_cast<int>(shape_.my_chunks.count);
   Backend& be = *p_.backend;
   tail_ = std::make_unique<Model>(spec, k * c, be, p_.params->data(), p_.grads->data(), ModelPart{first, -1});
-  const std::int64_t row = first == 0 ? spec.input.size() : spec.layers[static_cast<std::size_t>(first - 1)].out.size();
+  const std::int64_t row = spec.activation(static_cast<std::size_t>(first)).size();
   if (first > 0)
     for (int j = 0; j < k; ++j) {
       const std::int64_t at = static_cast<std::int64_t>(j) * c * row;
@@ -333,14 +331,9 @@ float* Step::chunk_input(std::int64_t j) {
 bool Step::tail_matches_chunks(int first) {
   const ModelSpec& spec = p_.model->spec();
   const std::int64_t c = shape_.batch, k = shape_.my_chunks.count, L = static_cast<std::int64_t>(spec.layers.size());
-  const auto row_size = [&](std::int64_t i) {
-    return i == 0 ? spec.input.size() : spec.layers[static_cast<std::size_t>(i - 1)].out.size();
-  };
-  std::uint64_t state = 0x9e3779b97f4a7c15ull;  // the same random values on every rank
-  const auto uniform = [&state] {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return static_cast<float>(state >> 40) / 16777216.0f;
-  };
+  const auto row_size = [&](std::int64_t i) { return spec.activation(static_cast<std::size_t>(i)).size(); };
+  std::uint64_t drawn = 0;  // the same random values on every rank (include/mnist_mpi/rng.hpp)
+  const auto uniform = [&drawn] { return rng::uniform(rng::key(0x7A11, drawn++)); };
   std::vector<float> images(static_cast<std::size_t>(k * c * spec.input.size()));
   for (float& v : images) v = uniform();
   std::vector<float> dlogits(static_cast<std::size_t>(k * c * spec.num_classes()));
@@ -410,6 +403,12 @@ bool Step::tail_matches_chunks(int first) {
   return ok;
 }
 
+// A probe pass's end for the taken weights: every chunk's at once, to the sink (which probes).
+void Step::finish_taken() {
+  for (std::size_t layer = 0; layer < taken_layer_.size(); ++layer)
+    if (taken_layer_[layer]) taker_->finish_weight_gradient(static_cast<int>(layer));
+}
+
 // exact_pass with the tail at the rank's batch (Note [The row-wise tail at the rank's batch]).
 Clock::time_point Step::exact_pass_tail(std::int64_t step, bool probe, bool poison, LossMeter& loss, Timeline* tl,
                                         StepTiming& timing) {
@@ -440,8 +439,7 @@ Clock::time_point Step::exact_pass_tail(std::int64_t step, bool probe, bool pois
   exact_first_chunk_ = true;
   if (probe) {
     tail_->backward(ctx);
-    for (std::size_t layer = 0; layer < taken_layer_.size(); ++layer)
-      if (taken_layer_[layer]) tail_->finish_weight_gradient(static_cast<int>(layer));
+    finish_taken();
   } else {
     // The tail's layers are done for every chunk (their weights taken, the rest without
     // parameters): their buckets may start. Without heads the last one is layer 0.

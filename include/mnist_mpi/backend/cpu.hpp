@@ -23,8 +23,7 @@ struct CpuFusions {
   bool bf16 = false;
 };
 
-// Whether this CPU has bf16 multiply instructions oneDNN uses (AVX512-BF16 or AMX-BF16); what it
-// has not, in words, for the refusal.
+// Whether this CPU has bf16 multiply instructions oneDNN uses (AVX512-BF16 or AMX-BF16).
 bool cpu_has_bf16();
 
 // --threads: the number of threads each rank's kernels use.

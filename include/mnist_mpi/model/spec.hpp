@@ -55,6 +55,8 @@ struct ModelSpec {
   std::vector<ParamTensor> params;  // in flat-buffer order (reverse layer order)
   std::int64_t param_count = 0;
   int num_classes() const { return layers.empty() ? 0 : static_cast<int>(layers.back().out.size()); }
+  // Activation i: the input of layer i, or for i == layers.size() the logits (one sample's shape).
+  Shape activation(std::size_t i) const { return i == 0 ? input : layers.at(i - 1).out; }
 };
 
 // Parses and shape-checks; throws Error(kUsage) naming the bad token. The last layer must output

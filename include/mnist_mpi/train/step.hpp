@@ -109,6 +109,7 @@ class Step {
   static constexpr int kMaxTailChunks = 64;  // chunks a rank: a head model each
   bool tail_matches_chunks(int first);
   float* chunk_input(std::int64_t j);  // where chunk j's images go
+  void finish_taken();                 // every taken weight's chunks to the sink
 
   StepParts p_;
   StepShape shape_;

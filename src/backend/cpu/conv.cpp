@@ -635,10 +635,7 @@ class Conv final : public LayerKernel {
                                                 pad_l, pad_r),
           user_scratchpad(), c.engine, fwd);
       desc_ += ", bwd-data " + impl(bd);
-      if (bd.weights_desc() == fwd.weights_desc())
-        w_bwd_ = MaybeReorder{w_fwd_.mem, std::nullopt};  // forward's copy (see the Note)
-      else
-        w_bwd_ = maybe_reorder(c, user_w, bd.weights_desc(), true);
+      w_bwd_ = weights_for_backward_data(c, w_fwd_, user_w, bd.weights_desc());  // see the Note
       bwd_data_ = bind<dnnl::convolution_backward_data>(c, bd,
                                                         {{DNNL_ARG_DIFF_DST, wrap(c, dst, dst_tag, b.dy)},
                                                          {DNNL_ARG_WEIGHTS, w_bwd_.mem},
@@ -779,8 +776,7 @@ class Conv final : public LayerKernel {
                                                 pad_l, pad_r),
           user_scratchpad(), c_.engine, fwd);
       desc_ += ", bwd-data " + impl(bd);
-      w_bwd_ = bd.weights_desc() == fwd.weights_desc() ? MaybeReorder{w_fwd_.mem, std::nullopt}
-                                                       : maybe_reorder(c_, user_w, bd.weights_desc(), true);
+      w_bwd_ = weights_for_backward_data(c_, w_fwd_, user_w, bd.weights_desc());
       bwd_data_ = bind<dnnl::convolution_backward_data>(c_, bd,
                                                          {{DNNL_ARG_DIFF_DST, dy_bf},
                                                           {DNNL_ARG_WEIGHTS, w_bwd_.mem},

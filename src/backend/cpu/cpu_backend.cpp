@@ -195,20 +195,19 @@ class CpuBackend final : public Backend {
   // layouts by it (mixed blocks of several each have no fast kernels), else the old rule stands.
   std::vector<Layout> activation_layouts(const ModelSpec& spec) const override {
     const std::size_t L = spec.layers.size();
-    const auto shape = [&](std::size_t i) { return i == 0 ? spec.input : spec.layers[i - 1].out; };
     std::vector<bool> candidate(L + 1, false);
     const auto speaks_blocked = [](LayerKind k) {
       return k == LayerKind::kConv || k == LayerKind::kRelu || k == LayerKind::kMaxPool;
     };
     for (std::size_t i = 1; i < L; ++i)
       candidate[i] = speaks_blocked(spec.layers[i - 1].kind) && speaks_blocked(spec.layers[i].kind) &&
-                     shape(i).c % 8 == 0 && shape(i).h * shape(i).w > 1;
+                     spec.activation(i).c % 8 == 0 && spec.activation(i).h * spec.activation(i).w > 1;
     const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
     bool all16 = avx512;
-    for (std::size_t i = 0; i <= L; ++i) all16 = all16 && (!candidate[i] || shape(i).c % 16 == 0);
+    for (std::size_t i = 0; i <= L; ++i) all16 = all16 && (!candidate[i] || spec.activation(i).c % 16 == 0);
     const auto uniform = [&](std::size_t) { return all16 ? Layout::kBlocked16 : Layout::kBlocked8; };
     const auto per_activation = [&](std::size_t i) {
-      return shape(i).c % 16 == 0 ? Layout::kBlocked16 : Layout::kBlocked8;
+      return spec.activation(i).c % 16 == 0 ? Layout::kBlocked16 : Layout::kBlocked8;
     };
     const std::vector<Layout> base = settle(spec, candidate, uniform);
     if (!avx512 || all16) return base;

@@ -127,7 +127,8 @@ std::string impl(const PD& pd) {
 
 // A reorder between a user buffer in its fixed layout and a primitive's preferred layout of the same
 // tensor, made once at build; absent when the two layouts are the same (then `mem` is the user's).
-// Used for weights and weight gradients only, which are small; activations are never reordered.
+// Used for weights and weight gradients only, which are small (activations are reordered only
+// into the bf16 copies of --precision bf16: bound_reorder below).
 struct MaybeReorder {
   dnnl::memory mem;  // what the primitive reads or writes
   std::optional<Bound> reorder;
@@ -136,22 +137,27 @@ struct MaybeReorder {
   }
 };
 
+// A reorder from one memory to another, bound at build (also --precision bf16: an fp32 activation
+// into the bf16 copy a primitive reads).
+inline Bound bound_reorder(const Context& c, const dnnl::memory& from, const dnnl::memory& to) {
+  dnnl::reorder::primitive_desc pd(from, to, user_scratchpad());
+  return bind<dnnl::reorder>(c, pd, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}});
+}
+
 // to_primitive: user -> primitive's layout (before a primitive reads it); otherwise the way back.
 inline MaybeReorder maybe_reorder(const Context& c, const dnnl::memory& user, const dnnl::memory::desc& prim,
                                   bool to_primitive) {
   if (user.get_desc() == prim) return {user, std::nullopt};
   dnnl::memory m(prim, c.engine);  // allocated once, here
-  const dnnl::memory& from = to_primitive ? user : m;
-  const dnnl::memory& to = to_primitive ? m : user;
-  dnnl::reorder::primitive_desc pd(from, to, user_scratchpad());
-  return {m, bind<dnnl::reorder>(c, pd, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}})};
+  return {m, to_primitive ? bound_reorder(c, user, m) : bound_reorder(c, m, user)};
 }
 
-// A reorder from one memory to another, bound at build (--precision bf16: an fp32 activation into
-// the bf16 copy a primitive reads).
-inline Bound bound_reorder(const Context& c, const dnnl::memory& from, const dnnl::memory& to) {
-  dnnl::reorder::primitive_desc pd(from, to, user_scratchpad());
-  return bind<dnnl::reorder>(c, pd, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}});
+// The weights a backward-data primitive reads: the forward's copy (fwd) where the primitive wants
+// that layout, which then costs no reorder of its own, else the user's weights reordered for it.
+inline MaybeReorder weights_for_backward_data(const Context& c, const MaybeReorder& fwd, const dnnl::memory& user,
+                                              const dnnl::memory::desc& want) {
+  if (want == fwd.mem.get_desc()) return {fwd.mem, std::nullopt};
+  return maybe_reorder(c, user, want, true);
 }
 
 // A layer made of bound primitives: forward, and for training an optional backward-data

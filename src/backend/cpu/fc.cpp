@@ -192,8 +192,7 @@ class Fc final : public BoundLayer {
       dnnl::inner_product_backward_data::primitive_desc bd(
           dnnl::inner_product_backward_data::desc(src_f, wei_bf, dst_bf), user_scratchpad(), c_.engine, fwd);
       desc_ += ", bwd-data " + impl(bd);
-      w_bwd_ = bd.weights_desc() == fwd.weights_desc() ? MaybeReorder{w_fwd_.mem, std::nullopt}
-                                                       : maybe_reorder(c_, user_w, bd.weights_desc(), true);
+      w_bwd_ = weights_for_backward_data(c_, w_fwd_, user_w, bd.weights_desc());
       bwd_data_ = bind<dnnl::inner_product_backward_data>(c_, bd,
                                                           {{DNNL_ARG_DIFF_DST, dy_bf},
                                                            {DNNL_ARG_WEIGHTS, w_bwd_.mem},
