@@ -19,14 +19,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 source scripts/gpu_check.sh # defines b, work, out, bundle_dir, unpack_root and gpu_env; runs nothing
 seeds=${1:-"1 2 3 4 5"}
 mkdir -p "$work" "$out"
-if [ ! -x "$b/bin/mnist_mpi" ]; then
-  [ -f "$bundle_dir/bundle.tar.xz" ] || {
-    echo "gpu_fast: no $b/bin/mnist_mpi and no $bundle_dir/bundle.tar.xz: run 'scripts/gpu_check.sh pack' where it builds, and carry $bundle_dir" >&2
-    exit 2
-  }
-  mkdir -p "$unpack_root" && tar -C "$unpack_root" -xJf "$bundle_dir/bundle.tar.xz" || exit 2
+if [ ! -x "$b/bin/mnist_mpi" ] && ! unpack_bundle; then
+  echo "gpu_fast: no $b/bin/mnist_mpi and no $bundle_dir/bundle.tar.xz to unpack: run 'scripts/gpu_check.sh pack' where it builds, and carry $bundle_dir" >&2
+  exit 2
 fi
-[ -f "$b/fast.ini" ] || cp configs/fast.ini "$b/"
 gpu_env
 tsv=$out/gpu_fast.tsv
 printf 'impl\tprecision\tseed\ttrain_s\ttest_accuracy\timages_per_s\tnote\n' >"$tsv"
@@ -35,7 +31,8 @@ row() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$tsv"; }
 for prec in fp32 tf32 bf16; do
   for s in $seeds; do
     m=$work/fast_${prec}_$s.jsonl
-    timeout 90 "$b/bin/mnist_mpi" --config "$b/fast.ini" --data-dir "$b/data" --device cuda --cuda-graph \
+    # Both sides read configs/fast.ini of this tree (the repo root is the working directory).
+    timeout 90 "$b/bin/mnist_mpi" --config configs/fast.ini --data-dir "$b/data" --device cuda --cuda-graph \
       --precision "$prec" --seed "$s" --log-every 0 --metrics-file "$m" >"$work/fast_${prec}_$s.txt" 2>&1
     rc=$?
     if [ "$rc" != 0 ]; then

@@ -83,10 +83,7 @@ def parse_args(argv=None):
         if a.max_steps == 0:
             a.max_steps = int(r.get("max-steps", 0))
         if a.batch_size is None and a.global_batch_size is None:
-            if int(r.get("global-batch-size", 0)) > 0:
-                a.global_batch_size = int(r["global-batch-size"])
-            else:
-                a.batch_size = int(r.get("batch-size", 64))
+            a.global_batch_size = recipe_global_batch(r, a.ranks)
     d = MODEL_DEFAULTS[a.model]
     if a.ranks < 1 or a.threads < 1:
         p.error("--ranks and --threads must be >= 1")
@@ -205,6 +202,21 @@ def read_config(path):
     if "model" not in r:
         sys.exit(f"torch_ddp.py: {path} has no model")
     return r
+
+
+def recipe_global_batch(r, ranks):
+    """A config's global batch as mnist_mpi reads it: global-batch-size, else batch-size per rank times
+    the ranks, else mnist_mpi's default of 100 (kDefaultGlobalBatch)."""
+    if int(r.get("global-batch-size", 0)) > 0:
+        return int(r["global-batch-size"])
+    if int(r.get("batch-size", 0)) > 0:
+        return int(r["batch-size"]) * ranks
+    return 100
+
+
+def recipe_model(r):
+    """A config's model with its initialisers (mnist_mpi's defaults: truncated_normal:0.1, zeros)."""
+    return model_from_spec(r["model"], r.get("weight-init", "truncated_normal:0.1"), r.get("bias-init", "zeros"))
 
 
 def model_from_spec(spec, weight_init, bias_init):
@@ -408,7 +420,7 @@ def worker(rank, args, port, t_launcher):
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts rank 0's)
     r = args.recipe
     if r:
-        model = model_from_spec(r["model"], r.get("weight-init", "truncated_normal:0.1"), r.get("bias-init", "zeros"))
+        model = recipe_model(r)
     else:
         model = build_model(args.model)
     ddp = DDP(model)

@@ -44,8 +44,7 @@ def main():
     import torch.nn.functional as F
 
     r = torch_ddp.read_config(a.config) if a.config else None
-    # One GPU, one rank: a config's per-rank batch-size is then its global batch too.
-    batch = a.batch_size or (int(r.get("global-batch-size") or r.get("batch-size") or 100) if r else 100)
+    batch = a.batch_size or (torch_ddp.recipe_global_batch(r, 1) if r else 100)  # one GPU, one rank
     epochs = a.epochs if a.epochs is not None else (int(r.get("epochs", 1)) if r else 1)
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
     torch.backends.cudnn.allow_tf32 = a.tf32
@@ -59,8 +58,7 @@ def main():
     yte = torch.from_numpy(data["test"][1]).to(dev)
     torch.manual_seed(a.seed)
     if r:
-        model = torch_ddp.model_from_spec(r["model"], r.get("weight-init", "truncated_normal:0.1"),
-                                          r.get("bias-init", "zeros")).to(dev)
+        model = torch_ddp.recipe_model(r).to(dev)
         opt = torch_ddp.recipe_optimizer(r, model.parameters())
     else:
         model = torch_ddp.build_model("lenet").to(dev)
@@ -68,8 +66,9 @@ def main():
     autocast = (lambda: torch.autocast(device_type=a.device, dtype=torch.bfloat16)) if a.bf16 else contextlib.nullcontext
     steps_per_epoch = torch_ddp.N_TRAIN // batch
     total_steps = steps_per_epoch * epochs
-    if a.max_steps > 0:
-        total_steps = min(total_steps, a.max_steps)
+    max_steps = a.max_steps or (int(r.get("max-steps", 0)) if r else 0)  # the command line's, else the config's
+    if max_steps > 0:
+        total_steps = min(total_steps, max_steps)
     warm = torch_ddp.WARMUP_STEPS
     step, t_steady, t_first, t_second = 0, None, None, None
     for epoch in range(epochs):

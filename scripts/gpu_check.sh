@@ -33,7 +33,7 @@ read -r -d '' budget_table <<'EOF' || true
 smoke              50  unpack; GPU, driver, CUDA runtime and driver, cuDNN, cuBLAS, NCCL versions; the libraries ldd resolves; 20 steps of tiny, 1 rank, --device cuda, listing what it loaded at run time (was 60 s)
 gpu_tests          60  gpu_tests in one process (with the CUDA graph against the ungraphed step, bitwise); every test skipped, or none run, is a FAIL (was 90 s; the first GPU run took 9 s)
 gpu_np2            40  gpu_tests under mpirun -np 2: NCCL sums and shards, and world-size invariance with 2+ GPUs, with one GPU invariance, both ranks on it (was 50 s)
-lenet             130  lenet, 1 epoch, 1 rank (2 with 2+ GPUs), --precision fp32 then tf32, each without and with --cuda-graph (the rates, params_hash equal), then with --cuda-graph --conv-algos measured; then build/cudnn_algos, cudnnFind's time for every convolution algorithm of lenet and tiny with the heuristics' pick marked, and the fc GEMMs; then --precision bf16 (Note [bf16 on the GPU]): lenet with and without --cuda-graph (params_hash equal), the fast recipe in bf16 and fp32 with the graph (was lenet_fp32 70 s + lenet_tf32 55 s; the whole check took 86 s on the last GPU)
+lenet             130  lenet, 1 epoch, 1 rank (2 with 2+ GPUs), --precision fp32 then tf32, each without and with --cuda-graph (the rates, params_hash equal), then with --cuda-graph --conv-algos measured; then build/cudnn_algos, cudnnFind's time for every convolution algorithm of lenet and tiny with the heuristics' pick marked, and the fc GEMMs; then the same three runs in --precision bf16 (Note [bf16 on the GPU]); every run must reach 97 % test accuracy (was lenet_fp32 70 s + lenet_tf32 55 s; the whole check took 86 s on the last GPU)
 sharded            40  lenet, 100 steps, --shard-optimizer off and on: 1 rank (NCCL), then 2 ranks (NCCL with 2+ GPUs, else both on the one GPU): params_hash equal each time (new)
 torch              70  PyTorch eager, same network and data: fp32 (at most 50 s), then tf32 (the rest); LD_LIBRARY_PATH unset (was 85 s)
 EOF
@@ -193,6 +193,9 @@ gpu_env() {
 
 gpu_count() { cat "$work/gpus" 2>/dev/null || echo 0; }
 
+# The bundle into $b (stage smoke; bench/gpu_fast.sh when no check ran before it).
+unpack_bundle() { rm -rf "$b" && mkdir -p "$unpack_root" && tar -C "$unpack_root" -xJf "$bundle_dir/bundle.tar.xz"; }
+
 # ---------------------------------------------------------------------------------------------
 # The stages. Each runs in a process of its own (stdout and stderr: $out/NAME.log), reports its
 # verdict with `note` and returns 0 for PASS.
@@ -285,8 +288,7 @@ stage_smoke() {
     note "no $bundle: run 'scripts/gpu_check.sh pack' where it builds, and carry $bundle_dir"
     return 1
   fi
-  rm -rf "$b" && mkdir -p "$unpack_root"
-  if ! tar -C "$unpack_root" -xJf "$bundle"; then note "could not unpack $bundle"; return 1; fi
+  if ! unpack_bundle; then note "could not unpack $bundle"; return 1; fi
   cat "$b/BUILD_INFO" 2>/dev/null || echo "(no BUILD_INFO in this bundle)"
 
   echo "-- machine"
@@ -391,38 +393,20 @@ lenet_precision() {
     fi
     hashes+=("$(final_hash "$work/lenet_$tag.jsonl")")
     rates+=("$how: $(rate_and_accuracy "$work/lenet_$tag.txt")")
+    # One epoch of lenet reaches 98.4-98.8 % in every precision measured (fp32 and tf32 on an
+    # H200, fp32 and bf16 on CPUs): below 97 % the precision's training is broken, not unlucky.
+    local acc
+    acc=$(grep -ohE '"test_accuracy":[0-9.]+' "$work/lenet_$tag.jsonl" | tail -n 1 | cut -d: -f2)
+    if ! awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.97) }'; then
+      note "$how: test accuracy ${acc:-none} after one epoch, below 97 %: ${rates[*]}"
+      return 1
+    fi
   done
   if [ -z "${hashes[0]}" ] || [ "${hashes[0]}" != "${hashes[1]}" ]; then
     note "params_hash without the graph ${hashes[0]:-none}, with it ${hashes[1]:-none}: the graph changes the bits; ${rates[*]}"
     return 1
   fi
   note "${rates[0]} | ${rates[1]} | params_hash ${hashes[0]} both | ${rates[2]}, params_hash ${hashes[2]:-none}"
-}
-# Note [bf16 on the GPU] (src/backend/cuda/cuda_backend.cpp) on the device, part of the lenet stage:
-# lenet in bf16 without and with the graph (the same bits), then the fast recipe (configs/fast.ini,
-# its whole budget) in bf16 and fp32 with the graph; each run's rate and test accuracy.
-lenet_bf16() {
-  local rc how tag hashes=() rates=()
-  [ -x "$b/bin/mnist_mpi" ] || { note "no $b/bin/mnist_mpi (smoke did not unpack the bundle)"; return 1; }
-  [ -f "$b/fast.ini" ] || cp configs/fast.ini "$b/"  # a bundle packed before it carried fast.ini
-  for tag in lenet_bf16_eager lenet_bf16_graph fast_bf16_graph fast_fp32_graph; do
-    local cfg=${tag%%_*} prec extra=()
-    prec=${tag#*_} && prec=${prec%_*}
-    [ "${tag##*_}" = graph ] && extra+=(--cuda-graph)
-    [ "$cfg" = lenet ] && extra+=(--epochs 1)
-    echo "-- mnist_mpi $cfg, 1 rank, --precision $prec ${extra[*]}"
-    "$b/bin/mnist_mpi" --config "$b/$cfg.ini" --data-dir "$b/data" --device cuda --precision "$prec" "${extra[@]}" \
-      --log-every 0 --metrics-file "$work/bf16_$tag.jsonl" 2>&1 | tee "$work/bf16_$tag.txt"
-    rc=${PIPESTATUS[0]}
-    if [ "$rc" != 0 ]; then note "$tag: exit code $rc${rates[*]:+; before it: ${rates[*]}}"; return 1; fi
-    hashes+=("$(final_hash "$work/bf16_$tag.jsonl")")
-    rates+=("$tag: $(rate_and_accuracy "$work/bf16_$tag.txt")")
-  done
-  if [ -z "${hashes[0]}" ] || [ "${hashes[0]}" != "${hashes[1]}" ]; then
-    note "lenet bf16 params_hash without the graph ${hashes[0]:-none}, with it ${hashes[1]:-none}; ${rates[*]}"
-    return 1
-  fi
-  note "$(printf '%s | ' "${rates[@]}")lenet bf16 params_hash ${hashes[0]} with and without the graph"
 }
 # Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp) on the device: the sharded
 # run's params_hash is the unsharded one's, on 1 rank and on 2.
@@ -440,7 +424,7 @@ stage_sharded() {
         --shard-optimizer "$mode" --collective-timeout 30 --metrics-file "$work/sharded_${ranks}_$mode.jsonl" 2>&1 |
         tee "$work/sharded_${ranks}_$mode.txt"
       rc=${PIPESTATUS[0]}
-      hash=$(grep -ohE '"params_hash":"[0-9a-f]+"' "$work/sharded_${ranks}_$mode.jsonl" 2>/dev/null | tail -n 1 | cut -d'"' -f4)
+      hash=$(final_hash "$work/sharded_${ranks}_$mode.jsonl")
       [ "$rc" = 0 ] || { bad=1; hash="exit code $rc"; }
       hashes+=("${hash:-none}")
     done
@@ -468,7 +452,7 @@ stage_lenet() {
     notes+=("cudnn_algos: not in the bundle")
     rc=1
   fi
-  lenet_bf16 || rc=1
+  lenet_precision bf16 || rc=1  # Note [bf16 on the GPU]: its first run on a GPU
   notes+=("bf16: $(tail -n 1 "$sink" 2>/dev/null)")
   note "$(printf '%s || ' "${notes[@]}" | sed 's/ || $//')"
   return "$rc"
@@ -607,7 +591,7 @@ pack() {
     ldd "$f" 2>/dev/null | awk '/=> \//{print $3}' | grep -vE "$skip" || true
   done | sort -u | while read -r lib; do cp -Ln "$lib" "$b/lib/" 2>/dev/null || true; done
   cp data/mnist/*-ubyte "$b/data/"
-  cp configs/lenet.ini configs/tiny.ini configs/fast.ini "$b/"
+  cp configs/lenet.ini configs/tiny.ini "$b/"
   build_info >"$b/BUILD_INFO"
   mkdir -p "$bundle_dir"
   echo "gpu_check: packing $(du -sh "$b" | cut -f1) (xz; a minute or two) ..."

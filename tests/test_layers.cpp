@@ -1191,6 +1191,15 @@ TEST(Model, Bf16GradientsAreTheFp32OnesToBf16Precision) {
     EXPECT_LE(d.relative, 2e-2) << t.name << ": off by " << d.relative << " of its norm";
     EXPECT_TRUE(d.differ) << t.name << ": the fp32 bits";
   }
+  // The parameters change (as the optimiser changes them): the bf16 copies must follow them.
+  const std::vector<float> before(m32.logits(), m32.logits() + batch * 10);
+  init_params(spec, parse_init_spec("he"), parse_init_spec("constant:-0.2"), 43, params.data());
+  m32.forward(StepContext{});
+  m16.forward(StepContext{});
+  const Distance after = distance(m32.logits(), m16.logits(), batch * 10);
+  EXPECT_LE(after.relative, 2e-2) << "after the parameters changed, logits off by " << after.relative;
+  EXPECT_GT(distance(m32.logits(), before.data(), batch * 10).relative, 0.1)
+      << "the changed parameters did not change the fp32 logits: this check could not tell";
 }
 
 TEST(Model, GradientOfEveryParameterTensor) {

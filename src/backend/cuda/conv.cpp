@@ -105,14 +105,17 @@ const Perf& pick(const std::vector<Perf>& perf, int returned, std::size_t cap, c
 constexpr std::size_t kWorkspaceCap = std::size_t{256} << 20;  // per layer and direction
 constexpr int kMaxAlgos = 16;
 
+// Note [bf16 on the GPU] in cuda_backend.cpp: the first layer's convolution stays float.
+bool conv_in_bf16(const Context& c, bool first_layer) { return c.bf16 && !first_layer; }
+
 // A convolution as cuDNN sees it: x (N, C, PH, PW) with the asymmetric 'same' padding made
 // explicit (padded: PH, PW include it and cuDNN pads nothing), w (O, I, KH, KW), y (N, O, OH, OW);
 // x, w and y in float, or in bf16 (Note [bf16 on the GPU] in cuda_backend.cpp: cuDNN's
-// PSEUDO_BFLOAT16 configuration, float accumulation). yf: y in float, for the bias.
+// PSEUDO_BFLOAT16 configuration, float accumulation).
 struct ConvDescs {
   bool padded = false, bf16 = false;
   int ph = 0, pw = 0;
-  TensorDesc x, y, yf, bias;
+  TensorDesc x, y, bias;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
 
@@ -123,7 +126,6 @@ struct ConvDescs {
     const cudnnDataType_t type = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     x.set(batch, l.in.c, ph, pw, type);
     y.set(batch, l.channels, l.out.h, l.out.w, type);
-    yf.set(batch, l.channels, l.out.h, l.out.w);
     bias.set(1, l.channels, 1, 1);
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
     CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, type, CUDNN_TENSOR_NCHW, l.channels, l.in.c, l.kernel_h, l.kernel_w));
@@ -185,7 +187,7 @@ std::size_t measured_workspace(cudnnStatus_t status, std::size_t bytes, const La
 class Conv final : public LayerKernel {
  public:
   Conv(Context& c, const LayerSpec& l, int index, const LayerBuffers& b, bool training)
-      : c_(c), l_(l), b_(b), d_(c, l, b.batch, c.bf16 && index != 0) {
+      : c_(c), l_(l), b_(b), d_(c, l, b.batch, conv_in_bf16(c, index == 0)) {
     padded_ = d_.padded;
     ph_ = d_.ph;
     pw_ = d_.pw;
@@ -225,36 +227,44 @@ class Conv final : public LayerKernel {
       launch_pad(c_.stream, b_.x, xpad_.get(), b_.batch * l_.in.c, l_.in.h, l_.in.w, l_.pad_top, l_.pad_left, ph_, pw_);
       xin = xpad_.get();
     }
-    if (d_.bf16) {
+    const void *x = xin, *w = b_.w;
+    void* y = b_.y;
+    if (d_.bf16) {  // Note [bf16 on the GPU] in cuda_backend.cpp: bf16 copies in, y widened after
       launch_to_bf16(c_.stream, xin, x16_.get(), x16_.size());
       launch_to_bf16(c_.stream, b_.w, w16_.get(), w16_.size());
-      CUDNN_CHECK(cudnnConvolutionForward(c_.cudnn, &one, d_.x.d, x16_.get(), d_.w, w16_.get(), d_.conv, fwd_,
-                                          workspace_.get(), static_cast<std::size_t>(workspace_.size()), &zero, d_.y.d,
-                                          y16_.get()));
-      launch_from_bf16(c_.stream, y16_.get(), b_.y, y16_.size());
-    } else {
-      CUDNN_CHECK(cudnnConvolutionForward(c_.cudnn, &one, d_.x.d, xin, d_.w, b_.w, d_.conv, fwd_, workspace_.get(),
-                                          static_cast<std::size_t>(workspace_.size()), &zero, d_.y.d, b_.y));
+      x = x16_.get(), w = w16_.get(), y = y16_.get();
     }
-    CUDNN_CHECK(cudnnAddTensor(c_.cudnn, &one, d_.bias.d, bias_ptr_, &one, d_.yf.d, b_.y));
+    CUDNN_CHECK(cudnnConvolutionForward(c_.cudnn, &one, d_.x.d, x, d_.w, w, d_.conv, fwd_, workspace_.get(),
+                                        static_cast<std::size_t>(workspace_.size()), &zero, d_.y.d, y));
+    if (d_.bf16) {
+      launch_from_bf16(c_.stream, y16_.get(), b_.y, y16_.size());
+      launch_bias_add(c_.stream, b_.y, bias_ptr_, b_.batch, l_.channels, static_cast<std::int64_t>(l_.out.h) * l_.out.w);
+    } else {
+      CUDNN_CHECK(cudnnAddTensor(c_.cudnn, &one, d_.bias.d, bias_ptr_, &one, d_.y.d, b_.y));
+    }
   }
 
   void backward(const StepContext&) override {
-    if (d_.bf16) return backward_bf16();
     const float one = 1.0f, zero = 0.0f;
-    const float* xin = padded_ ? xpad_.get() : b_.x;  // the padded input of this step's forward
+    const void *x = padded_ ? xpad_.get() : b_.x, *w = b_.w, *dy = b_.dy;  // x: this step's forward's input
+    void *dx = padded_ ? dxpad_.get() : b_.dx, *dw = b_.dw;
+    if (d_.bf16) {  // Note [bf16 on the GPU]: x16_ and w16_ are this step's forward's; dx, dW widened after
+      launch_to_bf16(c_.stream, b_.dy, dy16_.get(), dy16_.size());
+      x = x16_.get(), w = w16_.get(), dy = dy16_.get(), dx = dx16_.get(), dw = dw16_.get();
+    }
     if (b_.dx) {
-      float* dxout = padded_ ? dxpad_.get() : b_.dx;
-      CUDNN_CHECK(cudnnConvolutionBackwardData(c_.cudnn, &one, d_.w, b_.w, d_.y.d, b_.dy, d_.conv, bwd_data_,
+      CUDNN_CHECK(cudnnConvolutionBackwardData(c_.cudnn, &one, d_.w, w, d_.y.d, dy, d_.conv, bwd_data_,
                                                workspace_.get(), static_cast<std::size_t>(workspace_.size()), &zero,
-                                               d_.x.d, dxout));
+                                               d_.x.d, dx));
+      if (d_.bf16) launch_from_bf16(c_.stream, dx16_.get(), padded_ ? dxpad_.get() : b_.dx, dx16_.size());
       if (padded_)
         launch_crop(c_.stream, dxpad_.get(), b_.dx, b_.batch * l_.in.c, l_.in.h, l_.in.w, l_.pad_top, l_.pad_left, ph_,
                     pw_);
     }
-    CUDNN_CHECK(cudnnConvolutionBackwardFilter(c_.cudnn, &one, d_.x.d, xin, d_.y.d, b_.dy, d_.conv, bwd_filter_,
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(c_.cudnn, &one, d_.x.d, x, d_.y.d, dy, d_.conv, bwd_filter_,
                                                workspace_.get(), static_cast<std::size_t>(workspace_.size()), &zero,
-                                               d_.w, b_.dw));
+                                               d_.w, dw));
+    if (d_.bf16) launch_from_bf16(c_.stream, dw16_.get(), b_.dw, dw16_.size());
     float* dbias = b_.dw + (bias_ptr_ - b_.w);
     launch_bias_grad(c_.stream, b_.dy, b_.batch, l_.channels, static_cast<std::int64_t>(l_.out.h) * l_.out.w, dbias);
   }
@@ -264,28 +274,6 @@ class Conv final : public LayerKernel {
   }
 
  private:
-  // Note [bf16 on the GPU]: x16_ and w16_ are this step's forward's.
-  void backward_bf16() {
-    const float one = 1.0f, zero = 0.0f;
-    launch_to_bf16(c_.stream, b_.dy, dy16_.get(), dy16_.size());
-    if (b_.dx) {
-      CUDNN_CHECK(cudnnConvolutionBackwardData(c_.cudnn, &one, d_.w, w16_.get(), d_.y.d, dy16_.get(), d_.conv,
-                                               bwd_data_, workspace_.get(), static_cast<std::size_t>(workspace_.size()),
-                                               &zero, d_.x.d, dx16_.get()));
-      float* dxout = padded_ ? dxpad_.get() : b_.dx;
-      launch_from_bf16(c_.stream, dx16_.get(), dxout, dx16_.size());
-      if (padded_)
-        launch_crop(c_.stream, dxpad_.get(), b_.dx, b_.batch * l_.in.c, l_.in.h, l_.in.w, l_.pad_top, l_.pad_left, ph_,
-                    pw_);
-    }
-    CUDNN_CHECK(cudnnConvolutionBackwardFilter(c_.cudnn, &one, d_.x.d, x16_.get(), d_.y.d, dy16_.get(), d_.conv,
-                                               bwd_filter_, workspace_.get(),
-                                               static_cast<std::size_t>(workspace_.size()), &zero, d_.w, dw16_.get()));
-    launch_from_bf16(c_.stream, dw16_.get(), b_.dw, dw16_.size());
-    float* dbias = b_.dw + (bias_ptr_ - b_.w);
-    launch_bias_grad(c_.stream, b_.dy, b_.batch, l_.channels, static_cast<std::int64_t>(l_.out.h) * l_.out.w, dbias);
-  }
-
   // --conv-algos heuristic: the first deterministic algorithm of cuDNN's heuristics per direction.
   void use_heuristics(bool training) {
     std::size_t ws = 0;
@@ -373,7 +361,7 @@ std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, int index
 }
 
 MeasuredConv measure_conv(Context& c, const LayerSpec& l, int batch, bool needs_dx, double ms[3]) {
-  const ConvDescs d(c, l, batch, c.bf16 && needs_dx);  // as the layer: the first convolution stays float
+  const ConvDescs d(c, l, batch, conv_in_bf16(c, /*first_layer=*/!needs_dx));  // only the first layer needs no dx
   const cudnnMathType_t math = ConvDescs::math(c, d.bf16);
   MeasuredConv m;
   ms[0] = ms[1] = ms[2] = 0.0;
