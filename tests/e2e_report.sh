@@ -187,7 +187,7 @@ refused() {  # NAME CODE PATTERN -- args
   shift 4
   timeout 60 "$bin" report "$@" >"$out/r.out" 2>"$out/r.err"
   local rc=$?
-  if [ "$rc" -eq "$want" ] && grep -qE -- "$pattern" "$out/r.err" && [ "$(grep -c "mnist_mpi: error" "$out/r.err")" -eq 1 ]; then
+  if [ "$rc" -eq "$want" ] && grep -qE -- "$pattern" "$out/r.err" && [ "$(grep -c "mnist_mpi report: error" "$out/r.err")" -eq 1 ]; then
     ok "report refuses $name (exit $rc)"
   else bad "report $name: exit $rc" "$out/r.err"; fi
 }
@@ -201,8 +201,15 @@ refused "a file without its final event" 3 "unfinished.jsonl: ends at line [0-9]
 sed '2s/"step":[0-9]*/"step":"five"/' "$out/even.jsonl" >"$out/edited.jsonl"
 refused "a field of the wrong type" 3 "edited.jsonl:2: the field \"step\" is not a whole number" -- \
   "$out/edited.jsonl" --out "$out/x.html"
-refused "a missing --out" 2 "needs at least one metrics file and --out" -- "$out/even.jsonl"
+refused "a missing --out" 2 "give one or more metrics files and --out FILE.html" -- "$out/even.jsonl"
 [ -e "$out/x.html" ] && bad "a refused report wrote its file"
+# Note [No output is an input]: --out naming one of its metrics files is refused before anything
+# is written; a FIFO (or a directory) is refused by name, not read (it would block).
+cp "$out/even.jsonl" "$out/keep.jsonl"
+refused "--out over its own metrics file" 2 "--out .*keep.jsonl" -- "$out/keep.jsonl" --out "$out/keep.jsonl"
+cmp -s "$out/even.jsonl" "$out/keep.jsonl" || bad "report --out over its input changed the input"
+mkfifo "$out/fifo.jsonl"
+refused "a FIFO as a metrics file" 3 "fifo.jsonl.* FIFO" -- "$out/fifo.jsonl" --out "$out/x.html"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

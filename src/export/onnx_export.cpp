@@ -140,16 +140,6 @@ void vet(onnx::ModelProto& model) {
 // Note [Whole or absent] (include/mnist_mpi/io/file_kind.hpp): the model file is whole or absent.
 constexpr const char* kOnnxTempSuffix = ".tmp";
 
-void write_whole_file(const std::string& path, const std::string& bytes) {
-  replace_file(path, kOnnxTempSuffix, {reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()},
-               [&](const std::string& what, int e, bool renamed) {
-                 throw_error(ExitCode::kOutput, std::string(renamed ? "wrote " : "cannot write ") + quote_input(path) +
-                                                    (renamed ? " but " : ": ") + what +
-                                                    (e ? ": " + std::string(std::strerror(e)) : std::string()) +
-                                                    " -- check the directory exists and is writable");
-               });
-}
-
 }  // namespace
 
 void check_onnx_exportable(const ModelSpec& spec) {
@@ -290,7 +280,7 @@ int export_onnx_main(int argc, char** argv) {
         std::string chosen;
         const Checkpoint ck = pick_checkpoint(checkpoint, chosen);
         const OnnxExport e = export_onnx(ck);
-        write_whole_file(onnx_path, e.bytes);
+        write_whole_file(onnx_path, kOnnxTempSuffix, e.bytes);
         std::printf(
             "wrote %s: ONNX opset %lld, %d nodes, input %s (N,%d,%d,%d), outputs %s and %s (N,%d); "
             "model %s at step %lld from %s\n",

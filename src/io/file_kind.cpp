@@ -198,4 +198,14 @@ void replace_file(const std::string& path, const std::string& suffix, std::span<
   }
 }
 
+void write_whole_file(const std::string& path, const std::string& suffix, std::string_view bytes) {
+  replace_file(path, suffix, {reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()},
+               [&](const std::string& what, int e, bool renamed) {
+                 throw_error(ExitCode::kOutput, std::string(renamed ? "wrote " : "cannot write ") + quote_input(path) +
+                                                    (renamed ? " but " : ": ") + what +
+                                                    (e ? ": " + std::string(std::strerror(e)) : std::string()) +
+                                                    " -- check the directory exists and is writable");
+               });
+}
+
 }  // namespace mnist_mpi

@@ -4,21 +4,25 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <fstream>
+#include <sstream>
 #include <map>
 
+#include <boost/program_options.hpp>
+
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/config/options.hpp"  // run_subcommand
+#include "mnist_mpi/io/file_kind.hpp"
+#include "mnist_mpi/io/file_roles.hpp"
 #include "mnist_mpi/json.hpp"
 #include "mnist_mpi/report/output.hpp"
 #include "mnist_mpi/report/ranks.hpp"
 
 namespace mnist_mpi {
+namespace po = boost::program_options;
 namespace {
 
-const char* kUsage =
-    "usage: mnist_mpi report RUN.jsonl [RUN2.jsonl ...] --out FILE.html\n"
-    "  draws one or several runs' metrics files (written with --metrics-file) into one HTML report:\n"
-    "  one run as the training-time --report draws it, several overlaid and labelled by config and options\n";
+constexpr const char* kTempSuffix = ".tmp";               // Note [Whole or absent]
+constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 32;  // a metrics file of 4 GB is not one
 
 double number(const Json& j, const char* key) {
   const auto it = j.find(key);
@@ -83,8 +87,8 @@ LabelledRun read_metrics_file(const std::string& path) {
   } catch (const Json::exception& e) {
     throw_error(ExitCode::kData, path + ":" + std::to_string(n) + ": an event with a field of the wrong type (" +
                                      e.what() + "): not a metrics file this program wrote");
-  }  catch (const Error& e) {  // one that does not name the file yet (whole()): its line
-    if (std::string(e.what()).rfind(path, 0) == 0) throw;
+  } catch (const Error& e) {  // one that does not name the file and line yet (whole()): its line
+    if (n == 0 || std::string(e.what()).rfind(path, 0) == 0) throw;  // n == 0: the file itself
     throw_error(e.code(), path + ":" + std::to_string(n) + ": " + e.what());
   }
 }
@@ -92,8 +96,16 @@ LabelledRun read_metrics_file(const std::string& path) {
 namespace {
 
 LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
-  std::ifstream in(path);
-  MNIST_CHECK(in.good(), ExitCode::kData, "cannot read the metrics file '" + path + "': " + std::strerror(errno));
+  // Note [Look before you open] (include/mnist_mpi/io/file_kind.hpp): a FIFO or a directory is
+  // refused by name, not read.
+  const std::vector<std::uint8_t> bytes =
+      read_regular_file(path, "the metrics file", ExitCode::kData, "give a file written by --metrics-file", kMaxBytes,
+                        [&](std::uint64_t size) {
+                          throw_error(ExitCode::kData, "the metrics file " + quote_input(path) + " has " +
+                                                           std::to_string(size) +
+                                                           " bytes, more than any run writes: not a metrics file");
+                        });
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
   LabelledRun run;
   ReportData& d = run.data;
   Json start, final_event;
@@ -111,13 +123,13 @@ LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
                 where + ": a JSON line without an \"event\": not an mnist_mpi metrics file");
     const std::string kind = e["event"];
     if (n == 1) {
-      MNIST_CHECK(kind == "start", ExitCode::kData, where + ": the first event is '" + kind + "', not 'start'");
+      MNIST_CHECK(kind == "start", ExitCode::kData, where + ": the first event is " + quote_input(kind) + ", not 'start'");
       const std::int64_t format = whole(e, "format", 0);
       MNIST_CHECK(format == kMetricsFormat, ExitCode::kData,
                   where + ": a metrics file of " +
                       (format == 0 ? std::string("an earlier version (no format number)")
                                    : "format " + std::to_string(format)) +
-                      ", written by mnist_mpi " + e.value("version", std::string("before 0.1.0")) +
+                      ", written by mnist_mpi " + quote_input(e.value("version", std::string("before 0.1.0"))) +
                       "; this program (" MNIST_MPI_VERSION ") reads format " + std::to_string(kMetricsFormat) +
                       ": draw it with the version that wrote it, or train again");
       start = e;
@@ -224,37 +236,32 @@ void label_runs(std::vector<LabelledRun>& runs, const std::vector<std::string>& 
 int report_main(int argc, char** argv) {
   std::vector<std::string> files;
   std::string out_path;
-  try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a == "--help" || a == "-h") {
-        std::fputs(kUsage, stdout);
-        return 0;
-      }
-      if (a == "--out") {
-        MNIST_CHECK(i + 1 < argc, ExitCode::kUsage, "--out needs a file name");
-        out_path = argv[++i];
-      } else if (a.rfind("--out=", 0) == 0) {
-        out_path = a.substr(6);
-      } else {
-        MNIST_CHECK(a.rfind("-", 0) != 0, ExitCode::kUsage, "report: unknown option '" + a + "'");
-        files.push_back(a);
-      }
-    }
-    MNIST_CHECK(!files.empty() && !out_path.empty(), ExitCode::kUsage,
-                std::string("report needs at least one metrics file and --out FILE.html\n") + kUsage);
+  po::options_description desc(
+      "mnist_mpi " MNIST_MPI_VERSION
+      " report - draw one or several runs' metrics files (written with --metrics-file) into one HTML page.\n"
+      "Usage: mnist_mpi report RUN.jsonl [RUN2.jsonl ...] --out FILE.html (one process, no mpirun)\n"
+      "One run as the training-time --report draws it; several overlaid, labelled by config and options\nOptions");
+  desc.add_options()("help,h", "print this help and exit")(
+      "out", po::value(&out_path), "the HTML file to write (replaced whole, or left as it was on an error)")(
+      "run", po::value(&files), "metrics files (positional)");
+  po::positional_options_description pos;
+  pos.add("run", -1);
+  return run_subcommand("report", "mnist_mpi report", desc, &pos, argc, argv, [&](const po::variables_map&) -> int {
+    if (files.empty() || out_path.empty())
+      throw_error(ExitCode::kUsage, "give one or more metrics files and --out FILE.html (see mnist_mpi report --help)");
+    FileRoles roles;  // Note [No output is an input]: --out over a metrics file would destroy it
+    for (const std::string& f : files) roles.input("a metrics file", f);
+    roles.replaced_output("--out", out_path, kTempSuffix);
+    roles.check();
+    check_output_path(out_path, "the report (--out)", ExitCode::kOutput);  // before the work
     std::vector<LabelledRun> runs;
     for (const std::string& f : files) runs.push_back(read_metrics_file(f));
     label_runs(runs, {"precision", "exact sums", "seed"});
-    const std::string html = runs.size() == 1 ? render_html_report(runs[0].data) : render_runs_report(runs);
-    OutputFile out("the report (--out)", out_path, OutputFile::Mode::kReplace);
-    if (!(out.open() && out.write(html) && out.close())) return static_cast<int>(ExitCode::kOutput);
+    write_whole_file(out_path, kTempSuffix,
+                     runs.size() == 1 ? render_html_report(runs[0].data) : render_runs_report(runs));
     std::printf("report: %s (%zu run%s)\n", out_path.c_str(), runs.size(), runs.size() == 1 ? "" : "s");
     return 0;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "mnist_mpi: error: %s\n", e.what());
-    return static_cast<int>(e.code());
-  }
+  });
 }
 
 }  // namespace mnist_mpi

@@ -16,6 +16,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
@@ -77,5 +78,8 @@ void check_output_path(const std::string& path, const std::string& what, ExitCod
 using WriteError = std::function<void(const std::string& what, int err, bool renamed)>;
 void replace_file(const std::string& path, const std::string& suffix, std::span<const std::uint8_t> bytes,
                   const WriteError& on_error);
+// replace_file for a command's one product (export's ONNX model, report's page): a failure throws
+// Error(kOutput) naming the file, what failed and the fix.
+void write_whole_file(const std::string& path, const std::string& suffix, std::string_view bytes);
 
 }  // namespace mnist_mpi
