@@ -2,6 +2,7 @@
 #include "mnist_mpi/train/exact_sums.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -208,10 +209,10 @@ void ExactSums::absorb_all(const float* grads, bool first_chunk) {
   for (std::size_t t = 0; t < tensors_.size(); ++t) absorb(grads, t, first_chunk);
 }
 
-void ExactSums::to_float(float* grads, std::span<const ParamRange> owned, Communicator* sharded) {
+double ExactSums::to_float(float* grads, std::span<const ParamRange> owned, Communicator* sharded) {
   if (nonfinite() > 0) {  // the step guard refuses it (Note [Non-finite steps]); the limits stay
     for (const ParamRange& r : owned) std::fill(grads + r.begin, grads + r.end, std::numeric_limits<float>::quiet_NaN());
-    return;
+    return 0.0;
   }
   // Per tensor the exponent of its largest sum (kNone: all zero, kBeyond: beyond float's range),
   // over this rank's part, then (sharded) over every rank's: the whole tensor's.
@@ -227,13 +228,16 @@ void ExactSums::to_float(float* grads, std::span<const ParamRange> owned, Commun
     std::frexp(m, &e);
     probe_max_[t] = m == 0.0f ? kNone : std::isfinite(m) ? e : kBeyond;
   }
+  const auto w0 = std::chrono::steady_clock::now();
   if (sharded) sharded->allreduce_max(probe_max_);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
   for (std::size_t t = 0; t < tensors_.size(); ++t) {
     // Note [Where the shift comes from]; an all-zero or overflowing gradient keeps its limit
     if (probe_max_[t] == kNone || probe_max_[t] == kBeyond) continue;
     limit_[t] = static_cast<std::int32_t>(probe_max_[t]) + kHeadroomBits;
     set_scales(t);
   }
+  return waited;
 }
 
 }  // namespace mnist_mpi

@@ -105,6 +105,7 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
       graph_->capture([&] { body(step, lr, false, ignored); });
     }
     graph_->replay();  // host times of the parts are not known: one launch
+    slow_down();       // on the host, after the launch: the next step's launch waits
     ++replays_;
   } else {
     if (p_.exact)
@@ -177,7 +178,7 @@ void Step::body(std::int64_t step, double lr, bool poison, StepTiming& timing) {
       else
         p_.backend->add(accum_->data(), p_.grads->data(), spec.param_count);
     }
-    if (last && shape_.slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(shape_.slow_ms));
+    if (last) slow_down();
     backward_end = Clock::now();
     record_micro(step, micro, last, at, backward_end, p_.timeline, timing);
   }
@@ -202,8 +203,11 @@ void Step::body_exact(std::int64_t step, double lr, bool poison, StepTiming& tim
     timing.exposed_comm += p_.reducer->finish();
     if (x.out_of_range() == 0 || x.nonfinite() > 0) {
       const auto c0 = Clock::now();
-      x.to_float(p_.grads->data(), owned_, p_.reducer->sharded() ? &p_.reducer->communicator() : nullptr);
-      timing.optimizer += seconds(Clock::now() - c0);
+      // The MAX of the limits waits for the slowest rank: exposed communication, not the optimizer's.
+      const double waited =
+          x.to_float(p_.grads->data(), owned_, p_.reducer->sharded() ? &p_.reducer->communicator() : nullptr);
+      timing.optimizer += seconds(Clock::now() - c0) - waited;
+      timing.exposed_comm += waited;
       apply(step, lr, backward_end, timing, /*sums_in=*/true);
       return;
     }
@@ -233,6 +237,7 @@ Clock::time_point Step::exact_pass(std::int64_t step, bool probe, bool poison, L
       if (last) finish_taken();  // the taken weights, every chunk at once
     } else if (last) {
       p_.model->backward(ctx, on_layer_done_);  // absorbs each layer, then starts its buckets
+      slow_down();
     } else {
       p_.model->backward(ctx);
       x.absorb_all(p_.grads->data(), exact_first_chunk_);
@@ -403,6 +408,13 @@ bool Step::tail_matches_chunks(int first) {
   return ok;
 }
 
+// MNIST_MPI_FAULT=RANK:slow:MS (include/mnist_mpi/resilience/fault.hpp): this rank sleeps at the
+// end of every step's backward, on every path (the plain step, the exact sums' passes, a replayed
+// CUDA graph), so that the others wait for it.
+void Step::slow_down() const {
+  if (shape_.slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(shape_.slow_ms));
+}
+
 // A probe pass's end for the taken weights: every chunk's at once, to the sink (which probes).
 void Step::finish_taken() {
   for (std::size_t layer = 0; layer < taken_layer_.size(); ++layer)
@@ -460,6 +472,7 @@ Clock::time_point Step::exact_pass_tail(std::int64_t step, bool probe, bool pois
       x.absorb_all(p_.grads->data(), exact_first_chunk_);
     }
   }
+  if (!probe) slow_down();
   const Clock::time_point backward_end = Clock::now();
   record_micro(step, 0, true, at, backward_end, tl, timing);
   return backward_end;

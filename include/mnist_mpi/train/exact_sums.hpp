@@ -78,7 +78,8 @@ class ExactSums final : public FixedPointSink {
   // (NaN there when a chunk had a non-finite value, for the step guard), and the next step's
   // limits from it. sharded: the communicator over whose ranks `owned` are shards, for the exact
   // MAX that makes the limits those of the whole tensors; null when `owned` covers every element.
-  void to_float(float* grads, std::span<const ParamRange> owned, Communicator* sharded);
+  // Returns the seconds spent in the collective (waiting for the other ranks, not converting).
+  double to_float(float* grads, std::span<const ParamRange> owned, Communicator* sharded);
   void to_float(float* grads) {  // every element
     const ParamRange all{0, count_};
     to_float(grads, {&all, 1}, nullptr);

@@ -110,6 +110,7 @@ class Step {
   bool tail_matches_chunks(int first);
   float* chunk_input(std::int64_t j);  // where chunk j's images go
   void finish_taken();                 // every taken weight's chunks to the sink
+  void slow_down() const;              // MNIST_MPI_FAULT=RANK:slow:MS
 
   StepParts p_;
   StepShape shape_;
