@@ -81,14 +81,8 @@ void check_same_data(Communicator& comm, const std::vector<DataFile>& files) {
   }
   if (same) return;
 
-  std::vector<std::uint8_t> gathered;
-  std::vector<std::int64_t> counts;
-  const std::string me = comm.host();
-  comm.gather(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(me.data()), me.size()), gathered,
-              counts, 0);
-  std::vector<std::string> hosts(n, "?");
-  for (std::size_t r = 0, at = 0; r < counts.size(); at += static_cast<std::size_t>(counts[r]), ++r)
-    hosts[r] = std::string(reinterpret_cast<const char*>(gathered.data()) + at, static_cast<std::size_t>(counts[r]));
+  std::vector<std::string> hosts = gather_hosts(comm, 0);
+  hosts.resize(n, "?");  // ranks other than 0 learn no host names
   std::string what;
   for (std::size_t f = 0; f < files.size(); ++f) {
     std::vector<std::pair<std::uint64_t, std::vector<std::size_t>>> groups;  // digest, its ranks; rank order

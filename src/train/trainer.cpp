@@ -592,40 +592,31 @@ void Trainer::nonfinite_step(std::int64_t bad_step, bool own_loss_bad) {
 // Rank 0's own step times say little about the others, and a slow rank shows on it only as
 // waiting. So each rank sums its phase times (data, forward, backward, exposed communication,
 // optimizer) and at every log line, where the ranks already meet for the training loss, one small
-// gather (12 doubles a rank, into buffers made at start) brings every rank's window to rank 0: the
+// gather (10 doubles a rank, into buffers made at start) brings every rank's window to rank 0: the
 // "ranks" metrics event and the report's per-rank charts; and each rank's sums over the steady
 // steps so far (clock_.sum, the first 10 left out as from the step rate: their one-off costs
 // differ from rank to rank), for every rank's means over the run and Note [Naming a straggler].
 // Nothing is added to the steps between log lines; without --log-every the one gather is at the
 // end. Its cost: docs/performance.md#every-ranks-step-times.
 void Trainer::start_rank_times() {
-  const std::string h = comm_.host();
-  std::vector<std::uint8_t> all;
-  std::vector<std::int64_t> counts;
-  comm_.gather(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(h.data()), h.size()), all, counts,
-               0);
+  const std::vector<std::string> hosts = gather_hosts(comm_, 0);
   if (!rank0_) return;
   const auto world = static_cast<std::size_t>(comm_.size());
   rank_gathered_.assign(world * kRankValues, 0.0);
   rank_means_.assign(world, RankTimes{});
   rank_sums_.assign(world, RankTimes{});
-  std::size_t at = 0;
   for (std::size_t r = 0; r < world; ++r) {
-    const std::string host(all.begin() + static_cast<std::ptrdiff_t>(at),
-                           all.begin() + static_cast<std::ptrdiff_t>(at + static_cast<std::size_t>(counts[r])));
-    at += static_cast<std::size_t>(counts[r]);
     rank_means_[r].rank = rank_sums_[r].rank = static_cast<int>(r);
-    rank_means_[r].host = rank_sums_[r].host = host;
+    rank_means_[r].host = rank_sums_[r].host = hosts.at(r);
   }
 }
 
 void Trainer::gather_rank_times(std::int64_t step, std::int64_t steady_steps) {
   const StepTiming &w = rank_window_, &s = clock_.sum;
   const double mine[kRankValues] = {w.data, w.forward, w.backward, w.exposed_comm, w.optimizer,
-                                    static_cast<double>(rank_window_steps_),
                                     s.data, s.forward, s.backward, s.exposed_comm, s.optimizer};
   comm_.gather(std::span<const double>(mine, kRankValues), std::span<double>(rank_gathered_), 0);
-  const std::int64_t n = rank_window_steps_;
+  const std::int64_t n = rank_window_steps_;  // the same on every rank: steps since the last log line
   rank_window_ = StepTiming{};
   rank_window_steps_ = 0;
   if (!rank0_) return;
@@ -635,7 +626,7 @@ void Trainer::gather_rank_times(std::int64_t step, std::int64_t steady_steps) {
   for (std::size_t r = 0; r < rank_sums_.size(); ++r) {
     const double* g = rank_gathered_.data() + kRankValues * r;
     rank_means_[r].per_step = timing(g).mean_over(n);
-    rank_sums_[r].per_step = timing(g + 6);
+    rank_sums_[r].per_step = timing(g + 5);
   }
   rank_steps_ = steady_steps;
   if (n > 0) monitor_->on_ranks(step + 1, rank_means_);

@@ -111,6 +111,10 @@ class Communicator {
   virtual void gather(std::span<const double> mine, std::span<double> out, int root) = 0;
 };
 
+// Every rank's host name, in rank order, on rank root (empty elsewhere): for messages and reports
+// that name a rank's host. Allocates, like the byte gather it is made of.
+std::vector<std::string> gather_hosts(Communicator& comm, int root);
+
 // Wraps MPI_COMM_WORLD (MPI must be initialised, ideally with MPI_THREAD_MULTIPLE: see
 // init_mpi()).
 std::unique_ptr<Communicator> make_mpi_communicator();

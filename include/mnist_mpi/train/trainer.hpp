@@ -184,8 +184,8 @@ class Trainer final : private CheckpointSource {
   std::vector<std::uint64_t> replica_hashes_;  // (world)
   std::unique_ptr<Monitor> monitor_;           // progress, metrics file, TensorBoard, timeline, report (src/report/)
   // Note [Every rank's step times]: this rank's sums since the last gather; on rank 0 every
-  // rank's gathered window (6 values a rank), its means, and the sums over the run.
-  static constexpr std::size_t kRankValues = 11;  // the window's 5 phases and steps, then clock_.sum's 5
+  // rank's gathered window and sums, its means, and the sums over the run.
+  static constexpr std::size_t kRankValues = 10;  // the window's 5 phases, then clock_.sum's 5
   StepTiming rank_window_;
   std::int64_t rank_window_steps_ = 0, rank_steps_ = 0;  // rank_steps_: the steps in rank_sums_
   std::vector<double> rank_gathered_;
