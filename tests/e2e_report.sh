@@ -189,6 +189,11 @@ if timeout 60 "$bin" report "$work/run9/m.jsonl" --out "$out/one.html" >"$out/lo
    grep -q 'class="chart" data-title="compute per step by rank"' "$out/one.html"; then
   ok "report of one run: the training-time report's charts"
 else bad "report of one run" "$out/log1"; fi
+# A one-rank run says so, in the overlay too (its straggler line had been left blank there).
+timeout 60 "$bin" "${base[@]}" --batch-size 25 --max-steps 4 --log-every 2 --metrics-file "$out/single.jsonl" >/dev/null 2>&1
+if timeout 60 "$bin" report "$out/single.jsonl" "$out/even.jsonl" --out "$out/mixed.html" >/dev/null 2>&1 &&
+   grep -q 'straggler: none (one rank)' "$out/mixed.html"; then ok "report of a one-rank run beside another: 'none (one rank)'"
+else bad "report of a one-rank run beside another"; fi
 refused() {  # NAME CODE PATTERN -- args
   local name=$1 want=$2 pattern=$3
   shift 4

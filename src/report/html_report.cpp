@@ -427,7 +427,7 @@ std::string render_html_report(const ReportData& d) {
     << "\n<h2>Throughput</h2>\n"
     << line_chart("images/s", "images per second", Unit::kRate, {speed}, d.steps_per_epoch);
   if (!d.ranks.empty()) {
-    o << "\n<h2>Ranks</h2>\n<p class=\"straggler\">straggler: " << esc(d.straggler.empty() ? "(one rank)" : d.straggler)
+    o << "\n<h2>Ranks</h2>\n<p class=\"straggler\">straggler: " << esc(d.straggler)
       << "</p>\n"
       << rank_chart(d.ranks, d.straggler_rank);
     if (!d.rank_points.empty())

@@ -345,6 +345,8 @@ void Monitor::on_final(const FinalFacts& f) {
   const StepTiming& t = f.per_step;
   const CheckpointStats& c = f.checkpoints;
   OutputFile& out = OutputFile::standard_output();
+  // One text for the summary, the report and its facts ("none (one rank)" for a single rank).
+  const std::string straggler = straggler_text(f.ranks, f.straggler);
   if (!opt_.quiet) {
     out.print("test accuracy %.4f loss %.4f after %lld steps (%.2f epochs)\n", f.test_accuracy, f.test_loss,
               static_cast<long long>(f.steps), f.epochs);
@@ -385,12 +387,12 @@ void Monitor::on_final(const FinalFacts& f) {
         wait += (wait.empty() ? "" : " / ") + fmt("%.2f", 1e3 * r.per_step.exposed_comm);
       }
       out.print("ranks: compute per step %s ms, waiting %s ms; straggler: %s\n", compute.c_str(), wait.c_str(),
-                straggler_text(f.ranks, f.straggler).c_str());
+                straggler.c_str());
     }
     out.print("params_hash %s\n", f.params_hash.c_str());
   }
   report_.ranks = f.ranks;
-  report_.straggler = f.ranks.size() > 1 ? straggler_text(f.ranks, f.straggler) : "";
+  report_.straggler = straggler;
   report_.straggler_rank = f.straggler.rank;
   out.flush();
   if (!metrics_file_) return;
@@ -487,7 +489,7 @@ void Monitor::finish(Communicator& comm, const FinalFacts& f) {
                        {"test accuracy", fmt("%.4f", f.test_accuracy)},
                        {"test loss", fmt("%.4f", f.test_loss)},
                        {"images/s (steady)", fmt("%.0f", f.images_per_s)},
-                       {"straggler", report_.straggler.empty() ? "(one rank)" : report_.straggler},
+                       {"straggler", report_.straggler},
                        {"wall time", fmt("%.2f s", all_s)},
                        {"params_hash", f.params_hash}};
       if (write_html_report(*report_file_, report_)) out.print("report: %s\n", opt_.report_file.c_str());

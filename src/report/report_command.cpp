@@ -160,19 +160,17 @@ LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
   const Json& f = final_event;
   d.steps_per_epoch = whole(start, "steps_per_epoch", 0);
   d.ranks = ranks_of(f);
-  if (d.ranks.size() > 1) {
-    Straggler s;
-    if (const auto it = f.find("straggler"); it != f.end() && it->is_object()) {
-      s.rank = static_cast<int>(whole(*it, "rank", -1));
-      s.host = it->value("host", std::string());
-      s.phase = it->value("phase", std::string());
-      s.slower = number(*it, "slower");
-      s.phase_slower = number(*it, "phase_slower");
-      s.others_waited_s = number(*it, "others_waited_s");
-    }
-    d.straggler = straggler_text(d.ranks, s);
-    d.straggler_rank = s.rank;
+  Straggler s;
+  if (const auto it = f.find("straggler"); it != f.end() && it->is_object()) {
+    s.rank = static_cast<int>(whole(*it, "rank", -1));
+    s.host = it->value("host", std::string());
+    s.phase = it->value("phase", std::string());
+    s.slower = number(*it, "slower");
+    s.phase_slower = number(*it, "phase_slower");
+    s.others_waited_s = number(*it, "others_waited_s");
   }
+  d.straggler = straggler_text(d.ranks, s);  // "none (one rank)" for one
+  d.straggler_rank = s.rank;
   const std::string config = start.value("config", std::string());
   const StepTiming t = step_ms(f);
   const double steps = number(f, "steps");
@@ -189,7 +187,7 @@ LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
              {"test loss", fmt("%.4f", number(f, "test_loss"))},
              {"images/s (steady)", fmt("%.0f", number(f, "images_per_s"))},
              {"wall time of training", fmt("%.2f s", number(f, "wall_s"))},
-             {"straggler", d.straggler.empty() ? "(one rank)" : d.straggler},
+             {"straggler", d.straggler},
              {"params_hash", f.value("params_hash", std::string())}};
   d.time = {{"start-up", number(f, "startup_s")},
             {"data", t.data * steps},

@@ -40,7 +40,7 @@ struct ReportData {
   std::int64_t steps_per_epoch = 0;     // for the epoch marks on the step axes (0: none)
   std::vector<RankPoint> rank_points;  // at every --log-every (Note [Every rank's step times])
   std::vector<RankTimes> ranks;        // every rank's means over the run
-  std::string straggler;               // Note [Naming a straggler]'s line ("" with one rank)
+  std::string straggler;               // Note [Naming a straggler]'s line (straggler_text)
   int straggler_rank = -1;             // the rank it names, -1: none
 };
 
