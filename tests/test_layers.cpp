@@ -837,6 +837,109 @@ TEST(BlockedLayouts, FirstConvAndPoolInOnePass) {
   }
 }
 
+// Note [The first convolution in bf16] (src/backend/cpu/conv_pool_bf16.cpp): under --precision
+// bf16 the max pool after a first convolution and its ReLU computes all three in bf16. Its output
+// is the double reference's on the bf16-rounded image and weights (bf16 products are exact in
+// fp32: only the order of the fp32 sums differs); its inference pass gives the training pass's
+// bits; its gradients are the unfused bf16 model's (the convolution in fp32) to bf16's precision.
+// Window rows of 14 (runs of 4 windows and single ones), 4, 3 and 9 wide; odd, even and non-square
+// kernels; no padding; 2 channel blocks; 2 threads.
+TEST(BlockedLayouts, FirstConvReluPoolInBf16) {
+  if (!cpu_has_bf16()) GTEST_SKIP() << "this CPU has no bf16 instructions";
+  struct Case {
+    std::string model;
+    Shape input;
+    int batch, threads;
+  };
+  const std::vector<Case> cases{
+      {"conv:5x5:32:same,relu,maxpool:2,conv:3x3:16:same,relu,maxpool:2,flatten,fc:10", {1, 28, 28}, 3, 1},  // lenet's
+      {"conv:3x3:16:valid,relu,maxpool:2,conv:3x3:16:same,relu,maxpool:2,flatten,fc:10", {1, 10, 10}, 3, 2},
+      {"conv:2x2:16:same,relu,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 8, 6}, 2, 1},
+      {"conv:3x5:16:same,relu,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 10, 18}, 2, 1},
+      {"conv:7x7:16:same,relu,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10", {1, 12, 12}, 2, 1},
+  };
+  const auto bf = [](float v) {  // round to nearest even, to bf16
+    std::uint32_t u = std::bit_cast<std::uint32_t>(v);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return std::bit_cast<float>(u & 0xffff0000u);
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.model + " on " + std::to_string(k.input.h) + "x" + std::to_string(k.input.w));
+    auto fused_be = make_cpu_backend(k.threads, {.bf16 = true});
+    auto apart_be = make_cpu_backend(k.threads, {.conv_pool_forward = false, .bf16 = true});
+    const ModelSpec spec = parse_model_spec(k.model, k.input, 10);
+    ASSERT_EQ(fused_be->activation_layouts(spec)[3], Layout::kBlocked16);
+    std::vector<float> params(static_cast<std::size_t>(spec.param_count));
+    init_params(spec, parse_init_spec("he"), parse_init_spec("normal:0.1"), 37, params.data());
+    // The first convolution's weights and the image already bf16 (the pass rounds them again, to
+    // themselves): the unfused model's fp32 convolution then sums the same products, in another
+    // order, and the two differ by fp32 rounding alone, not by bf16's.
+    const ParamTensor& w0 = *std::find_if(spec.params.begin(), spec.params.end(),
+                                          [](const ParamTensor& t) { return t.layer == 0 && !t.is_bias; });
+    std::transform(params.begin() + w0.offset, params.begin() + w0.offset + w0.size, params.begin() + w0.offset, bf);
+    std::vector<float> g_fused(params.size(), 7.0f), g_apart(params.size(), 3.0f);
+    Model fused(spec, k.batch, *fused_be, params.data(), g_fused.data());
+    Model apart(spec, k.batch, *apart_be, params.data(), g_apart.data());
+    Model fused_eval(spec, k.batch, *fused_be, params.data(), nullptr);
+    const std::string said = "computes the convolution before the ReLU in bf16";
+    EXPECT_NE(fused.describe().find(said), std::string::npos) << fused.describe();
+    EXPECT_NE(fused_eval.describe().find(said), std::string::npos) << fused_eval.describe();
+    EXPECT_EQ(apart.describe().find(said), std::string::npos) << apart.describe();
+    std::vector<float> x = uniform(static_cast<std::size_t>(k.batch) * k.input.size(), 41);
+    std::transform(x.begin(), x.end(), x.begin(), bf);
+    std::vector<std::int32_t> labels(static_cast<std::size_t>(k.batch));
+    for (int n = 0; n < k.batch; ++n) labels[static_cast<std::size_t>(n)] = (5 * n + 3) % 10;
+    for (Model* m : {&fused, &apart, &fused_eval}) step_on(*m, *fused_be, x, labels, k.batch);
+
+    // The pool's output against the reference on bf16-rounded inputs.
+    const LayerSpec& conv = spec.layers[0];
+    const Shape pooled = spec.activation(3);
+    const std::int64_t taps = static_cast<std::int64_t>(conv.kernel_h) * conv.kernel_w;
+    const auto tensor = [&](bool is_bias) {
+      return params.data() + std::find_if(spec.params.begin(), spec.params.end(), [&](const ParamTensor& t) {
+                               return t.layer == 0 && t.is_bias == is_bias;
+                             })->offset;
+    };
+    const float *w = tensor(false), *bias = tensor(true);
+    std::vector<double> want(static_cast<std::size_t>(k.batch) * pooled.size());
+    for (int n = 0; n < k.batch; ++n)
+      for (int o = 0; o < conv.channels; ++o)
+        for (int i = 0; i < pooled.h; ++i)
+          for (int j = 0; j < pooled.w; ++j) {
+            double best = 0.0;  // the ReLU's
+            for (int q = 0; q < 4; ++q) {
+              const int h = 2 * i + q / 2, ww = 2 * j + q % 2;
+              double sum = bias[o];
+              for (int kh = 0; kh < conv.kernel_h; ++kh)
+                for (int kw = 0; kw < conv.kernel_w; ++kw) {
+                  const int ih = h + kh - conv.pad_top, iw = ww + kw - conv.pad_left;
+                  if (ih < 0 || ih >= k.input.h || iw < 0 || iw >= k.input.w) continue;
+                  sum += static_cast<double>(bf(w[o * taps + kh * conv.kernel_w + kw])) *
+                         bf(x[static_cast<std::size_t>((n * k.input.h + ih) * k.input.w + iw)]);
+                }
+              best = std::max(best, sum);
+            }
+            want[static_cast<std::size_t>(((n * conv.channels + o) * pooled.h + i) * pooled.w + j)] = best;
+          }
+    const std::size_t np = static_cast<std::size_t>(k.batch) * pooled.size();
+    const std::vector<float> got = relayout(std::vector<float>(fused.activation(3), fused.activation(3) + np), k.batch,
+                                            pooled, Layout::kBlocked16, Layout::kPlain);
+    expect_close("pooled", got, want, 1e-5, 1e-5);
+    const std::vector<float> got_eval = relayout(
+        std::vector<float>(fused_eval.activation(3), fused_eval.activation(3) + np), k.batch, pooled,
+        Layout::kBlocked16, Layout::kPlain);
+    EXPECT_TRUE(same_bits(got, got_eval)) << "inference";
+    // Not vacuous: some windows are positive, some are cut to 0 by the ReLU.
+    EXPECT_TRUE(std::any_of(want.begin(), want.end(), [](double v) { return v > 0.0; }));
+    EXPECT_TRUE(std::any_of(want.begin(), want.end(), [](double v) { return v == 0.0; }));
+    // The gradients (the convolution's weight gradient reads the pool's argmax and dy).
+    for (const ParamTensor& t : spec.params) {
+      const Distance d = distance(g_apart.data() + t.offset, g_fused.data() + t.offset, t.size);
+      EXPECT_LE(d.relative, 1e-4) << t.name << ": off by " << d.relative << " of its norm";
+    }
+  }
+}
+
 // Note [A ReLU taken over by its max pool] in src/backend/cpu/pool.cpp: the pool applying the ReLU
 // before it, both ways, gives the bits of the two layers apart: logits in training and inference,
 // and every gradient, in every layout the pool runs on (plain, blocked, blocked in and plain out,

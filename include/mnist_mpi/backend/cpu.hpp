@@ -18,7 +18,8 @@ struct CpuFusions {
   // portable versions, which give the same bits (BlockedLayouts tests compare the two).
   bool avx2_kernels = true;
   // --precision bf16 (Note [bf16 on the CPU] in src/backend/cpu/cpu_backend.cpp): convolutions
-  // after the first and fc layers multiply in bf16 (oneDNN's AVX512-BF16 / AMX kernels) and
+  // after the first and fc layers multiply in bf16 (oneDNN's AVX512-BF16 / AMX kernels), and a
+  // first convolution followed by a ReLU and a max pool in the pool's own bf16 pass; they
   // accumulate and write in fp32. make_cpu_backend refuses it (exit 2) on a CPU without them.
   bool bf16 = false;
 };

@@ -1,6 +1,10 @@
 // The CPU backend's kernel factories, one per layer kind (one file each in src/backend/cpu/).
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <vector>
+
 #include "mnist_mpi/backend/backend.hpp"
 #include "src/backend/cpu/dnnl_util.hpp"
 
@@ -8,7 +12,7 @@
 
 namespace mnist_mpi::cpu {
 
-// first: the model's first layer (it stays fp32 under --precision bf16: Note [bf16 on the CPU]).
+// first: the model's first layer (oneDNN runs it in fp32 under --precision bf16: Note [bf16 on the CPU]).
 std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training,
                                        bool first = false);
 // Whether oneDNN has non-reference convolution kernels for these activation layouts (a probe for
@@ -19,6 +23,24 @@ bool conv_has_fast_kernels(const Context& c, const LayerSpec& l, Layout x_layout
 // of the layer's weight count; arg may be null).
 bool first_conv_pool_fits(const LayerSpec& conv, Layout x_layout, Layout y_layout);
 void first_conv_pool_forward(const FirstConvForward& f, int block, int batch, float* wt, float* y, std::int32_t* arg);
+// Note [The first convolution in bf16] in conv_pool_bf16.cpp: the first convolution, its ReLU and
+// its 2 x 2 max pool in one bf16 pass, for a convolution that first_conv_pool_fits (blocked 16)
+// and, per these, whose channels are whole blocks of 16 on a CPU with AVX512-BF16.
+bool cpu_has_avx512_bf16();
+bool first_conv_relu_pool_bf16_fits(const LayerSpec& conv);
+class FirstConvBf16 {
+ public:
+  FirstConvBf16(const LayerSpec& conv, int threads);
+  // The pool's y and arg (may be null), blocked (N, O/16, PH, PW, 16), from f's x, weights and bias.
+  void forward(const FirstConvForward& f, int batch, float* y, std::int32_t* arg);
+
+ private:
+  int threads_;
+  std::int64_t scratch_size_ = 0;         // one padded bf16 image
+  std::vector<std::uint16_t> scratch_;    // one a thread
+  std::vector<float> staging_;            // the packed weights in fp32
+  std::vector<std::uint16_t> packed_;     // (O/16, KH, JP, 16, 2) bf16
+};
 std::unique_ptr<LayerKernel> make_fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include <omp.h>
@@ -260,7 +261,17 @@ class MaxPool final : public LayerKernel {
       x_ = it->second.x;
       dx_ = it->second.dx;
       relu_ = true;
-      return;  // the fusions with a first convolution below do not see through a ReLU
+      // Note [The first convolution in bf16] (src/backend/cpu/conv_pool_bf16.cpp): under
+      // --precision bf16 a first convolution before the ReLU is computed here too. The fp32
+      // fusions with a first convolution below do not see through a ReLU.
+      if (const auto conv = c.first_conv.find(x_); c.fuse.bf16 && c.fuse.conv_pool_forward && exact_2x2(l) &&
+                                                  bx_ == 16 && by_ == 16 && conv != c.first_conv.end() &&
+                                                  first_conv_relu_pool_bf16_fits(conv->second.l)) {
+        conv->second.taken = true;
+        conv_ = &conv->second;
+        conv_bf16_.emplace(conv_->l, std::max(1, omp_get_max_threads()));
+      }
+      return;
     }
     // Notes [The first convolution reads its pool's gradient] and [The first convolution and its
     // pool in one pass] in src/backend/cpu/conv.cpp
@@ -277,6 +288,10 @@ class MaxPool final : public LayerKernel {
   }
 
   void forward(const StepContext&) override {
+    if (conv_bf16_) {
+      conv_bf16_->forward(*conv_, b_.batch, b_.y, argmax_.empty() ? nullptr : argmax_.data());
+      return;
+    }
     if (conv_) {
       first_conv_pool_forward(*conv_, bx_, b_.batch, conv_weights_.data(), b_.y,
                               argmax_.empty() ? nullptr : argmax_.data());
@@ -337,7 +352,9 @@ class MaxPool final : public LayerKernel {
            (dx_left_to_conv_ ? "; dx left to the convolution"
             : tiles_ || plain_y_tiles_ ? "; dx in one pass"
                              : "") +
-           (relu_ ? "; applies the ReLU before it" : "") + (conv_ ? "; computes the convolution before it" : "") + ")";
+           (relu_ ? "; applies the ReLU before it" : "") + (conv_ ? conv_bf16_ ? "; computes the convolution before the ReLU in bf16" : "; computes the convolution before it"
+                 : "") +
+           ")";
   }
 
  private:
@@ -405,6 +422,7 @@ class MaxPool final : public LayerKernel {
   bool dx_left_to_conv_ = false;            // the convolution before reads dy and argmax_ instead of dx
   const FirstConvForward* conv_ = nullptr;  // the convolution before, computed in this pool's forward
   std::vector<float> conv_weights_;         // its weights rearranged, each forward
+  std::optional<FirstConvBf16> conv_bf16_;  // Note [The first convolution in bf16]
   std::vector<std::int32_t> argmax_;        // in y's order (plain_y_tiles_: x's blocked order): offset of the max within its sample's x
 };
 

@@ -1,0 +1,204 @@
+// The first convolution, its ReLU and its 2 x 2 max pool in one bf16 pass (--precision bf16 on a
+// CPU with AVX512-BF16): Note [The first convolution in bf16].
+#include <immintrin.h>
+
+#include <cpuid.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "src/backend/cpu/kernels.hpp"
+
+namespace mnist_mpi::cpu {
+
+// Note [The first convolution in bf16]
+// Under --precision bf16 the first convolution stayed fp32 (oneDNN's bf16 kernels for one input
+// channel were slower than its fp32 one), and it was the largest fp32 part of a bf16 step: lenet's
+// forward took 0.6 ms of a 13.9 ms step (at 44 % of one core's fp32 rate: one input channel gives
+// a kernel little to reuse), and the pool after it read back the 5 MB it wrote. When such a
+// convolution (one input channel, stride 1, blocked output of 16 channels a block) is followed by a
+// ReLU and a 2 x 2 max pool that takes the ReLU over (Note [A ReLU taken over by its max pool] in
+// src/backend/cpu/pool.cpp), the pool computes all three here, as the fp32 pass of Note [The first
+// convolution and its pool in one pass] in conv.cpp does without the ReLU: the convolution's
+// output and the ReLU's are never written. Per sample, the image is rounded to bf16 into a
+// zero-padded copy (so no tap is ever skipped), and each output is its bias plus the taps in pairs
+// along a kernel row, kw = (0, 1), (2, 3), ..., one VDPBF16PS a pair for 16 channels (a kernel of
+// odd width gets a zero weight past its last column): the weights, (O/16, KH, (KW + 1) / 2, 16, 2)
+// in bf16, are packed from the fp32 master weights at each forward. Eight or two window positions
+// side by side give 16 or 4 independent sums. The window's max starts at the ReLU of its first
+// position and the first maximum wins ties, as in the pool's own pass, so its backward (dy at the
+// argmax where the pooled y > 0) and the convolution's fp32 weight gradient, which reads x and that
+// dy, are unchanged. bf16 products are exact in fp32; what moves is the rounding of x and w to
+// 8 bits of mantissa and the order of the sums (each pair's two products are added to the sum in
+// one instruction). BlockedLayouts.FirstConvReluPoolInBf16 checks it against a double reference
+// on the same bf16-rounded inputs; the bits are the same on every rank, as every rank runs this
+// kernel on its own samples.
+
+bool cpu_has_avx512_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5)) != 0;  // CPUID.7.1:EAX[5]
+}
+
+namespace {
+
+constexpr int kB = 16;  // output channels a block: one zmm of fp32 sums
+
+struct Geometry {
+  int H, W, OH, OW, PH, PW, KH, JP, pt, pl, rows, cols;
+};
+
+Geometry geometry(const LayerSpec& l) {
+  Geometry g{};
+  g.H = l.in.h;
+  g.W = l.in.w;
+  g.OH = l.out.h;
+  g.OW = l.out.w;
+  g.PH = g.OH / 2;
+  g.PW = g.OW / 2;
+  g.KH = l.kernel_h;
+  g.JP = (l.kernel_w + 1) / 2;
+  g.pt = l.pad_top;
+  g.pl = l.pad_left;
+  // Output (h, w) reads padded pixels (h + kh, w + kw + e) for kw + e up to 2 JP - 1: OH + KH - 1
+  // rows and OW + 2 JP - 1 columns.
+  g.rows = g.OH + g.KH - 1;
+  g.cols = g.OW + 2 * g.JP - 1;
+  return g;
+}
+
+// The dword at p (two bf16 pixels side by side), in every lane.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) inline __m512bh pair(const std::uint16_t* p) {
+  std::int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return (__m512bh)_mm512_set1_epi32(v);
+}
+
+// The sums of NW adjacent pool windows: acc[h][p] is the convolution's output at row h0 + h and
+// column c0 + p of channel block wb (h = 0, 1; p = 0 .. 2 NW - 1).
+template <int NW>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) inline void window_sums(
+    const Geometry& g, const std::uint16_t* xp, int h0, int c0, const std::uint16_t* wb, __m512 bias,
+    __m512 (&acc)[2][2 * NW]) {
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 8
+    for (int p = 0; p < 2 * NW; ++p) acc[h][p] = bias;
+  for (int kh = 0; kh < g.KH; ++kh) {
+    const std::uint16_t* r0 = xp + static_cast<std::int64_t>(h0 + kh) * g.cols + c0;
+    const std::uint16_t* r1 = r0 + g.cols;
+    for (int j = 0; j < g.JP; ++j) {
+      const __m512bh w = (__m512bh)_mm512_loadu_si512(wb + (kh * g.JP + j) * 32);
+#pragma GCC unroll 8
+      for (int p = 0; p < 2 * NW; ++p) acc[0][p] = _mm512_dpbf16_ps(acc[0][p], w, pair(r0 + p + 2 * j));
+#pragma GCC unroll 8
+      for (int p = 0; p < 2 * NW; ++p) acc[1][p] = _mm512_dpbf16_ps(acc[1][p], w, pair(r1 + p + 2 * j));
+    }
+  }
+}
+
+// Window win's ReLU'd maximum and argmax (MaxPool's scan order (0, 0), (0, 1), (1, 0), (1, 1); the
+// first maximum wins ties; a NaN never replaces the maximum; the ReLU of the first makes a NaN 0).
+template <int NW>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) inline void window_max(
+    const __m512 (&acc)[2][2 * NW], int win, __m512i at0, int row_step, float* y, std::int32_t* arg) {
+  const __m512 first = acc[0][2 * win];  // relu(first): v > 0 ? v : +0 (NaN -> 0)
+  __m512 best = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(first, _mm512_setzero_ps(), _CMP_GT_OQ), first);
+  __m512i best_at = at0;
+  const int step[4] = {0, kB, row_step, row_step + kB};
+#pragma GCC unroll 4
+  for (int q = 1; q < 4; ++q) {
+    const __m512 v = acc[q / 2][2 * win + q % 2];
+    const __mmask16 more = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+    best = _mm512_mask_mov_ps(best, more, v);
+    best_at = _mm512_mask_mov_epi32(best_at, more, _mm512_add_epi32(at0, _mm512_set1_epi32(step[q])));
+  }
+  _mm512_storeu_ps(y, best);
+  if (arg) _mm512_storeu_si512(arg, best_at);
+}
+
+template <int NW>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) inline void windows(
+    const Geometry& g, const std::uint16_t* xp, int ob, int i, int j, const std::uint16_t* wb, __m512 bias, float* y,
+    std::int32_t* arg) {
+  __m512 acc[2][2 * NW];
+  window_sums<NW>(g, xp, 2 * i, 2 * j, wb, bias, acc);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#pragma GCC unroll 4
+  for (int win = 0; win < NW; ++win) {
+    const std::int64_t o = ((static_cast<std::int64_t>(ob) * g.PH + i) * g.PW + j + win) * kB;
+    const int at = ((ob * g.OH + 2 * i) * g.OW + 2 * (j + win)) * kB;
+    window_max<NW>(acc, win, _mm512_add_epi32(lane, _mm512_set1_epi32(at)), g.OW * kB, y + o, arg ? arg + o : nullptr);
+  }
+}
+
+// One sample: x (H, W) fp32; y and arg (O/16, PH, PW, 16); xp: rows x cols bf16 scratch.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void sample(const Geometry& g, int blocks, const float* x,
+                                                                   const std::uint16_t* wp, const float* bias,
+                                                                   std::uint16_t* xp, float* y, std::int32_t* arg) {
+  std::memset(xp, 0, static_cast<std::size_t>(g.rows) * g.cols * sizeof(std::uint16_t));
+  for (int r = 0; r < g.H; ++r)
+    for (int c = 0; c < g.W; c += 16) {
+      const __mmask16 m = static_cast<__mmask16>(g.W - c >= 16 ? 0xffff : (1u << (g.W - c)) - 1);
+      const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + r * g.W + c));
+      _mm256_mask_storeu_epi16(xp + static_cast<std::int64_t>(r + g.pt) * g.cols + g.pl + c, m,
+                               (__m256i)v);
+    }
+  const int taps = g.KH * g.JP;
+  for (int ob = 0; ob < blocks; ++ob) {
+    const std::uint16_t* wb = wp + static_cast<std::int64_t>(ob) * taps * 32;
+    const __m512 bv = _mm512_loadu_ps(bias + ob * kB);
+    for (int i = 0; i < g.PH; ++i) {
+      int j = 0;
+      for (; j + 4 <= g.PW; j += 4) windows<4>(g, xp, ob, i, j, wb, bv, y, arg);
+      for (; j < g.PW; ++j) windows<1>(g, xp, ob, i, j, wb, bv, y, arg);
+    }
+  }
+}
+
+// OIHW fp32 (one input channel) -> (O/16, KH, JP, 16, 2) bf16, zero past the last column.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pack(const LayerSpec& l, const float* w, float* staging,
+                                                                 std::uint16_t* wp) {
+  const int KH = l.kernel_h, KW = l.kernel_w, JP = (KW + 1) / 2, blocks = l.channels / kB;
+  for (int o = 0; o < l.channels; ++o)
+    for (int kh = 0; kh < KH; ++kh)
+      for (int j = 0; j < JP; ++j)
+        for (int e = 0; e < 2; ++e) {
+          const int kw = 2 * j + e;
+          staging[((((o / kB) * KH + kh) * JP + j) * kB + o % kB) * 2 + e] = kw < KW ? w[(o * KH + kh) * KW + kw] : 0.0f;
+        }
+  for (std::int64_t t = 0; t < static_cast<std::int64_t>(blocks) * KH * JP; ++t)
+    _mm512_storeu_si512(wp + t * 32,
+                        (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(staging + t * 32 + 16), _mm512_loadu_ps(staging + t * 32)));
+}
+
+}  // namespace
+
+bool first_conv_relu_pool_bf16_fits(const LayerSpec& conv) { return conv.channels % kB == 0 && cpu_has_avx512_bf16(); }
+
+FirstConvBf16::FirstConvBf16(const LayerSpec& conv, int threads) : threads_(threads < 1 ? 1 : threads) {
+  const Geometry g = geometry(conv);
+  scratch_size_ = static_cast<std::int64_t>(g.rows) * g.cols;
+  scratch_.assign(static_cast<std::size_t>(threads_ * scratch_size_), 0);
+  const std::int64_t taps = static_cast<std::int64_t>(conv.channels / kB) * g.KH * g.JP;
+  staging_.assign(static_cast<std::size_t>(taps * 32), 0.0f);
+  packed_.assign(static_cast<std::size_t>(taps * 32), 0);
+}
+
+void FirstConvBf16::forward(const FirstConvForward& f, int batch, float* y, std::int32_t* arg) {
+  const LayerSpec& l = f.l;
+  std::uint16_t* wp = packed_.data();
+  pack(l, f.w, staging_.data(), wp);
+  const Geometry g = geometry(l);
+  const std::int64_t in = static_cast<std::int64_t>(l.in.h) * l.in.w, out = l.out.size() / 4;
+  // Samples are independent: shared out among the threads in fixed chunks (same bits for any count).
+#pragma omp parallel num_threads(threads_)
+  {
+    const std::int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+    std::uint16_t* xp = scratch_.data() + t * scratch_size_;
+    for (std::int64_t n = batch * t / threads; n < batch * (t + 1) / threads; ++n)
+      sample(g, l.channels / kB, f.x + n * in, wp, f.bias, xp, y + n * out, arg ? arg + n * out : nullptr);
+  }
+}
+
+}  // namespace mnist_mpi::cpu
