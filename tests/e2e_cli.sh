@@ -208,6 +208,16 @@ if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
   "${run2[@]}" "${base[@]}" --max-steps 2 --checkpoint-dir "$work/fp32ck" --checkpoint-every 2 >/dev/null 2>&1
   check bf16_resumes_an_fp32_checkpoint 0 "precision fp32 -> bf16" -- "${run2[@]}" "${base[@]}" --precision bf16 \
     --max-steps 4 --resume auto --checkpoint-dir "$work/fp32ck" --checkpoint-every 2
+  # Note [Weight copies kept between passes] (src/backend/cpu/bf16.cpp): the bf16 copies of the
+  # weights are refreshed where the update and the gathers change them, and not made again by the
+  # next pass. Sharded, with buckets of 1 KB that cut the weight tensors apart, each rank refreshes
+  # its shards after the update and the others' after the gathers: the unsharded run's bits.
+  bf16_base=(--data-dir "$work/good" --validation-size 100 --threads 1 --precision bf16 --max-steps 12
+    --model "conv:5x5:16:same,relu,maxpool:2,conv:3x3:16:same,relu,maxpool:2,flatten,fc:32,fc:10")
+  check bf16_copies_unsharded 0 "params_hash" -- "${run2[@]}" "${bf16_base[@]}" --shard-optimizer off
+  unsharded=$(grep -o 'params_hash [0-9a-f]*' "$work/out" "$work/err" | head -1 | cut -d' ' -f2)
+  check bf16_copies_sharded_in_small_buckets 0 "params_hash ${unsharded:-none}" -- "${run2[@]}" "${bf16_base[@]}" \
+    --shard-optimizer on --bucket-mb 0.001 --first-bucket-mb 0.001
 else
   check bf16_refused_without_bf16_instructions 2 "needs a CPU with bf16 multiply instructions" -- \
     "${run2[@]}" "${base[@]}" --precision bf16 --max-steps 1

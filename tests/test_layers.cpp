@@ -837,7 +837,7 @@ TEST(BlockedLayouts, FirstConvAndPoolInOnePass) {
   }
 }
 
-// Note [The first convolution in bf16] (src/backend/cpu/conv_pool_bf16.cpp): under --precision
+// Note [The first convolution in bf16] (src/backend/cpu/bf16.cpp): under --precision
 // bf16 the max pool after a first convolution and its ReLU computes all three in bf16. Its output
 // is the double reference's on the bf16-rounded image and weights (bf16 products are exact in
 // fp32: only the order of the fp32 sums differs); its inference pass gives the training pass's
@@ -1303,6 +1303,62 @@ TEST(Model, Bf16GradientsAreTheFp32OnesToBf16Precision) {
   EXPECT_LE(after.relative, 2e-2) << "after the parameters changed, logits off by " << after.relative;
   EXPECT_GT(distance(m32.logits(), before.data(), batch * 10).relative, 0.1)
       << "the changed parameters did not change the fp32 logits: this check could not tell";
+}
+
+// Note [Weight copies kept between passes] (src/backend/cpu/bf16.cpp): with copies_current a
+// pass reads the bf16 copies of the weights as they are; refresh_copies(from, to) makes again the
+// part of every copy that [from, to) touches. After the parameters change in three ranges (one ends
+// inside the second convolution's weights, one inside the first fc's) and each is refreshed, a
+// pass with copies_current gives the logits and gradients of a model that makes its copies anew;
+// without the refresh it gives the stale copies' logits (so the flag does skip the conversions).
+TEST(Model, Bf16WeightCopiesAreRefreshedWhereTheParametersChanged) {
+  if (!cpu_has_bf16()) GTEST_SKIP() << "this CPU has no bf16 instructions";
+  auto be = make_cpu_backend(1, {.bf16 = true});
+  // The fast recipe's layers: blocked activations, so the second convolution's backward-data reads
+  // a copy of its weights of its own.
+  const ModelSpec spec = parse_model_spec(
+      "conv:5x5:16:same,relu,maxpool:2,conv:3x3:32:same,relu,maxpool:2,flatten,fc:64,fc:10", {1, 28, 28}, 10);
+  const int batch = 4;
+  const auto P = static_cast<std::size_t>(spec.param_count);
+  std::vector<float> params(P), g_kept(P), g_fresh(P);
+  init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 42, params.data());
+  Model kept(spec, batch, *be, params.data(), g_kept.data());
+  Model fresh(spec, batch, *be, params.data(), g_fresh.data());
+  const std::vector<float> x = uniform(static_cast<std::size_t>(batch * 784), 5);
+  const std::vector<std::int32_t> labels{0, 1, 2, 3};
+  StepContext made, current;
+  current.copies_current = true;
+  const auto pass = [&](Model& m, const StepContext& ctx, std::vector<float>* logits) {
+    std::copy(x.begin(), x.end(), m.input());
+    m.forward(ctx);
+    if (logits) logits->assign(m.logits(), m.logits() + batch * 10);
+    be->softmax_cross_entropy(m.logits(), labels.data(), batch, 10, m.dlogits(), 1.0f / batch);
+    m.backward(ctx);
+  };
+  std::vector<float> lk, lf;
+  pass(kept, made, &lk);  // the copies made
+  const auto offset_of = [&](const std::string& name) {
+    const auto t = std::find_if(spec.params.begin(), spec.params.end(), [&](const ParamTensor& p) { return p.name == name; });
+    EXPECT_NE(t, spec.params.end()) << name;
+    return t == spec.params.end() ? std::size_t{0} : static_cast<std::size_t>(t->offset);
+  };
+  const std::size_t conv2_w = offset_of("3.conv.weight"), fc1_w = offset_of("7.fc.weight");
+  const std::vector<std::size_t> cuts{0, conv2_w + 100, fc1_w + 1000, P};
+  std::vector<float> other(P);
+  init_params(spec, parse_init_spec("he"), parse_init_spec("constant:-0.2"), 43, other.data());
+  for (std::size_t r = 0; r + 1 < cuts.size(); ++r) {  // as the optimiser's buckets: change, then refresh
+    std::copy(other.begin() + cuts[r], other.begin() + cuts[r + 1], params.begin() + cuts[r]);
+    kept.refresh_copies(params.data() + cuts[r], params.data() + cuts[r + 1]);
+  }
+  pass(kept, current, &lk);
+  pass(fresh, made, &lf);
+  EXPECT_TRUE(same_bits(lk, lf)) << "logits after the refresh";
+  EXPECT_TRUE(same_bits(g_kept, g_fresh)) << "gradients after the refresh";
+  // Changed without a refresh: the kept copies are stale, and a pass with copies_current reads them.
+  for (float& v : params) v *= 0.5f;
+  pass(kept, current, &lk);
+  pass(fresh, made, &lf);
+  EXPECT_FALSE(same_bits(lk, lf)) << "copies_current made the copies anyway: this test could not tell";
 }
 
 TEST(Model, GradientOfEveryParameterTensor) {

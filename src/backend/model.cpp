@@ -80,6 +80,10 @@ void Model::forward(const StepContext& ctx) {
   for (auto& k : kernels_) k->forward(ctx);
 }
 
+void Model::refresh_copies(const float* from, const float* to) {
+  for (auto& k : kernels_) k->refresh_copies(from, to);
+}
+
 void Model::backward(const StepContext& ctx, const std::function<void(int)>& on_layer_done) {
   for (int i = end_ - 1; i >= first_; --i) {
     kernels_[static_cast<std::size_t>(i - first_)]->backward(ctx);

@@ -112,6 +112,7 @@ CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& spli
     for (std::int64_t k = 0; k < n * pixels; ++k) x[k] = static_cast<float>(src[k]) * (1.0f / 255.0f);
     for (std::int64_t i = 0; i < n; ++i)
       labels[static_cast<std::size_t>(i)] = split.labels[static_cast<std::size_t>(first + i)];
+    ctx.copies_current = first > 0;  // the weights' copies made by the first batch hold for the rest
     model.forward(ctx);
     const LossStats s =
         backend->softmax_cross_entropy(model.logits(), labels.data(), static_cast<int>(n), classes, nullptr, 0.0f);

@@ -128,8 +128,10 @@ StepContext Step::forward_and_loss(std::int64_t step, const Slice& slice, LossMe
   at.start = Clock::now();
   p_.data->gather(slice.position, slice.count, p_.model->input());
   at.data = Clock::now();
-  const StepContext ctx{true, shape_.seed, step, slice.first};
+  StepContext ctx{true, shape_.seed, step, slice.first};
+  ctx.copies_current = copies_current_;  // Note [Weight copies kept between passes] in src/backend/cpu/bf16.cpp
   p_.model->forward(ctx);
+  copies_current_ = true;  // made by this pass (and its backward): only apply() writes the parameters
   p_.backend->softmax_cross_entropy(p_.model->logits(), p_.data->labels(), static_cast<int>(slice.count),
                                     spec.num_classes(), p_.model->dlogits(), grad_scale_, loss);
   if (slice.count < shape_.batch) {  // a short micro-batch: its rows past the slice add nothing
@@ -523,6 +525,7 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
       const auto o0 = Clock::now();
       const ParamRange mine = reducer.shard(k);
       p_.optimizer->update(p_.params->data(), p_.grads->data(), mine.begin, mine.end);
+      p_.model->refresh_copies(p_.params->data() + mine.begin, p_.params->data() + mine.end);  // while in cache
       const auto o1 = Clock::now();
       t.optimizer += seconds(o1 - o0);
       if (sharded) reducer.start_gather(gathered++);
@@ -536,6 +539,14 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
   // The gathers first: on the CPU the caller then sleeps in wait() while the communication thread
   // has the core, where a blocking collective beside it would spin against it.
   t.exposed_comm += reducer.wait_gathers();
+  const auto r0 = Clock::now();
+  for (std::size_t k = 0; k < buckets.size(); ++k) {  // the other ranks' shards, gathered
+    const ParamRange mine = reducer.shard(k);
+    float* p = p_.params->data();
+    p_.model->refresh_copies(p + buckets[k].begin, p + mine.begin);
+    p_.model->refresh_copies(p + mine.end, p + buckets[k].end);
+  }
+  t.optimizer += seconds(Clock::now() - r0);
   if (!check_all_first) p_.guard->agree(reducer.communicator());
 }
 

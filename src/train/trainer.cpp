@@ -378,6 +378,7 @@ LossStats Trainer::evaluate_batches(const Split& split, std::int64_t first, std:
     const std::int64_t rows = std::min<std::int64_t>(eb, split.count - at);
     source->slice(at, rows, eval_model_->input());
     // A short last batch: the rows past `rows` are stale and their outputs are ignored.
+    ctx.copies_current = b > first;  // the weights' copies made by the first batch hold for the rest
     eval_model_->forward(ctx);
     backend_->softmax_cross_entropy(eval_model_->logits(), source->labels(), static_cast<int>(rows),
                                     spec_.num_classes(), nullptr, 0.0f, *eval_loss_);

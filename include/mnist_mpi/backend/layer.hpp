@@ -15,6 +15,11 @@ struct StepContext {
   std::uint64_t seed = 0;
   std::int64_t step = 0;          // global step (dropout key)
   std::int64_t first_sample = 0;  // position of this batch's row 0 within the global batch
+  // The kernels' copies of their weights (bf16 copies, blocked layouts) hold the parameters as they
+  // are now, so no pass needs to make them again (Note [Weight copies kept between passes] in
+  // src/backend/cpu/bf16.cpp). Set only by a caller that knows it: the later batches of one
+  // evaluation and micro-batches of one step, and a step after its update refreshed them.
+  bool copies_current = false;
 };
 
 // Note [Activation layouts]
@@ -79,6 +84,9 @@ class LayerKernel {
     return 0;
   }
   virtual void finish_weight_gradient() {}
+  // The parameters in [from, to) (of the flat buffer its weights are in) changed: a kernel that
+  // keeps a copy of any of them makes that copy again now (Note [Weight copies kept between passes]).
+  virtual void refresh_copies(const float* /*from*/, const float* /*to*/) {}
   // The implementation chosen, for logs ("conv: jit:avx2").
   virtual std::string describe() const = 0;
 };

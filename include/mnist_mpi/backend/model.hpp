@@ -41,6 +41,10 @@ class Model {
   const float* activation_gradient(int i) const { return dact_ptr_.at(static_cast<std::size_t>(i)); }
 
   void forward(const StepContext& ctx);
+  // The parameters in [from, to) changed: every kernel's copies of them are made again now, so that
+  // the next pass may run with StepContext::copies_current (Note [Weight copies kept between
+  // passes] in src/backend/cpu/bf16.cpp).
+  void refresh_copies(const float* from, const float* to);
   // Runs backward from dlogits() down to the first layer. on_layer_done(i) is called as soon as
   // layer i's parameter gradients are final (the reducer starts buckets from there).
   void backward(const StepContext& ctx, const std::function<void(int layer)>& on_layer_done = {});

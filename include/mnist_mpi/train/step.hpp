@@ -118,6 +118,9 @@ class Step {
   std::unique_ptr<Buffer> accum_;  // the earlier micro-batches' gradient sum (accumulation > 1)
   std::unique_ptr<Buffer> zeros_;  // (batch, classes) of zeros, when some micro-batch is short
   std::vector<std::pair<std::int64_t, std::int64_t>> layer_params_;  // (offset, size) per layer
+  // Note [Weight copies kept between passes] (src/backend/cpu/bf16.cpp): the model's copies of its
+  // weights hold the parameters: set by a pass, kept by apply(), which refreshes what it changes.
+  bool copies_current_ = false;
   bool accumulating_ = false;                                        // the last micro-batch of an accumulated step
   std::function<void(int)> on_layer_done_;  // made once: finishes a layer's gradient, starts buckets
   bool exact_first_chunk_ = false;          // --exact-sums: the pass's first chunk assigns the integers

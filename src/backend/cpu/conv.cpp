@@ -595,7 +595,8 @@ class Conv final : public LayerKernel {
  public:
   // Long on purpose (Note [Why a function is long] in docs/style.md): oneDNN's primitives for the
   // three passes are made once here from one set of memory descriptors; they share every local.
-  Conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training, bool first) : c_(c) {
+  Conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training, bool first)
+      : c_(c), w_begin_(b.w), w_end_(b.w + static_cast<std::int64_t>(l.channels) * l.in.c * l.kernel_h * l.kernel_w) {
     using dims = dnnl::memory::dims;
     if (c.fuse.bf16 && !first) {  // Note [bf16 on the CPU] in src/backend/cpu/cpu_backend.cpp
       build_bf16(l, b, training);
@@ -701,16 +702,16 @@ class Conv final : public LayerKernel {
                                                              {DNNL_ARG_DIFF_BIAS, wrap(c, bia, tag::x, dbias)}});
   }
 
-  void forward(const StepContext&) override {
+  void forward(const StepContext& ctx) override {
     if (conv_pool_ && conv_pool_->taken) return;  // the pool computes it (Note [The first convolution ...])
-    w_fwd_.run(c_);
+    if (!ctx.copies_current) w_fwd_.run(c_);      // Note [Weight copies kept between passes]
     if (x_to_bf16_) x_to_bf16_->run(c_);
     fwd_.run(c_);
   }
-  void backward(const StepContext&) override {
+  void backward(const StepContext& ctx) override {
     if (dy_to_bf16_) dy_to_bf16_->run(c_);
     if (bwd_data_) {
-      w_bwd_.run(c_);
+      if (!ctx.copies_current) w_bwd_.run(c_);
       bwd_data_->run(c_);
     }
     if (bwd_weights_) {
@@ -731,6 +732,12 @@ class Conv final : public LayerKernel {
       plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db);
     else
       plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db);
+  }
+  // The weights' copies (a blocked layout, bf16) are made whole: they are small next to an fc's.
+  void refresh_copies(const float* from, const float* to) override {
+    if (from >= w_end_ || to <= w_begin_) return;
+    w_fwd_.run(c_);
+    if (bwd_data_) w_bwd_.run(c_);
   }
   std::string describe() const override {
     return (conv_pool_ && conv_pool_->taken ? "forward in the max pool's pass; " : "") + desc_ +
@@ -806,6 +813,7 @@ class Conv final : public LayerKernel {
   }
 
   Context& c_;
+  const float *w_begin_, *w_end_;  // the weights (OIHW) in the flat parameter buffer
   MaybeReorder w_fwd_, w_bwd_, dw_;
   std::optional<Bound> x_to_bf16_, dy_to_bf16_;  // --precision bf16
   Bound fwd_;

@@ -345,7 +345,7 @@ class CpuBackend final : public Backend {
 // optimiser's state, the sums over ranks and checkpoints stay fp32, so a bf16 run resumes in fp32
 // and back. The first convolution (one input channel: oneDNN's bf16 kernels for it were slower
 // than its fp32 one) runs its forward in bf16 where a ReLU and a 2 x 2 max pool follow it, in the
-// pool's pass (Note [The first convolution in bf16] in src/backend/cpu/conv_pool_bf16.cpp), and its
+// pool's pass (Note [The first convolution in bf16] in src/backend/cpu/bf16.cpp), and its
 // weight gradient in fp32; the pools, ReLUs, dropout and the loss stay fp32. Measured on lenet's second convolution at
 // batch 50 (Zen 4, one core): 10.5 ms fp32 against 5.8 ms bf16 for forward and both backward
 // passes, the conversions included. A CPU without bf16 instructions is refused at set-up: oneDNN

@@ -103,10 +103,17 @@ class Fc final : public BoundLayer {
 
   void forward(const StepContext& ctx) override {
     if (x_to_bf16_) {
-      w_fwd_.run(c_);
+      if (!ctx.copies_current) to_bf16(w_, w_bf_, out_ * in_);  // Note [Weight copies kept between passes]
       x_to_bf16_->run(c_);
     }
     BoundLayer::forward(ctx);
+  }
+
+  void refresh_copies(const float* from, const float* to) override {
+    if (w_bf_ == nullptr) return;
+    const float* lo = std::max(from, w_);
+    const float* hi = std::min(to, w_ + out_ * in_);
+    if (lo < hi) to_bf16(lo, w_bf_ + (lo - w_), hi - lo);
   }
 
   void backward(const StepContext& ctx) override {
@@ -179,7 +186,11 @@ class Fc final : public BoundLayer {
     desc_ = "bf16 fc fwd " + impl(fwd);
     const dnnl::memory x_bf(src_bf, c_.engine);
     x_to_bf16_ = bound_reorder(c_, wrap(c_, src, tag::nc, b.x), x_bf);
-    w_fwd_ = maybe_reorder(c_, user_w, fwd.weights_desc(), true);
+    // W's plain bf16 copy, made by to_bf16 (Note [Weight copies kept between passes] in bf16.cpp).
+    MNIST_CHECK(fwd.weights_desc() == wei_bf, ExitCode::kRuntime, "bf16 fc: oneDNN asked for other weights than plain bf16");
+    w_fwd_ = {dnnl::memory(wei_bf, c_.engine), std::nullopt};  // allocated once, here
+    w_ = b.w;
+    w_bf_ = static_cast<std::uint16_t*>(w_fwd_.mem.get_data_handle());
     fwd_ = bind<dnnl::inner_product_forward>(c_, fwd,
                                              {{DNNL_ARG_SRC, x_bf},
                                               {DNNL_ARG_WEIGHTS, w_fwd_.mem},
@@ -210,7 +221,9 @@ class Fc final : public BoundLayer {
          {DNNL_ARG_DIFF_BIAS, wrap(c_, bia, tag::x, b.dw + (bias - b.w))}});
   }
 
-  MaybeReorder w_fwd_, w_bwd_, dw_mem_;           // --precision bf16: W into bf16, dW back to (O, I)
+  MaybeReorder w_fwd_, w_bwd_, dw_mem_;           // --precision bf16: W's bf16 copy, dW back to (O, I)
+  const float* w_ = nullptr;                      // --precision bf16: W (O, I) ...
+  std::uint16_t* w_bf_ = nullptr;                 // ... and its copy, in w_fwd_
   std::optional<Bound> x_to_bf16_, dy_to_bf16_;  // --precision bf16
   static constexpr std::int64_t kTileBytes = 512 * 1024;  // a tile's floats and its integers: 12 bytes an element
 

@@ -23,10 +23,13 @@ bool conv_has_fast_kernels(const Context& c, const LayerSpec& l, Layout x_layout
 // of the layer's weight count; arg may be null).
 bool first_conv_pool_fits(const LayerSpec& conv, Layout x_layout, Layout y_layout);
 void first_conv_pool_forward(const FirstConvForward& f, int block, int batch, float* wt, float* y, std::int32_t* arg);
-// Note [The first convolution in bf16] in conv_pool_bf16.cpp: the first convolution, its ReLU and
+// Note [The first convolution in bf16] in bf16.cpp: the first convolution, its ReLU and
 // its 2 x 2 max pool in one bf16 pass, for a convolution that first_conv_pool_fits (blocked 16)
 // and, per these, whose channels are whole blocks of 16 on a CPU with AVX512-BF16.
 bool cpu_has_avx512_bf16();
+// n floats to bf16 (round to nearest even; a denormal to zero), as VCVTNEPS2BF16 does: the fc
+// layers' weight copies (Note [Weight copies kept between passes] in bf16.cpp).
+void to_bf16(const float* src, std::uint16_t* dst, std::int64_t n);
 bool first_conv_relu_pool_bf16_fits(const LayerSpec& conv);
 class FirstConvBf16 {
  public:

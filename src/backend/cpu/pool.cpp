@@ -261,7 +261,7 @@ class MaxPool final : public LayerKernel {
       x_ = it->second.x;
       dx_ = it->second.dx;
       relu_ = true;
-      // Note [The first convolution in bf16] (src/backend/cpu/conv_pool_bf16.cpp): under
+      // Note [The first convolution in bf16] (src/backend/cpu/bf16.cpp): under
       // --precision bf16 a first convolution before the ReLU is computed here too. The fp32
       // fusions with a first convolution below do not see through a ReLU.
       if (const auto conv = c.first_conv.find(x_); c.fuse.bf16 && c.fuse.conv_pool_forward && exact_2x2(l) &&
