@@ -61,5 +61,10 @@ if grep -q '"skipped_steps":1,' "$work/m.jsonl" && grep -qE '"test_accuracy":[0-
   passed=$((passed + 1)); echo "ok   the skipped step is reported and counted; training went on to a finite model"
 else failed=$((failed + 1)); echo "FAIL skipped step not reported"; cat "$work/m.jsonl"; fi
 
+# A replica that went its own way (one bit of one parameter on rank 1 after step 3): the replica
+# check after that step stops every rank, naming both ranks' digests.
+expect replicas_diverge 1 30 "error on rank 0 .*replicas diverged after step 3: rank 1 holds parameters [0-9a-f]{16}, rank 0 holds" -- \
+  env MNIST_MPI_FAULT=1:3:diverge "${job[@]}" --check-replicas-every 1
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

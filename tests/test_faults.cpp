@@ -34,6 +34,7 @@ TEST(Fault, ParsesRankStepKind) {
   EXPECT_EQ(parse_fault("0:1:throw").kind, FaultKind::kThrow);
   EXPECT_EQ(parse_fault("0:1:hang").kind, FaultKind::kHang);
   EXPECT_EQ(parse_fault("0:1:nan").kind, FaultKind::kNan);
+  EXPECT_EQ(parse_fault("0:1:diverge").kind, FaultKind::kDiverge);
 }
 
 TEST(Fault, ParsesAThreadStart) {

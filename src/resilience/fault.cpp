@@ -16,7 +16,7 @@ Fault parse_fault(const std::string& text) {
   const auto bad = [&]() -> Fault {
     throw_error(ExitCode::kUsage,
                 "MNIST_MPI_FAULT=" + quote_input(text) +
-                    " is not RANK:STEP:KIND with KIND one of kill, segv, throw, stop, hang, nan, "
+                    " is not RANK:STEP:KIND with KIND one of kill, segv, throw, stop, hang, nan, diverge, "
                     "nor RANK:thread:NAME with NAME one of checkpoint-writer, communication, watchdog, "
                     "nor RANK:slow:MS with MS from 1 to 10000 (a testing hook; unset it for a normal run)");
   };
@@ -61,6 +61,8 @@ Fault parse_fault(const std::string& text) {
     f.kind = FaultKind::kHang;
   else if (k == "nan")
     f.kind = FaultKind::kNan;
+  else if (k == "diverge")
+    f.kind = FaultKind::kDiverge;
   else
     return bad();
   return f;
@@ -116,6 +118,7 @@ void fire_fault(const Fault& f) {
       throw_error(ExitCode::kRuntime, what);
     case FaultKind::kNone:
     case FaultKind::kNan:
+    case FaultKind::kDiverge:
     case FaultKind::kThreadStart:
     case FaultKind::kSlow:
       break;

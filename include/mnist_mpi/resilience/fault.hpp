@@ -21,6 +21,7 @@ enum class FaultKind {
   kStop,         // the rank sends itself SIGSTOP (a stopped or swapped-out process)
   kHang,         // the rank sleeps forever (a deadlock, a lost node that keeps its sockets)
   kNan,          // the rank's loss and loss gradient become NaN (numerical trouble)
+  kDiverge,      // after the step the rank flips the last bit of its first parameter (a replica gone its own way)
   kThreadStart,  // the rank throws right after starting the thread named by Fault::thread
   kSlow,         // the rank sleeps Fault::slow_ms in every step's backward (a straggler)
 };
@@ -36,7 +37,7 @@ struct Fault {
   bool armed_for(int r, std::int64_t step0) const { return kind != FaultKind::kNone && rank == r && step == step0 + 1; }
 };
 
-// Parses "RANK:STEP:KIND" (KIND: kill | segv | throw | stop | hang | nan); throws
+// Parses "RANK:STEP:KIND" (KIND: kill | segv | throw | stop | hang | nan | diverge); throws
 // Error(kUsage) naming the variable when the value is malformed.
 Fault parse_fault(const std::string& text);
 // MNIST_MPI_FAULT from the environment (no fault when unset or empty).
@@ -44,7 +45,7 @@ Fault fault_from_env();
 // For the owner of a thread, right after starting it: throws Error(kRuntime) when
 // MNIST_MPI_FAULT is "RANK:thread:NAME" for this rank and this thread name.
 void fault_after_thread_start(const char* name, int rank);
-// Carries out a fault of kind kill, segv, throw, stop or hang (kNan is the trainer's to apply).
+// Carries out a fault of kind kill, segv, throw, stop or hang (kNan and kDiverge are the trainer's to apply).
 void fire_fault(const Fault& fault);
 
 }  // namespace mnist_mpi
