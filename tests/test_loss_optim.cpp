@@ -3,6 +3,7 @@
 // updates against PyTorch's formulas evaluated by hand in double, and of the learning-rate
 // schedules (constant, step with a floor, cosine with linear warm-up).
 #include <gtest/gtest.h>
+#include <bit>
 
 #include <cmath>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 #include "reference.hpp"
+#include "src/backend/cpu/bf16.hpp"  // bf16_bits and to_bf16, tested below
 
 namespace mnist_mpi {
 namespace {
@@ -208,6 +210,60 @@ TEST(Sgd, PlainMomentumNesterovWeightDecay) {
   EXPECT_NEAR(sgd_by_hand(0.1, 0.9, false, 0.0)[0], 0.486, 1e-7);
   // Nesterov, element 0: steps 0.1 + 0.09 = 0.19, then -0.05 + 0.036 = -0.014; p = 0.5 - 0.019 + 0.0014.
   EXPECT_NEAR(sgd_by_hand(0.1, 0.9, true, 0.0)[0], 0.4824, 1e-7);
+}
+
+// Note [Weight copies kept between passes] (src/backend/cpu/bf16.cpp): given a bf16 copy, the
+// update writes each new parameter's bf16 (bf16_bits) in the same pass, and the parameters are those
+// of the update without one; sgd (with momentum and nesterov) and adam, over a range cut in two.
+TEST(Optimizer, Bf16CopyIsTheUpdatedParametersInBf16) {
+  for (const std::string kind : {"adam", "sgd"}) {
+    SCOPED_TRACE(kind);
+    OptimizerConfig cfg;
+    cfg.kind = kind;
+    cfg.momentum = 0.9;
+    cfg.nesterov = true;
+    cfg.weight_decay = 0.01;
+    const std::int64_t n = 1000;
+    std::vector<float> p0(static_cast<std::size_t>(n)), g(p0.size());
+    for (std::int64_t i = 0; i < n; ++i) {
+      p0[static_cast<std::size_t>(i)] = std::sin(0.37f * static_cast<float>(i));
+      g[static_cast<std::size_t>(i)] = 0.01f * std::cos(1.3f * static_cast<float>(i));
+    }
+    std::vector<float> with = p0, without = p0;
+    std::vector<std::uint16_t> copy(p0.size(), 0xffff);
+    Optimizer a(cfg, n), b(cfg, n);
+    for (int step = 0; step < 3; ++step) {
+      a.begin_step(1e-2);
+      a.update(with.data(), g.data(), 0, 400, copy.data());
+      a.update(with.data(), g.data(), 400, n, copy.data() + 400);
+      b.begin_step(1e-2);
+      b.update(without.data(), g.data(), 0, n);
+    }
+    EXPECT_EQ(with, without) << "the copy changed the update";
+    EXPECT_NE(with, p0) << "nothing was updated";
+    for (std::size_t i = 0; i < copy.size(); ++i)
+      ASSERT_EQ(copy[i], cpu::bf16_bits(with[i])) << "element " << i << " of " << with[i];
+  }
+}
+
+// bf16_bits is the rounding of VCVTNEPS2BF16 (the fc copies are made by either): nearest even,
+// ties both ways, denormals to a zero of their sign, infinities, NaNs quiet; and random bits.
+TEST(Bf16, TheRoundingIsTheInstructions) {
+  if (!cpu::cpu_has_avx512_bf16()) GTEST_SKIP() << "this CPU has no AVX512-BF16 to compare with";
+  std::vector<std::uint32_t> bits{0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00400000u, 0x00800000u,
+                                  0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, 0x7f7fffffu, 0xff7fffffu,
+                                  0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffa00000u, 0x7fffffffu};
+  std::uint32_t x = 12345u;
+  for (int i = 0; i < 100000; ++i) {
+    x = x * 1664525u + 1013904223u;
+    bits.push_back(x);
+  }
+  std::vector<float> f(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) f[i] = std::bit_cast<float>(bits[i]);
+  std::vector<std::uint16_t> hw(f.size());
+  cpu::to_bf16(f.data(), hw.data(), static_cast<std::int64_t>(f.size()));
+  for (std::size_t i = 0; i < f.size(); ++i)
+    ASSERT_EQ(cpu::bf16_bits(f[i]), hw[i]) << std::hex << "bits 0x" << bits[i];
 }
 
 TEST(Optimizer, UnknownKindThrows) {

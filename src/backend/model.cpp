@@ -3,6 +3,7 @@
 // forward() and backward() only run prepared kernels: nothing is planned or allocated per step.
 #include "mnist_mpi/backend/model.hpp"
 
+#include <algorithm>
 #include <optional>
 #include <sstream>
 
@@ -82,6 +83,14 @@ void Model::forward(const StepContext& ctx) {
 
 void Model::refresh_copies(const float* from, const float* to) {
   for (auto& k : kernels_) k->refresh_copies(from, to);
+}
+
+std::vector<LayerKernel::PlainCopy> Model::plain_bf16_copies() const {
+  std::vector<LayerKernel::PlainCopy> copies;
+  for (const auto& k : kernels_)
+    if (const LayerKernel::PlainCopy c = k->plain_bf16_copy(); c.copy != nullptr) copies.push_back(c);
+  std::sort(copies.begin(), copies.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  return copies;
 }
 
 void Model::backward(const StepContext& ctx, const std::function<void(int)>& on_layer_done) {

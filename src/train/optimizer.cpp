@@ -109,14 +109,15 @@ std::int64_t Optimizer::state_offset(std::int64_t begin, std::int64_t end) const
   return owned_offset_[static_cast<std::size_t>(it - owned_.begin())] + (begin - it->begin);
 }
 
-void Optimizer::update(float* params, const float* grads, std::int64_t begin, std::int64_t end) {
+void Optimizer::update(float* params, const float* grads, std::int64_t begin, std::int64_t end,
+                       std::uint16_t* bf16_copy) {
   MNIST_CHECK(begun_ > 0 && 0 <= begin && begin <= end && end <= count_, ExitCode::kRuntime,
               "Optimizer::update: range outside the buffer or no begin_step()");
   if (begin == end) return;
   const std::int64_t at = state_offset(begin, end);
   float* m = m_.data() + at;
   float* v = v_.empty() ? nullptr : v_.data() + at;  // sgd has no second moment
-  pass_->update(params + begin, grads + begin, m, v, end - begin);
+  pass_->update(params + begin, grads + begin, m, v, end - begin, bf16_copy);
 }
 
 // Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp): every rank's packed

@@ -34,6 +34,7 @@ Step::Step(const StepParts& parts, const StepShape& shape)
   if (shape_.global_batch % (shape_.world * shape_.accumulation) != 0)  // Note [Uneven slices]
     p_.backend->allocate(shape_.batch * spec.num_classes()).swap(zeros_);
   owned_ = p_.reducer->owned();
+  plain_copies_ = p_.model->plain_bf16_copies();
   layer_params_.assign(spec.layers.size(), {0, 0});
   for (const ParamTensor& t : spec.params) {
     auto& [begin, size] = layer_params_[static_cast<std::size_t>(t.layer)];
@@ -480,6 +481,29 @@ Clock::time_point Step::exact_pass_tail(std::int64_t step, bool probe, bool pois
   return backward_end;
 }
 
+// The optimiser's update of [begin, end), with the model's weight copies made again where it
+// changes them (Note [Weight copies kept between passes] in src/backend/cpu/bf16.cpp): the plain
+// bf16 copies by the optimiser's own pass, the others (small) just after it, while in cache.
+void Step::update(std::int64_t begin, std::int64_t end) {
+  float* p = p_.params->data();
+  const float* g = p_.grads->data();
+  const auto rest = [&](std::int64_t lo, std::int64_t hi) {  // a range outside every plain copy
+    if (lo >= hi) return;
+    p_.optimizer->update(p, g, lo, hi);
+    p_.model->refresh_copies(p + lo, p + hi);
+  };
+  std::int64_t at = begin;
+  for (const LayerKernel::PlainCopy& c : plain_copies_) {  // in the buffer's order
+    const std::int64_t c0 = c.begin - p, c1 = c.end - p;
+    const std::int64_t lo = std::max(at, c0), hi = std::min(end, c1);
+    if (lo >= hi) continue;
+    rest(at, lo);
+    p_.optimizer->update(p, g, lo, hi, c.copy + (lo - c0));
+    at = hi;
+  }
+  rest(at, end);
+}
+
 // The optimiser waits only for what it needs: bucket k's parameters are updated as soon as its
 // sum is in, while the later buckets are still being summed (the update is elementwise, so the
 // bits are those of one pass over the whole buffer). Each bucket is checked before it is applied
@@ -524,8 +548,7 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
       }
       const auto o0 = Clock::now();
       const ParamRange mine = reducer.shard(k);
-      p_.optimizer->update(p_.params->data(), p_.grads->data(), mine.begin, mine.end);
-      p_.model->refresh_copies(p_.params->data() + mine.begin, p_.params->data() + mine.end);  // while in cache
+      update(mine.begin, mine.end);
       const auto o1 = Clock::now();
       t.optimizer += seconds(o1 - o0);
       if (sharded) reducer.start_gather(gathered++);

@@ -87,6 +87,15 @@ class LayerKernel {
   // The parameters in [from, to) (of the flat buffer its weights are in) changed: a kernel that
   // keeps a copy of any of them makes that copy again now (Note [Weight copies kept between passes]).
   virtual void refresh_copies(const float* /*from*/, const float* /*to*/) {}
+  // A copy of some of its weights that is a plain bf16 image of them ([begin, end) of the flat
+  // buffer, copy[i] the bf16 of begin[i]), which the optimiser may write as it updates them; none
+  // by default.
+  struct PlainCopy {
+    const float* begin = nullptr;
+    const float* end = nullptr;
+    std::uint16_t* copy = nullptr;
+  };
+  virtual PlainCopy plain_bf16_copy() const { return {}; }
   // The implementation chosen, for logs ("conv: jit:avx2").
   virtual std::string describe() const = 0;
 };

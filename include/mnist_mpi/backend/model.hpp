@@ -45,6 +45,9 @@ class Model {
   // the next pass may run with StepContext::copies_current (Note [Weight copies kept between
   // passes] in src/backend/cpu/bf16.cpp).
   void refresh_copies(const float* from, const float* to);
+  // The kernels' plain bf16 copies of their weights (LayerKernel::plain_bf16_copy), in the order of
+  // the flat buffer.
+  std::vector<LayerKernel::PlainCopy> plain_bf16_copies() const;
   // Runs backward from dlogits() down to the first layer. on_layer_done(i) is called as soon as
   // layer i's parameter gradients are final (the reducer starts buckets from there).
   void backward(const StepContext& ctx, const std::function<void(int layer)>& on_layer_done = {});

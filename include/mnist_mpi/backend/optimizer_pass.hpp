@@ -93,8 +93,11 @@ class OptimizerPass {
   virtual std::int64_t read() = 0;       // t
   virtual void set(std::int64_t t) = 0;  // a checkpoint's count
   // params -= update(grads) over n elements at the begun step, with the moments m and v (v unused
-  // by sgd); every pointer in the backend's memory.
-  virtual void update(float* params, const float* grads, float* m, float* v, std::int64_t n) = 0;
+  // by sgd); every pointer in the backend's memory. bf16_copy (may be null): where each new
+  // parameter also goes as bf16, in the same pass (Note [Weight copies kept between passes] in
+  // src/backend/cpu/bf16.cpp); only the CPU's pass takes one.
+  virtual void update(float* params, const float* grads, float* m, float* v, std::int64_t n,
+                      std::uint16_t* bf16_copy) = 0;
 };
 
 #ifndef __CUDACC__

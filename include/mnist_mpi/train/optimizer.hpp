@@ -56,7 +56,9 @@ class Optimizer {
   // Counts the step (on a device: unless the guard refused it, Note [The optimiser's step count]).
   void begin_step(double lr);
   // [begin, end) must lie inside one owned range.
-  void update(float* params, const float* grads, std::int64_t begin, std::int64_t end);
+  // bf16_copy (may be null): where the new params[begin, end) also go as bf16, in the same pass.
+  void update(float* params, const float* grads, std::int64_t begin, std::int64_t end,
+              std::uint16_t* bf16_copy = nullptr);
   std::int64_t steps_taken() const;  // a synchronisation on a device
   // State, for checkpoints: the moment buffers (sgd: momentum only, second empty), in the
   // backend's memory (copy through Backend::download on a GPU), and the step count. Each holds

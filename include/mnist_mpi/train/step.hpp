@@ -89,6 +89,8 @@ class Step {
                                MicroTimes& at);
   void record_micro(std::int64_t step, std::int64_t index, bool last, const MicroTimes& at,
                     std::chrono::steady_clock::time_point end, Timeline* tl, StepTiming& timing);
+  // The optimiser's update of the flat range [begin, end) and the weight copies it changes.
+  void update(std::int64_t begin, std::int64_t end);
   // sums_in: every bucket's sum is already in (--exact-sums); all are checked before any is applied.
   void apply(std::int64_t step, double lr, std::chrono::steady_clock::time_point backward_end, StepTiming& t,
              bool sums_in = false);
@@ -121,6 +123,7 @@ class Step {
   // Note [Weight copies kept between passes] (src/backend/cpu/bf16.cpp): the model's copies of its
   // weights hold the parameters: set by a pass, kept by apply(), which refreshes what it changes.
   bool copies_current_ = false;
+  std::vector<LayerKernel::PlainCopy> plain_copies_;  // the model's, which the optimiser writes
   bool accumulating_ = false;                                        // the last micro-batch of an accumulated step
   std::function<void(int)> on_layer_done_;  // made once: finishes a layer's gradient, starts buckets
   bool exact_first_chunk_ = false;          // --exact-sums: the pass's first chunk assigns the integers

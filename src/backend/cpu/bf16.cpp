@@ -46,10 +46,14 @@ namespace mnist_mpi::cpu {
 // after the optimiser writes a bucket's range calls Model::refresh_copies on it while it is in
 // cache (the fc's copy is plain (O, I), so the range is converted alone; a convolution's small
 // blocked copies are made whole whenever a range touches them) and after the gathers the ranges the
-// other ranks wrote. Anything else that writes the parameters (a resume, the broadcast at the
-// start) happens before the first pass, which makes every copy. The fc copy is made by to_bf16
-// below in both cases, so a pass and a refresh give the same bits; bf16 runs kept their bits when
-// this came in (lenet, 60 steps, 1 and 2 ranks, with and without accumulation).
+// other ranks wrote. An fc's copy within the rank's own shard is written by the optimiser's pass
+// itself, as it updates each weight (Step::update; 0.2 ms less a lenet step than converting it
+// after). Anything else that writes the parameters (a resume, the broadcast at the start) happens
+// before the first pass, which makes every copy (the testing hook MNIST_MPI_FAULT=R:S:diverge
+// writes one parameter and leaves the copies be). Every fc copy has one rounding, bf16_bits
+// (bf16.hpp), which is VCVTNEPS2BF16's (Bf16.TheRoundingIsTheInstructions), so a pass, a refresh
+// and the optimiser give the same bits; bf16 runs kept their bits when this came in (lenet, 60
+// steps, 1 and 2 ranks, with and without accumulation, sharded or not).
 // Model.Bf16WeightCopiesAreRefreshedWhereTheParametersChanged checks the refresh against copies
 // made anew, and that copies_current does skip them; tests/e2e_cli.sh that a sharded run with
 // buckets that cut the tensors apart keeps the unsharded run's bits.
@@ -211,14 +215,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16_avx
 void to_bf16(const float* src, std::uint16_t* dst, std::int64_t n) {
   static const bool avx512_bf16 = cpu_has_avx512_bf16();
   if (avx512_bf16) return to_bf16_avx512(src, dst, n);
-  for (std::int64_t i = 0; i < n; ++i) {  // the same rounding in integers (an AMX CPU without AVX512-BF16)
-    std::uint32_t u;
-    std::memcpy(&u, src + i, sizeof u);
-    if ((u & 0x7f800000u) == 0) u &= 0x80000000u;                      // a denormal: a zero of its sign
-    if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;             // a NaN stays one (quiet)
-    else u += 0x7fffu + ((u >> 16) & 1u);
-    dst[i] = static_cast<std::uint16_t>(u >> 16);
-  }
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = bf16_bits(src[i]);  // an AMX CPU without AVX512-BF16
 }
 
 bool first_conv_relu_pool_bf16_fits(const LayerSpec& conv) { return conv.channels % kB == 0 && cpu_has_avx512_bf16(); }

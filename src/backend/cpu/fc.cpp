@@ -109,6 +109,11 @@ class Fc final : public BoundLayer {
     BoundLayer::forward(ctx);
   }
 
+  PlainCopy plain_bf16_copy() const override {
+    if (w_bf_ == nullptr) return {};
+    return {w_, w_ + out_ * in_, w_bf_};
+  }
+
   void refresh_copies(const float* from, const float* to) override {
     if (w_bf_ == nullptr) return;
     const float* lo = std::max(from, w_);

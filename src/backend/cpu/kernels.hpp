@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mnist_mpi/backend/backend.hpp"
+#include "src/backend/cpu/bf16.hpp"
 #include "src/backend/cpu/dnnl_util.hpp"
 
 #include "mnist_mpi/cpu_clones.hpp"  // MNIST_MPI_CPU_CLONES: Note [One build for every x86-64]
@@ -26,10 +27,6 @@ void first_conv_pool_forward(const FirstConvForward& f, int block, int batch, fl
 // Note [The first convolution in bf16] in bf16.cpp: the first convolution, its ReLU and
 // its 2 x 2 max pool in one bf16 pass, for a convolution that first_conv_pool_fits (blocked 16)
 // and, per these, whose channels are whole blocks of 16 on a CPU with AVX512-BF16.
-bool cpu_has_avx512_bf16();
-// n floats to bf16 (round to nearest even; a denormal to zero), as VCVTNEPS2BF16 does: the fc
-// layers' weight copies (Note [Weight copies kept between passes] in bf16.cpp).
-void to_bf16(const float* src, std::uint16_t* dst, std::int64_t n);
 bool first_conv_relu_pool_bf16_fits(const LayerSpec& conv);
 class FirstConvBf16 {
  public:

@@ -8,6 +8,7 @@
 
 #include "mnist_mpi/backend/optimizer_pass.hpp"
 #include "mnist_mpi/cpu_clones.hpp"
+#include "src/backend/cpu/bf16.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -30,9 +31,26 @@ void adam_pass(const AdamScalars& a, float* __restrict p, const float* __restric
     p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
   }
 }
+// The same, and each new parameter's bf16 to copy while it is in a register (Note [Weight copies
+// kept between passes] in src/backend/cpu/bf16.cpp). The loop is written out again, not shared
+// through an inline template: an OpenMP region in a function of its own is built for the baseline
+// x86-64, not in the clones (Note [One build for every x86-64]), and ran at a third of the speed.
+MNIST_MPI_CPU_CLONES
+void adam_pass_copy(const AdamScalars& a, float* __restrict p, const float* __restrict g, float* __restrict m,
+                    float* __restrict v, std::uint16_t* __restrict copy, std::int64_t n) {
+  const float wd = a.wd, b1 = a.b1, b2 = a.b2, step_size = a.step_size, inv_sqrt_bc2 = a.inv_sqrt_bc2, eps = a.eps;
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] + wd * p[i];
+    m[i] = b1 * m[i] + (1.0f - b1) * gi;
+    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+    p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+    copy[i] = cpu::bf16_bits(p[i]);
+  }
+}
 // The fused pass over n elements, with the scalars of the step.
 void host_pass(const OptimizerConfig& cfg, const OptimizerScalars& s, float* __restrict p, const float* __restrict g,
-               float* __restrict m, float* __restrict v, std::int64_t n) {
+               float* __restrict m, float* __restrict v, std::uint16_t* __restrict copy, std::int64_t n) {
   const float wd = static_cast<float>(cfg.weight_decay);
   if (cfg.kind == "adam") {
     const AdamScalars a{wd,
@@ -41,7 +59,10 @@ void host_pass(const OptimizerConfig& cfg, const OptimizerScalars& s, float* __r
                         s.step_size,
                         s.inv_sqrt_bc2,
                         static_cast<float>(cfg.eps)};
-    adam_pass(a, p, g, m, v, n);
+    if (copy)
+      adam_pass_copy(a, p, g, m, v, copy, n);
+    else
+      adam_pass(a, p, g, m, v, n);
   } else {
     const float mu = static_cast<float>(cfg.momentum), flr = s.lr;
     const bool nesterov = cfg.nesterov;
@@ -54,6 +75,7 @@ void host_pass(const OptimizerConfig& cfg, const OptimizerScalars& s, float* __r
       }
       p[i] -= flr * gi;
     }
+    if (copy) cpu::to_bf16(p, copy, n);  // sgd: a pass of its own
   }
 }
 
@@ -66,8 +88,9 @@ class HostOptimizerPass final : public OptimizerPass {
   }
   std::int64_t read() override { return t_; }
   void set(std::int64_t t) override { t_ = t; }
-  void update(float* params, const float* grads, float* m, float* v, std::int64_t n) override {
-    host_pass(cfg_, scalars_, params, grads, m, v, n);
+  void update(float* params, const float* grads, float* m, float* v, std::int64_t n,
+              std::uint16_t* bf16_copy) override {
+    host_pass(cfg_, scalars_, params, grads, m, v, bf16_copy, n);
   }
 
  private:

@@ -276,7 +276,9 @@ class CudaBackend final : public Backend {
       CUDA_CHECK(cudaMemcpyAsync(&state_.get()->t, &t, sizeof t, cudaMemcpyHostToDevice, b_.c_.stream));
       b_.c_.wait_for_stream();
     }
-    void update(float* params, const float* grads, float* m, float* v, std::int64_t n) override {
+    void update(float* params, const float* grads, float* m, float* v, std::int64_t n,
+                std::uint16_t* bf16_copy) override {
+      MNIST_CHECK(bf16_copy == nullptr, ExitCode::kRuntime, "the GPU's optimiser pass writes no bf16 copy");
       launch_optimizer(b_.c_.stream, cfg_, state_.get(), params, grads, m, v, n, b_.guard_.get());
     }
 
