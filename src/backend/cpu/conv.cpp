@@ -680,7 +680,11 @@ class Conv final : public LayerKernel {
                                                    strides, pad_l, pad_r),
           user_scratchpad(), c.engine, fwd);
       if (!is_ref(impl(bw_nb))) {
-        desc_ += ", bwd-weights " + impl(bw_nb) + " + own bias sum";
+        // Note [The first convolution's weight gradient in bf16] in src/backend/cpu/bf16.cpp
+        const bool own_bf16 =
+            first && c.fuse.bf16 && b.y_layout == Layout::kBlocked16 && first_conv_weight_grad_bf16_fits(l);
+        if (own_bf16) bf16_grad_.emplace(l, std::max(1, omp_get_max_threads()));
+        desc_ += ", bwd-weights " + (own_bf16 ? std::string("own bf16 loop") : impl(bw_nb)) + " + own bias sum";
         dw_ = maybe_reorder(c, wrap(c, wei, tag::oihw, b.dw), bw_nb.diff_weights_desc(), false);
         bwd_weights_ = bind<dnnl::convolution_backward_weights>(c, bw_nb,
                                                                 {{DNNL_ARG_SRC, wrap(c, src, src_tag, b.x)},
@@ -715,8 +719,12 @@ class Conv final : public LayerKernel {
       bwd_data_->run(c_);
     }
     if (bwd_weights_) {
-      bwd_weights_->run(c_);
-      dw_.run(c_);
+      if (bf16_grad_) {
+        bf16_grad_->run(b_.batch, b_.x, b_.dy, b_.dw);
+      } else {
+        bwd_weights_->run(c_);
+        dw_.run(c_);
+      }
       if (own_bias_) {
         float* db = b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w;
         const std::int64_t plane = static_cast<std::int64_t>(l_.out.h) * l_.out.w;
@@ -826,6 +834,7 @@ class Conv final : public LayerKernel {
   FirstConvForward* conv_pool_ = nullptr;  // in c_.first_conv, when a pool may compute the forward
   const float* y_ = nullptr;               // its key
   bool own_bias_ = false;                  // Note [Bias gradient of a blocked convolution]
+  std::optional<FirstConvWeightGradBf16> bf16_grad_;  // Note [The first convolution's weight gradient in bf16]
   std::vector<double> bias_acc_;           // (O)
 };
 

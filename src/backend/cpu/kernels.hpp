@@ -41,6 +41,23 @@ class FirstConvBf16 {
   std::vector<float> staging_;            // the packed weights in fp32
   std::vector<std::uint16_t> packed_;     // (O/16, KH, JP, 16, 2) bf16
 };
+// Note [The first convolution's weight gradient in bf16] in bf16.cpp: for a first convolution
+// (one input channel, stride 1, 3 x 3 or 5 x 5, blocks of 16 channels, even output width) under
+// --precision bf16 on a CPU with AVX512-BF16.
+bool first_conv_weight_grad_bf16_fits(const LayerSpec& conv);
+class FirstConvWeightGradBf16 {
+ public:
+  FirstConvWeightGradBf16(const LayerSpec& conv, int threads);
+  // dw (O, 1, KH, KW) from x (N, 1, H, W) and dy (N, O/16, OH, OW, 16), both fp32.
+  void run(int batch, const float* x, const float* dy, float* dw);
+
+ private:
+  LayerSpec l_;
+  int threads_;
+  std::int64_t scratch_size_ = 0;
+  std::vector<std::uint16_t> scratch_;  // one padded bf16 image a thread
+  std::vector<float> partial_;          // (O/16, KH * KW, 16) a thread
+};
 std::unique_ptr<LayerKernel> make_fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
