@@ -938,20 +938,27 @@ TEST(BlockedLayouts, FirstConvReluPoolInBf16) {
       EXPECT_LE(d.relative, 1e-4) << t.name << ": off by " << d.relative << " of its norm";
     }
     // Note [The first convolution's weight gradient in bf16]: for 3 x 3 and 5 x 5, dW is the double
-    // sum of the bf16-rounded dy times x (already bf16).
+    // sum of the bf16-rounded dy times x (already bf16) and db the sum of dy: the unfused model's,
+    // from the dy its pool wrote, against that reference; the fused model's, formed from its pool's
+    // gradient, argmax and output in registers, against the unfused model's.
     const bool own = (conv.kernel_h == 5 && conv.kernel_w == 5) || (conv.kernel_h == 3 && conv.kernel_w == 3);
-    EXPECT_EQ(fused.describe().find("bwd-weights own bf16 loop") != std::string::npos, own) << fused.describe();
+    EXPECT_EQ(fused.describe().find("bwd-weights own bf16 loop + own bias sum reading the max pool's gradient") !=
+                  std::string::npos,
+              own)
+        << fused.describe();
+    EXPECT_EQ(apart.describe().find("bwd-weights own bf16 loop") != std::string::npos, own) << apart.describe();
     const Shape out = spec.activation(1);
     const std::size_t no = static_cast<std::size_t>(k.batch) * out.size();
-    const std::vector<float> dy = relayout(std::vector<float>(fused.activation_gradient(1), fused.activation_gradient(1) + no),
+    const std::vector<float> dy = relayout(std::vector<float>(apart.activation_gradient(1), apart.activation_gradient(1) + no),
                                            k.batch, out, Layout::kBlocked16, Layout::kPlain);
-    std::vector<double> dw_want(static_cast<std::size_t>(conv.channels * taps), 0.0);
+    std::vector<double> dw_want(static_cast<std::size_t>(conv.channels * taps), 0.0), db_want(conv.channels, 0.0);
     for (int n = 0; n < k.batch; ++n)
       for (int o = 0; o < conv.channels; ++o)
         for (int h = 0; h < out.h; ++h)
           for (int ww = 0; ww < out.w; ++ww) {
-            const double d = own ? bf(dy[static_cast<std::size_t>(((n * conv.channels + o) * out.h + h) * out.w + ww)])
-                                 : dy[static_cast<std::size_t>(((n * conv.channels + o) * out.h + h) * out.w + ww)];
+            const float d32 = dy[static_cast<std::size_t>(((n * conv.channels + o) * out.h + h) * out.w + ww)];
+            const double d = own ? bf(d32) : d32;
+            db_want[static_cast<std::size_t>(o)] += d32;
             for (int kh = 0; kh < conv.kernel_h; ++kh)
               for (int kw = 0; kw < conv.kernel_w; ++kw) {
                 const int ih = h + kh - conv.pad_top, iw = ww + kw - conv.pad_left;
@@ -960,11 +967,15 @@ TEST(BlockedLayouts, FirstConvReluPoolInBf16) {
                     d * x[static_cast<std::size_t>((n * k.input.h + ih) * k.input.w + iw)];
               }
           }
-    const std::vector<float> dw_got(g_fused.begin() + static_cast<std::ptrdiff_t>(w0.offset),
-                                    g_fused.begin() + static_cast<std::ptrdiff_t>(w0.offset + w0.size));
-    std::vector<float> dw_want_f(dw_want.begin(), dw_want.end());
-    const Distance dd = distance(dw_want_f.data(), dw_got.data(), w0.size);
-    EXPECT_LE(dd.relative, 1e-5) << "the first convolution's weight gradient: off by " << dd.relative;
+    const ParamTensor& b0 = *std::find_if(spec.params.begin(), spec.params.end(),
+                                          [](const ParamTensor& t) { return t.layer == 0 && t.is_bias; });
+    for (const auto& [t, ref_sum] : {std::pair{&w0, &dw_want}, std::pair{&b0, &db_want}}) {
+      const std::vector<float> w32(ref_sum->begin(), ref_sum->end());
+      const Distance ref = distance(w32.data(), g_apart.data() + t->offset, t->size);
+      EXPECT_LE(ref.relative, 1e-5) << t->name << " (dy from memory): off by " << ref.relative;
+      const Distance fa = distance(g_apart.data() + t->offset, g_fused.data() + t->offset, t->size);
+      EXPECT_LE(fa.relative, 1e-5) << t->name << " (dy from the pool): off by " << fa.relative;
+    }
   }
 }
 

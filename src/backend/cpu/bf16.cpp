@@ -6,6 +6,7 @@
 #include <cpuid.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -232,43 +233,94 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16_avx
 // and interleaved channel by channel, times the pair (x[h + kh][w + kw], x[h + kh][w + kw + 1]) of
 // the padded bf16 image, broadcast. The KH x KW sums of a channel block stay in registers over a
 // thread's images (shapes 3 x 3 and 5 x 5; 25 sums and the pair use 26 of the 32 zmm registers); the
-// threads' sums are added in thread order. The bias gradient is the fp32 loop it was (Note [Bias
-// gradient of a blocked convolution] in conv.cpp). BlockedLayouts.FirstConvReluPoolInBf16 checks dW
-// against a double reference on the bf16-rounded dy and x.
+// threads' sums are added in thread order. The bias gradient is summed from the same fp32 dy in
+// the same loop (in float over an image, in double over images and threads, in order).
+// When the pool after the ReLU computed the forward (Note [The first convolution in bf16]), dy is
+// not written at all: as in Note [The first convolution reads its pool's gradient] (conv.cpp) the
+// pool hands over its own gradient, argmax and output, and each pixel's dy is formed in registers,
+// the window's dy where the argmax points at the pixel and the pooled y > 0 (the ReLU's mask), 0
+// elsewhere; the pool's backward pass and its 3.2 MB write (the fast recipe) are gone, and so is the
+// bias's pass over them. BlockedLayouts.FirstConvReluPoolInBf16 checks dW against a double
+// reference on the bf16-rounded dy, with dy from memory and from the pool.
+struct PooledBlock {  // one image's channel block of the pool's gradient, argmax and output: (PH, PW, 16)
+  const float* dy;
+  const std::int32_t* arg;
+  const float* y;
+  std::int32_t base;  // the block's offset within the convolution's output sample (what argmax counts)
+};
+
+template <int KH, int KW>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) inline void weight_grad_pair(
+    const Geometry& g, const std::uint16_t* xr, int w, __m512 d0, __m512 d1, __m512i idx, __m512 (&acc)[KH * KW]) {
+  const __m512bh both = _mm512_cvtne2ps_pbh(d1, d0);
+  const __m512bh dy2 = (__m512bh)_mm512_permutexvar_epi16(idx, (__m512i)both);  // (16, 2): w, w + 1
+#pragma GCC unroll 5
+  for (int kh = 0; kh < KH; ++kh)
+#pragma GCC unroll 5
+    for (int kw = 0; kw < KW; ++kw)
+      acc[kh * KW + kw] = _mm512_dpbf16_ps(acc[kh * KW + kw], dy2, pair(xr + kh * g.cols + w + kw));
+}
+
+// One image's channel block into acc and bsum: dy from memory (dyb, (OH, OW, 16)) or, when dyb is
+// null, from the pool's block.
 template <int KH, int KW>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void weight_grad_block(
-    const Geometry& g, const std::uint16_t* xp, const float* dyb, __m512 (&acc)[KH * KW]) {
+    const Geometry& g, const std::uint16_t* xp, const float* dyb, const PooledBlock& pb, __m512 (&acc)[KH * KW],
+    __m512& bsum) {
   alignas(64) static constexpr std::uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
                                                                 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
                                                                 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i idx = _mm512_load_si512(kInterleave);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 zero = _mm512_setzero_ps();
   for (int h = 0; h < g.OH; ++h) {
     const std::uint16_t* xr = xp + static_cast<std::int64_t>(h) * g.cols;
-    const float* d = dyb + static_cast<std::int64_t>(h) * g.OW * kB;
-    for (int w = 0; w < g.OW; w += 2) {
-      const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(d + (w + 1) * kB), _mm512_loadu_ps(d + w * kB));
-      const __m512bh dy2 = (__m512bh)_mm512_permutexvar_epi16(idx, (__m512i)both);  // (16, 2): w, w + 1
-#pragma GCC unroll 5
-      for (int kh = 0; kh < KH; ++kh)
-#pragma GCC unroll 5
-        for (int kw = 0; kw < KW; ++kw)
-          acc[kh * KW + kw] = _mm512_dpbf16_ps(acc[kh * KW + kw], dy2, pair(xr + kh * g.cols + w + kw));
+    if (dyb) {
+      const float* d = dyb + static_cast<std::int64_t>(h) * g.OW * kB;
+      for (int w = 0; w < g.OW; w += 2) {
+        const __m512 d0 = _mm512_loadu_ps(d + w * kB), d1 = _mm512_loadu_ps(d + (w + 1) * kB);
+        bsum = _mm512_add_ps(_mm512_add_ps(bsum, d0), d1);
+        weight_grad_pair<KH, KW>(g, xr, w, d0, d1, idx, acc);
+      }
+      continue;
+    }
+    const std::int64_t row = static_cast<std::int64_t>(h / 2) * g.PW * kB;
+    for (int w = 0; w < g.OW; w += 2) {  // pixels w and w + 1 share the window (h / 2, w / 2)
+      const std::int64_t q = row + (w / 2) * kB;
+      const __m512 dy = _mm512_loadu_ps(pb.dy + q);
+      const __m512i arg = _mm512_loadu_si512(pb.arg + q);
+      const __mmask16 positive = _mm512_cmp_ps_mask(_mm512_loadu_ps(pb.y + q), zero, _CMP_GT_OQ);
+      const __m512i at = _mm512_add_epi32(lane, _mm512_set1_epi32(pb.base + (h * g.OW + w) * kB));
+      const __m512 d0 = _mm512_maskz_mov_ps(positive & _mm512_cmpeq_epi32_mask(arg, at), dy);
+      const __m512 d1 =
+          _mm512_maskz_mov_ps(positive & _mm512_cmpeq_epi32_mask(arg, _mm512_add_epi32(at, _mm512_set1_epi32(kB))), dy);
+      bsum = _mm512_add_ps(_mm512_add_ps(bsum, d0), d1);
+      weight_grad_pair<KH, KW>(g, xr, w, d0, d1, idx, acc);
     }
   }
 }
 
-// Images [first, last) into partial (O/16, KH * KW, 16).
+// Images [first, last) into partial (O/16, KH * KW, 16) and bias (O, double); dy (N, O/16, OH, OW,
+// 16) or, when null, the pool's gradient (pooled: dy, argmax and y (N, O/16, PH, PW, 16)).
 template <int KH, int KW>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void weight_grad_images(
     const Geometry& g, int blocks, std::int64_t first, std::int64_t last, const float* x, const float* dy,
-    std::uint16_t* xp, float* partial) {
-  const std::int64_t in = static_cast<std::int64_t>(g.H) * g.W, out = static_cast<std::int64_t>(blocks) * g.OH * g.OW * kB;
+    const PooledGradient& pooled, std::uint16_t* xp, float* partial, double* bias) {
+  const std::int64_t in = static_cast<std::int64_t>(g.H) * g.W, plane = static_cast<std::int64_t>(g.OH) * g.OW * kB,
+                     pplane = static_cast<std::int64_t>(g.PH) * g.PW * kB;
   for (int ob = 0; ob < blocks; ++ob) {
     __m512 acc[KH * KW];
     for (auto& a : acc) a = _mm512_setzero_ps();
     for (std::int64_t n = first; n < last; ++n) {
       pad_image(g, x + n * in, xp);
-      weight_grad_block<KH, KW>(g, xp, dy + n * out + static_cast<std::int64_t>(ob) * g.OH * g.OW * kB, acc);
+      __m512 bsum = _mm512_setzero_ps();
+      const std::int64_t pq = (n * blocks + ob) * pplane;
+      const PooledBlock pb{pooled.dy ? pooled.dy + pq : nullptr, pooled.dy ? pooled.argmax + pq : nullptr,
+                           pooled.dy ? pooled.y + pq : nullptr, static_cast<std::int32_t>(ob * plane)};
+      weight_grad_block<KH, KW>(g, xp, pooled.dy ? nullptr : dy + (n * blocks + ob) * plane, pb, acc, bsum);
+      alignas(64) float b[kB];
+      _mm512_store_ps(b, bsum);
+      for (int k = 0; k < kB; ++k) bias[ob * kB + k] += b[k];
     }
     for (int t = 0; t < KH * KW; ++t) _mm512_storeu_ps(partial + (ob * KH * KW + t) * kB, acc[t]);
   }
@@ -321,32 +373,40 @@ FirstConvWeightGradBf16::FirstConvWeightGradBf16(const LayerSpec& conv, int thre
   scratch_size_ = static_cast<std::int64_t>(g.rows) * g.cols;
   scratch_.assign(static_cast<std::size_t>(threads_ * scratch_size_), 0);
   partial_.assign(static_cast<std::size_t>(threads_) * conv.channels * conv.kernel_h * conv.kernel_w, 0.0f);
+  bias_.assign(static_cast<std::size_t>(threads_) * conv.channels, 0.0);
 }
 
-void FirstConvWeightGradBf16::run(int batch, const float* x, const float* dy, float* dw) {
+void FirstConvWeightGradBf16::run(int batch, const float* x, const float* dy, const PooledGradient& pooled,
+                                  float* dw, float* db) {
   const Geometry g = geometry(l_);
   const int blocks = l_.channels / kB, taps = l_.kernel_h * l_.kernel_w;
   const std::int64_t part = static_cast<std::int64_t>(l_.channels) * taps;
   const bool five = l_.kernel_h == 5;
+  std::fill(bias_.begin(), bias_.end(), 0.0);
 #pragma omp parallel num_threads(threads_)
   {
     const std::int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
     std::uint16_t* xp = scratch_.data() + t * scratch_size_;
     float* p = partial_.data() + t * part;
+    double* b = bias_.data() + t * l_.channels;
     const std::int64_t first = batch * t / threads, last = batch * (t + 1) / threads;
     if (five)
-      weight_grad_images<5, 5>(g, blocks, first, last, x, dy, xp, p);
+      weight_grad_images<5, 5>(g, blocks, first, last, x, dy, pooled, xp, p, b);
     else
-      weight_grad_images<3, 3>(g, blocks, first, last, x, dy, xp, p);
+      weight_grad_images<3, 3>(g, blocks, first, last, x, dy, pooled, xp, p, b);
   }
-  // (O/16, taps, 16) per thread, added in thread order, into OIHW.
-  for (int o = 0; o < l_.channels; ++o)
+  // (O/16, taps, 16) per thread, added in thread order, into OIHW; the bias likewise.
+  for (int o = 0; o < l_.channels; ++o) {
     for (int k = 0; k < taps; ++k) {
       const std::int64_t at = ((o / kB) * taps + k) * kB + o % kB;
       float sum = partial_[static_cast<std::size_t>(at)];
       for (int t = 1; t < threads_; ++t) sum += partial_[static_cast<std::size_t>(t * part + at)];
       dw[o * taps + k] = sum;
     }
+    double bsum = bias_[static_cast<std::size_t>(o)];
+    for (int t = 1; t < threads_; ++t) bsum += bias_[static_cast<std::size_t>(t * l_.channels + o)];
+    db[o] = static_cast<float>(bsum);
+  }
 }
 
 }  // namespace mnist_mpi::cpu

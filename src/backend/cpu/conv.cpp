@@ -683,7 +683,10 @@ class Conv final : public LayerKernel {
         // Note [The first convolution's weight gradient in bf16] in src/backend/cpu/bf16.cpp
         const bool own_bf16 =
             first && c.fuse.bf16 && b.y_layout == Layout::kBlocked16 && first_conv_weight_grad_bf16_fits(l);
-        if (own_bf16) bf16_grad_.emplace(l, std::max(1, omp_get_max_threads()));
+        if (own_bf16) {
+          bf16_grad_.emplace(l, std::max(1, omp_get_max_threads()));
+          if (c.fuse.pool_gradient) pooled_ = &c.pooled[b.dy];  // a pool that computed the forward may hand its gradient
+        }
         desc_ += ", bwd-weights " + (own_bf16 ? std::string("own bf16 loop") : impl(bw_nb)) + " + own bias sum";
         dw_ = maybe_reorder(c, wrap(c, wei, tag::oihw, b.dw), bw_nb.diff_weights_desc(), false);
         bwd_weights_ = bind<dnnl::convolution_backward_weights>(c, bw_nb,
@@ -718,28 +721,28 @@ class Conv final : public LayerKernel {
       if (!ctx.copies_current) w_bwd_.run(c_);
       bwd_data_->run(c_);
     }
+    // The bias's gradient, after the weights' (l_ and b_ are set where an own loop needs them).
+    const auto db = [&] { return b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w; };
     if (bwd_weights_) {
-      if (bf16_grad_) {
-        bf16_grad_->run(b_.batch, b_.x, b_.dy, b_.dw);
-      } else {
-        bwd_weights_->run(c_);
-        dw_.run(c_);
+      if (bf16_grad_) {  // the weights' and the bias's gradient
+        bf16_grad_->run(b_.batch, b_.x, b_.dy, pooled_ ? *pooled_ : PooledGradient{}, b_.dw, db());
+        return;
       }
+      bwd_weights_->run(c_);
+      dw_.run(c_);
       if (own_bias_) {
-        float* db = b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w;
         const std::int64_t plane = static_cast<std::int64_t>(l_.out.h) * l_.out.w;
         if (b_.y_layout == Layout::kBlocked8)
-          bias_grad_blocked8(b_.batch, l_.channels, plane, b_.dy, bias_acc_.data(), db);
+          bias_grad_blocked8(b_.batch, l_.channels, plane, b_.dy, bias_acc_.data(), db());
         else
-          bias_grad_blocked16(b_.batch, l_.channels, plane, b_.dy, bias_acc_.data(), db);
+          bias_grad_blocked16(b_.batch, l_.channels, plane, b_.dy, bias_acc_.data(), db());
       }
       return;
     }
-    float* db = b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w;
     if (b_.y_layout == Layout::kBlocked8)
-      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db);
+      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db());
     else
-      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db);
+      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db());
   }
   // The weights' copies (a blocked layout, bf16) are made whole: they are small next to an fc's.
   void refresh_copies(const float* from, const float* to) override {

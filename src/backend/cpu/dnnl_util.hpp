@@ -22,6 +22,9 @@ namespace mnist_mpi::cpu {
 struct PooledGradient {
   const float* dy = nullptr;
   const std::int32_t* argmax = nullptr;
+  // With a ReLU between them (Note [The first convolution's weight gradient in bf16] in bf16.cpp):
+  // the pool's output, whose sign is the ReLU's mask; null without one.
+  const float* y = nullptr;
 };
 
 // A first convolution (plain input of one channel, stride 1, blocked output) that a following

@@ -48,8 +48,9 @@ bool first_conv_weight_grad_bf16_fits(const LayerSpec& conv);
 class FirstConvWeightGradBf16 {
  public:
   FirstConvWeightGradBf16(const LayerSpec& conv, int threads);
-  // dw (O, 1, KH, KW) from x (N, 1, H, W) and dy (N, O/16, OH, OW, 16), both fp32.
-  void run(int batch, const float* x, const float* dy, float* dw);
+  // dw (O, 1, KH, KW) and db (O) from x (N, 1, H, W) and dy (N, O/16, OH, OW, 16), both fp32, or,
+  // where pooled.dy is set, from the pool's gradient instead of dy (pooled.y: the mask of the ReLU).
+  void run(int batch, const float* x, const float* dy, const PooledGradient& pooled, float* dw, float* db);
 
  private:
   LayerSpec l_;
@@ -57,6 +58,7 @@ class FirstConvWeightGradBf16 {
   std::int64_t scratch_size_ = 0;
   std::vector<std::uint16_t> scratch_;  // one padded bf16 image a thread
   std::vector<float> partial_;          // (O/16, KH * KW, 16) a thread
+  std::vector<double> bias_;            // (O) a thread
 };
 std::unique_ptr<LayerKernel> make_fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);

@@ -270,6 +270,12 @@ class MaxPool final : public LayerKernel {
         conv->second.taken = true;
         conv_ = &conv->second;
         conv_bf16_.emplace(conv_->l, std::max(1, omp_get_max_threads()));
+        // Note [The first convolution's weight gradient in bf16]: its weight gradient may read
+        // this pool's gradient, argmax and output instead of a dx written here.
+        if (const auto p = c.pooled.find(dx_); training && c.fuse.pool_gradient && p != c.pooled.end()) {
+          p->second = PooledGradient{b.dy, argmax_.data(), b.y};
+          dx_left_to_conv_ = true;
+        }
       }
       return;
     }
