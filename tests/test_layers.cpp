@@ -979,6 +979,46 @@ TEST(BlockedLayouts, FirstConvReluPoolInBf16) {
   }
 }
 
+// Note [A pool's gradient straight into bf16] (src/backend/cpu/pool.cpp): under --precision bf16
+// the pool before flatten writes the bf16 dy of the convolution before its ReLU, and that
+// convolution's bias gradient; the model where the convolution converts an fp32 dy (the pool's
+// one-pass gradient off) gets the same bits for every other gradient (the same rounding) and the
+// bias's to float rounding (another order of the sums). Two channel blocks, 2 threads.
+TEST(BlockedLayouts, PoolWritesTheBf16GradientOfTheConvolution) {
+  if (!cpu_has_bf16()) GTEST_SKIP() << "this CPU has no bf16 instructions";
+  for (const int threads : {1, 2}) {
+    SCOPED_TRACE(threads);
+    auto fused_be = make_cpu_backend(threads, {.bf16 = true});
+    auto apart_be = make_cpu_backend(threads, {.pool_backward_tiles = false, .bf16 = true});
+    const ModelSpec spec = parse_model_spec(
+        "conv:5x5:16:same,relu,maxpool:2,conv:3x3:32:same,relu,maxpool:2,flatten,fc:10", {1, 16, 16}, 10);
+    std::vector<float> params(static_cast<std::size_t>(spec.param_count));
+    init_params(spec, parse_init_spec("he"), parse_init_spec("normal:0.1"), 47, params.data());
+    const int batch = 3;
+    std::vector<float> g_fused(params.size(), 7.0f), g_apart(params.size(), 3.0f);
+    Model fused(spec, batch, *fused_be, params.data(), g_fused.data());
+    Model apart(spec, batch, *apart_be, params.data(), g_apart.data());
+    EXPECT_NE(fused.describe().find("writes the convolution's dy in bf16"), std::string::npos) << fused.describe();
+    EXPECT_NE(fused.describe().find("dy in bf16 and the bias's gradient from the max pool"), std::string::npos)
+        << fused.describe();
+    EXPECT_EQ(apart.describe().find("dy in bf16"), std::string::npos) << apart.describe();
+    const std::vector<float> x = uniform(static_cast<std::size_t>(batch) * 256, 53);
+    const std::vector<std::int32_t> labels{1, 4, 7};
+    for (Model* m : {&fused, &apart}) step_on(*m, *fused_be, x, labels, batch);
+    for (const ParamTensor& t : spec.params) {
+      const std::vector<float> a(g_apart.begin() + t.offset, g_apart.begin() + t.offset + t.size),
+          f(g_fused.begin() + t.offset, g_fused.begin() + t.offset + t.size);
+      if (t.layer == 3 && t.is_bias) {
+        const Distance d = distance(a.data(), f.data(), t.size);
+        EXPECT_LE(d.relative, 1e-6) << t.name << ": off by " << d.relative;
+        EXPECT_GT(std::abs(a[0]), 0.0f) << t.name << " is zero: this check could not tell";
+      } else {
+        EXPECT_TRUE(same_bits(a, f)) << t.name;
+      }
+    }
+  }
+}
+
 // Note [A ReLU taken over by its max pool] in src/backend/cpu/pool.cpp: the pool applying the ReLU
 // before it, both ways, gives the bits of the two layers apart: logits in training and inference,
 // and every gradient, in every layout the pool runs on (plain, blocked, blocked in and plain out,

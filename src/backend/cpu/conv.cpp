@@ -716,7 +716,8 @@ class Conv final : public LayerKernel {
     fwd_.run(c_);
   }
   void backward(const StepContext& ctx) override {
-    if (dy_to_bf16_) dy_to_bf16_->run(c_);
+    const bool pool_wrote_dy = bf16_gradient_ && bf16_gradient_->taken;  // and the bias's gradient
+    if (dy_to_bf16_ && !pool_wrote_dy) dy_to_bf16_->run(c_);
     if (bwd_data_) {
       if (!ctx.copies_current) w_bwd_.run(c_);
       bwd_data_->run(c_);
@@ -730,7 +731,7 @@ class Conv final : public LayerKernel {
       }
       bwd_weights_->run(c_);
       dw_.run(c_);
-      if (own_bias_) {
+      if (own_bias_ && !pool_wrote_dy) {
         const std::int64_t plane = static_cast<std::int64_t>(l_.out.h) * l_.out.w;
         if (b_.y_layout == Layout::kBlocked8)
           bias_grad_blocked8(b_.batch, l_.channels, plane, b_.dy, bias_acc_.data(), db());
@@ -752,9 +753,11 @@ class Conv final : public LayerKernel {
   }
   std::string describe() const override {
     return (conv_pool_ && conv_pool_->taken ? "forward in the max pool's pass; " : "") + desc_ +
+           (bf16_gradient_ && bf16_gradient_->taken ? "; dy in bf16 and the bias's gradient from the max pool" : "") +
            (pooled_ && pooled_->dy ? " reading the max pool's gradient" : "");
   }
   ~Conv() override {
+    if (bf16_gradient_) c_.bf16_gradient.erase(dy_key_);
     if (pooled_) c_.pooled.erase(b_.dy);
     if (conv_pool_) c_.first_conv.erase(y_);
   }
@@ -788,6 +791,12 @@ class Conv final : public LayerKernel {
     if (!training) return;
     const dnnl::memory dy_bf(dst_bf, c_.engine);
     dy_to_bf16_ = bound_reorder(c_, wrap(c_, dst, dst_tag, b.dy), dy_bf);
+    if (b.y_layout == Layout::kBlocked16) {  // Note [A pool's gradient straight into bf16] in pool.cpp
+      bf16_gradient_ = &c_.bf16_gradient[b.dy];
+      *bf16_gradient_ = Bf16Gradient{static_cast<std::uint16_t*>(dy_bf.get_data_handle()),
+                                     b.dw + (bias - b.w), false};
+      dy_key_ = b.dy;
+    }
     if (b.dx) {
       dnnl::convolution_backward_data::primitive_desc bd(
           dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_f, wei_bf, dst_bf, strides,
@@ -838,6 +847,8 @@ class Conv final : public LayerKernel {
   const float* y_ = nullptr;               // its key
   bool own_bias_ = false;                  // Note [Bias gradient of a blocked convolution]
   std::optional<FirstConvWeightGradBf16> bf16_grad_;  // Note [The first convolution's weight gradient in bf16]
+  Bf16Gradient* bf16_gradient_ = nullptr;  // in c_.bf16_gradient: a pool may write dy in bf16 (and db)
+  const float* dy_key_ = nullptr;          // its key
   std::vector<double> bias_acc_;           // (O)
 };
 

@@ -52,6 +52,16 @@ struct ReluBeforePool {
   bool taken = false;
 };
 
+// A bf16 convolution's output gradient that the max pool after it (and its ReLU) may write itself,
+// in bf16, with the bias's gradient (Note [A pool's gradient straight into bf16] in
+// src/backend/cpu/pool.cpp): where to, and whether a pool took it (then the convolution neither
+// converts its fp32 dy nor sums its bias).
+struct Bf16Gradient {
+  std::uint16_t* dy = nullptr;  // the convolution's bf16 copy of dy, in its layout (blocked 16)
+  float* db = nullptr;          // its bias's gradient
+  bool taken = false;
+};
+
 struct Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
@@ -63,6 +73,8 @@ struct Context {
   std::unordered_map<const float*, FirstConvForward> first_conv;
   // Keyed by the y buffer of a ReLU; made by the ReLU and erased when it goes.
   std::unordered_map<const float*, ReluBeforePool> relu_before_pool;
+  // Keyed by the dy buffer of a bf16 convolution with blocked output; made by it, erased when it goes.
+  std::unordered_map<const float*, Bf16Gradient> bf16_gradient;
 };
 
 using tag = dnnl::memory::format_tag;

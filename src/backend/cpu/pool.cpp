@@ -197,6 +197,64 @@ template <int B>
     }
   pool_backward_tiles<B, false>(p, 0, g, nullptr, args + n * p.out_sample, dxs + n * p.in_sample);
 }
+// Note [A pool's gradient straight into bf16]
+// Under --precision bf16 the convolution before a ReLU and this pool reads dy only as a bf16 copy
+// (its backward-data and backward-weights); the fp32 dy served for the copy's reorder and for its
+// bias's gradient. lenet's pool before flatten wrote 2.5 MB of fp32 dy a step, the reorder read it
+// and wrote the copy, the bias loop read it again (0.10 + 0.05 ms, oneDNN's log and perf). Where the
+// convolution offers its copy (Context::bf16_gradient), this pass writes the copy itself, each
+// window's value rounded as bf16_bits and set where its argmax points, and sums the bias's gradient
+// as it goes (per sample in float, in window order; over samples in double); the fp32 dy is never
+// written. Tested by BlockedLayouts.PoolWritesTheBf16GradientOfTheConvolution.
+template <int B>
+[[gnu::always_inline]] inline void pool_backward_plain_y_bf16(const PoolShape& p, std::int64_t n,
+                                                              const float* __restrict dys, const float* __restrict ys,
+                                                              const std::int32_t* __restrict args, float* __restrict g,
+                                                              std::uint16_t* __restrict dxs, double* __restrict bias) {
+  const std::int64_t plane = static_cast<std::int64_t>(p.oh) * p.ow;
+  const float* dy = dys + n * p.out_sample;
+  const float* y = ys + n * p.out_sample;
+  for (int cb = 0; cb < p.cb_count; ++cb)  // dy masked by the ReLU into g, blocked, as the fp32 pass
+    for (int b = 0; b < B; ++b) {
+      const std::int64_t c = static_cast<std::int64_t>(cb) * B + b;
+      float* out = g + static_cast<std::int64_t>(cb) * plane * B + b;
+      if (p.relu)
+        for (std::int64_t o = 0; o < plane; ++o) out[o * B] = y[c * plane + o] > 0.0f ? dy[c * plane + o] : 0.0f;
+      else
+        for (std::int64_t o = 0; o < plane; ++o) out[o * B] = dy[c * plane + o];
+    }
+  const int ih = p.ih, iw = p.iw, oh = p.oh, ow = p.ow, row = iw * B;
+  const std::int32_t* arg = args + n * p.out_sample;
+  std::uint16_t* dx = dxs + n * p.in_sample;
+  for (int cb = 0; cb < p.cb_count; ++cb) {
+    float sum[B] = {};
+    for (int i = 0; i < oh; ++i)
+      for (int j = 0; j < ow; ++j) {
+        const int base = ((cb * ih + 2 * i) * iw + 2 * j) * B;
+        std::uint16_t* d0 = dx + base;
+        std::uint16_t* d1 = d0 + row;
+#pragma omp simd
+        for (int b = 0; b < B; ++b) {
+          const int o = ((cb * oh + i) * ow + j) * B + b;
+          const float v = 0.0f + g[o];
+          const std::uint16_t h = cpu::bf16_bits(v);
+          const int k = arg[o] - base - b;  // 0, B, row or row + B: where in the window the max is
+          d0[b] = k == 0 ? h : std::uint16_t{0};
+          d0[b + B] = k == B ? h : std::uint16_t{0};
+          d1[b] = k == row ? h : std::uint16_t{0};
+          d1[b + B] = k == row + B ? h : std::uint16_t{0};
+          sum[b] += v;
+        }
+      }
+    for (int b = 0; b < B; ++b) bias[cb * B + b] += sum[b];
+  }
+}
+MNIST_MPI_CPU_CLONES
+void pool_backward_plain_y16_bf16(const PoolShape& p, std::int64_t n, const float* dy, const float* y,
+                                  const std::int32_t* arg, float* g, std::uint16_t* dx, double* bias) {
+  pool_backward_plain_y_bf16<16>(p, n, dy, y, arg, g, dx, bias);
+}
+
 MNIST_MPI_CPU_CLONES
 void pool_backward_plain_y8(const PoolShape& p, std::int64_t n, const float* dy, const float* y,
                             const std::int32_t* arg, float* g, float* dx) {
@@ -261,6 +319,13 @@ class MaxPool final : public LayerKernel {
       x_ = it->second.x;
       dx_ = it->second.dx;
       relu_ = true;
+      // Note [A pool's gradient straight into bf16]
+      if (const auto g = c.bf16_gradient.find(dx_);
+          c.fuse.bf16 && plain_y_tiles_ && bx_ == 16 && g != c.bf16_gradient.end() && g->second.dy != nullptr) {
+        g->second.taken = true;
+        bf16_gradient_ = &g->second;
+        bias_acc_.assign(static_cast<std::size_t>(threads_) * l.in.c, 0.0);
+      }
       // Note [The first convolution in bf16] (src/backend/cpu/bf16.cpp): under
       // --precision bf16 a first convolution before the ReLU is computed here too. The fp32
       // fusions with a first convolution below do not see through a ReLU.
@@ -313,6 +378,23 @@ class MaxPool final : public LayerKernel {
 
   void backward(const StepContext&) override {
     if (!dx_ || dx_left_to_conv_) return;
+    if (bf16_gradient_) {  // Note [A pool's gradient straight into bf16]
+      const PoolShape p = shape(bx_);
+      std::fill(bias_acc_.begin(), bias_acc_.end(), 0.0);
+      const std::int64_t channels = l_.in.c;
+#pragma omp parallel for schedule(static) num_threads(threads_)  // no more threads than scratches
+      for (std::int64_t n = 0; n < b_.batch; ++n) {
+        const std::int64_t t = omp_get_thread_num();
+        pool_backward_plain_y16_bf16(p, n, b_.dy, b_.y, argmax_.data(), scratch_.data() + t * out_sample_,
+                                     bf16_gradient_->dy, bias_acc_.data() + t * channels);
+      }
+      for (std::int64_t c = 0; c < channels; ++c) {  // the threads' sums in thread order
+        double s = bias_acc_[static_cast<std::size_t>(c)];
+        for (int t = 1; t < threads_; ++t) s += bias_acc_[static_cast<std::size_t>(t * channels + c)];
+        bf16_gradient_->db[c] = static_cast<float>(s);
+      }
+      return;
+    }
     if (plain_y_tiles_) {  // Note [A 2 x 2 pool's gradient in one pass]
       const PoolShape p = shape(bx_);
 #pragma omp parallel for schedule(static) num_threads(threads_)  // no more threads than scratches
@@ -358,7 +440,7 @@ class MaxPool final : public LayerKernel {
            (dx_left_to_conv_ ? "; dx left to the convolution"
             : tiles_ || plain_y_tiles_ ? "; dx in one pass"
                              : "") +
-           (relu_ ? "; applies the ReLU before it" : "") + (conv_ ? conv_bf16_ ? "; computes the convolution before the ReLU in bf16" : "; computes the convolution before it"
+           (relu_ ? "; applies the ReLU before it" : "") + (bf16_gradient_ ? "; writes the convolution's dy in bf16" : "") + (conv_ ? conv_bf16_ ? "; computes the convolution before the ReLU in bf16" : "; computes the convolution before it"
                  : "") +
            ")";
   }
@@ -429,6 +511,8 @@ class MaxPool final : public LayerKernel {
   const FirstConvForward* conv_ = nullptr;  // the convolution before, computed in this pool's forward
   std::vector<float> conv_weights_;         // its weights rearranged, each forward
   std::optional<FirstConvBf16> conv_bf16_;  // Note [The first convolution in bf16]
+  Bf16Gradient* bf16_gradient_ = nullptr;   // Note [A pool's gradient straight into bf16]
+  std::vector<double> bias_acc_;            // its bias sums, a row per thread
   std::vector<std::int32_t> argmax_;        // in y's order (plain_y_tiles_: x's blocked order): offset of the max within its sample's x
 };
 
