@@ -1422,7 +1422,8 @@ TEST(Model, Bf16WeightCopiesAreRefreshedWhereTheParametersChanged) {
     return t == spec.params.end() ? std::size_t{0} : static_cast<std::size_t>(t->offset);
   };
   const std::size_t conv2_w = offset_of("3.conv.weight"), fc1_w = offset_of("7.fc.weight");
-  const std::vector<std::size_t> cuts{0, conv2_w + 100, fc1_w + 1000, P};
+  std::vector<std::size_t> cuts{0, conv2_w + 100, fc1_w + 1000, P};
+  std::sort(cuts.begin(), cuts.end());  // the flat buffer holds the last layer first
   std::vector<float> other(P);
   init_params(spec, parse_init_spec("he"), parse_init_spec("constant:-0.2"), 43, other.data());
   for (std::size_t r = 0; r + 1 < cuts.size(); ++r) {  // as the optimiser's buckets: change, then refresh
