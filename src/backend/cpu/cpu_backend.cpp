@@ -339,18 +339,22 @@ class CpuBackend final : public Backend {
 
 // Note [bf16 on the CPU]
 // --precision bf16 runs the convolutions after the first and the fc layers on oneDNN's bf16
-// kernels (jit_bf16:avx512_core_bf16, or AMX where the CPU has it): each reads a bf16 copy of its
-// input, of its weights and (backward) of its output gradient, made by a reorder per call, and
-// accumulates and writes fp32: activations, gradients, the parameters (the master copy), the
-// optimiser's state, the sums over ranks and checkpoints stay fp32, so a bf16 run resumes in fp32
-// and back. The first convolution (one input channel: oneDNN's bf16 kernels for it were slower
-// than its fp32 one) runs its forward in bf16 where a ReLU and a 2 x 2 max pool follow it, in the
-// pool's pass (Note [The first convolution in bf16] in src/backend/cpu/bf16.cpp), and its
-// weight gradient in fp32; the pools, ReLUs, dropout and the loss stay fp32. Measured on lenet's second convolution at
-// batch 50 (Zen 4, one core): 10.5 ms fp32 against 5.8 ms bf16 for forward and both backward
-// passes, the conversions included. A CPU without bf16 instructions is refused at set-up: oneDNN
-// would run reference kernels, far slower than fp32. The kernels chosen are in the banner's
-// per-layer lines, each bf16 layer's starting with "bf16".
+// kernels (jit_bf16:avx512_core_bf16, or AMX where the CPU has it): each reads bf16 copies of its
+// input, of its weights and (backward) of its output gradient, and accumulates and writes fp32:
+// activations, gradients, the parameters (the master copy), the optimiser's state, the sums over
+// ranks and checkpoints stay fp32, so a bf16 run resumes in fp32 and back. The weights' copies are
+// made where the parameters change, the optimiser writing an fc's (Note [Weight copies kept
+// between passes] in src/backend/cpu/bf16.cpp); a max pool before flatten writes the bf16 output
+// gradient of the convolution before it (Note [A pool's gradient straight into bf16] in pool.cpp).
+// The first convolution (one input channel: oneDNN's bf16 kernels for it were slower than its fp32
+// one) runs on loops of our own where a ReLU and a 2 x 2 max pool follow it: its forward in the
+// pool's pass (Note [The first convolution in bf16]) and its weight gradient from the pool's
+// gradient (Note [The first convolution's weight gradient in bf16]). The pools, ReLUs, dropout
+// and the loss stay fp32. Measured on lenet's second convolution at batch 50 (Zen 4, one core):
+// 10.5 ms fp32 against 5.8 ms bf16 for forward and both backward passes, the conversions
+// included. A CPU without bf16 instructions is refused at set-up: oneDNN would run reference
+// kernels, far slower than fp32. The kernels chosen are in the banner's per-layer lines, each bf16
+// layer's starting with "bf16".
 bool cpu_has_bf16() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   const bool avx512_bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5)) != 0;  // CPUID.7.1:EAX[5]
