@@ -16,35 +16,34 @@ struct AdamScalars {
   float wd, b1, b2, step_size, inv_sqrt_bc2, eps;
 };
 
+// One element's update: the expressions of both passes below. Inlined into each loop (a helper
+// with the loop and its OpenMP region inside would be a function of its own, built for the
+// baseline x86-64 rather than in the clones: Note [One build for every x86-64]; that ran at a
+// third of the speed).
+[[gnu::always_inline]] inline void adam_element(const AdamScalars& a, float& p, float g, float& m, float& v) {
+  const float gi = g + a.wd * p;
+  m = a.b1 * m + (1.0f - a.b1) * gi;
+  v = a.b2 * v + (1.0f - a.b2) * gi * gi;
+  p -= a.step_size * m / (std::sqrt(v) * a.inv_sqrt_bc2 + a.eps);
+}
+
 // Built for AVX-512, AVX2 and the baseline (Note [One build for every x86-64] in
 // include/mnist_mpi/cpu_clones.hpp): each element goes through the same IEEE operations in the
 // same order on every ISA (the core is built with -ffp-contract=off), so the three give the same bits.
 MNIST_MPI_CPU_CLONES
 void adam_pass(const AdamScalars& a, float* __restrict p, const float* __restrict g, float* __restrict m,
                float* __restrict v, std::int64_t n) {
-  const float wd = a.wd, b1 = a.b1, b2 = a.b2, step_size = a.step_size, inv_sqrt_bc2 = a.inv_sqrt_bc2, eps = a.eps;
 #pragma omp parallel for simd schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] + wd * p[i];
-    m[i] = b1 * m[i] + (1.0f - b1) * gi;
-    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
-  }
+  for (std::int64_t i = 0; i < n; ++i) adam_element(a, p[i], g[i], m[i], v[i]);
 }
 // The same, and each new parameter's bf16 to copy while it is in a register (Note [Weight copies
-// kept between passes] in src/backend/cpu/bf16.cpp). The loop is written out again, not shared
-// through an inline template: an OpenMP region in a function of its own is built for the baseline
-// x86-64, not in the clones (Note [One build for every x86-64]), and ran at a third of the speed.
+// kept between passes] in src/backend/cpu/bf16.cpp).
 MNIST_MPI_CPU_CLONES
 void adam_pass_copy(const AdamScalars& a, float* __restrict p, const float* __restrict g, float* __restrict m,
                     float* __restrict v, std::uint16_t* __restrict copy, std::int64_t n) {
-  const float wd = a.wd, b1 = a.b1, b2 = a.b2, step_size = a.step_size, inv_sqrt_bc2 = a.inv_sqrt_bc2, eps = a.eps;
 #pragma omp parallel for simd schedule(static)
   for (std::int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] + wd * p[i];
-    m[i] = b1 * m[i] + (1.0f - b1) * gi;
-    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+    adam_element(a, p[i], g[i], m[i], v[i]);
     copy[i] = cpu::bf16_bits(p[i]);
   }
 }

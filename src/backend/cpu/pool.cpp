@@ -176,13 +176,10 @@ template <int B, bool Relu>
       }
 }
 
-// Sample n of a pool whose y is plain and whose argmax is in x's blocked order: dy (masked by the
-// ReLU it took over) into g, one sample blocked by B, then the one pass.
+// Sample n's plain dy, masked by the ReLU the pool took over, into g blocked by B.
 template <int B>
-[[gnu::always_inline]] inline void pool_backward_tiles_plain_y(const PoolShape& p, std::int64_t n,
-                                                               const float* __restrict dys, const float* __restrict ys,
-                                                               const std::int32_t* __restrict args, float* __restrict g,
-                                                               float* __restrict dxs) {
+[[gnu::always_inline]] inline void masked_dy_blocked(const PoolShape& p, std::int64_t n, const float* __restrict dys,
+                                                     const float* __restrict ys, float* __restrict g) {
   const std::int64_t plane = static_cast<std::int64_t>(p.oh) * p.ow;
   const float* dy = dys + n * p.out_sample;
   const float* y = ys + n * p.out_sample;
@@ -195,6 +192,16 @@ template <int B>
       else
         for (std::int64_t o = 0; o < plane; ++o) out[o * B] = dy[c * plane + o];
     }
+}
+
+// Sample n of a pool whose y is plain and whose argmax is in x's blocked order: dy (masked by the
+// ReLU it took over) into g, one sample blocked by B, then the one pass.
+template <int B>
+[[gnu::always_inline]] inline void pool_backward_tiles_plain_y(const PoolShape& p, std::int64_t n,
+                                                               const float* __restrict dys, const float* __restrict ys,
+                                                               const std::int32_t* __restrict args, float* __restrict g,
+                                                               float* __restrict dxs) {
+  masked_dy_blocked<B>(p, n, dys, ys, g);
   pool_backward_tiles<B, false>(p, 0, g, nullptr, args + n * p.out_sample, dxs + n * p.in_sample);
 }
 // Note [A pool's gradient straight into bf16]
@@ -211,18 +218,7 @@ template <int B>
                                                               const float* __restrict dys, const float* __restrict ys,
                                                               const std::int32_t* __restrict args, float* __restrict g,
                                                               std::uint16_t* __restrict dxs, double* __restrict bias) {
-  const std::int64_t plane = static_cast<std::int64_t>(p.oh) * p.ow;
-  const float* dy = dys + n * p.out_sample;
-  const float* y = ys + n * p.out_sample;
-  for (int cb = 0; cb < p.cb_count; ++cb)  // dy masked by the ReLU into g, blocked, as the fp32 pass
-    for (int b = 0; b < B; ++b) {
-      const std::int64_t c = static_cast<std::int64_t>(cb) * B + b;
-      float* out = g + static_cast<std::int64_t>(cb) * plane * B + b;
-      if (p.relu)
-        for (std::int64_t o = 0; o < plane; ++o) out[o * B] = y[c * plane + o] > 0.0f ? dy[c * plane + o] : 0.0f;
-      else
-        for (std::int64_t o = 0; o < plane; ++o) out[o * B] = dy[c * plane + o];
-    }
+  masked_dy_blocked<B>(p, n, dys, ys, g);
   const int ih = p.ih, iw = p.iw, oh = p.oh, ow = p.ow, row = iw * B;
   const std::int32_t* arg = args + n * p.out_sample;
   std::uint16_t* dx = dxs + n * p.in_sample;
