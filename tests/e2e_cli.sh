@@ -212,12 +212,20 @@ if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
   # weights are refreshed where the update and the gathers change them, and not made again by the
   # next pass. Sharded, with buckets of 1 KB that cut the weight tensors apart, each rank refreshes
   # its shards after the update and the others' after the gathers: the unsharded run's bits.
-  bf16_base=(--data-dir "$work/good" --validation-size 100 --threads 1 --precision bf16 --max-steps 12
+  bf16_base=(--data-dir "$work/good" --validation-size 100 --threads 1 --precision bf16
     --model "conv:5x5:16:same,relu,maxpool:2,conv:3x3:16:same,relu,maxpool:2,flatten,fc:32,fc:10")
-  check bf16_copies_unsharded 0 "params_hash" -- "${run2[@]}" "${bf16_base[@]}" --shard-optimizer off
+  check bf16_copies_unsharded 0 "params_hash" -- "${run2[@]}" "${bf16_base[@]}" --max-steps 12 --shard-optimizer off
   unsharded=$(grep -o 'params_hash [0-9a-f]*' "$work/out" "$work/err" | head -1 | cut -d' ' -f2)
   check bf16_copies_sharded_in_small_buckets 0 "params_hash ${unsharded:-none}" -- "${run2[@]}" "${bf16_base[@]}" \
-    --shard-optimizer on --bucket-mb 0.001 --first-bucket-mb 0.001
+    --max-steps 12 --shard-optimizer on --bucket-mb 0.001 --first-bucket-mb 0.001
+  # A resumed bf16 run makes its copies anew at its first pass, with the rounding the optimiser's
+  # copies had: the bits of the run that never stopped.
+  "${run2[@]}" "${bf16_base[@]}" --max-steps 6 --shard-optimizer off --checkpoint-dir "$work/bf16resume" \
+    --checkpoint-every 6 >/dev/null 2>&1
+  check bf16_resume_keeps_the_bits 0 "params_hash ${unsharded:-none}" -- "${run2[@]}" "${bf16_base[@]}" \
+    --max-steps 12 --shard-optimizer off --checkpoint-dir "$work/bf16resume" --resume auto
+  grep -q "resuming from .*: step 6," "$work/out" "$work/err" ||
+    { failed=$((failed + 1)); echo "FAIL bf16_resume_keeps_the_bits: the run did not resume from step 6"; }
 else
   check bf16_refused_without_bf16_instructions 2 "needs a CPU with bf16 multiply instructions" -- \
     "${run2[@]}" "${base[@]}" --precision bf16 --max-steps 1
