@@ -226,6 +226,14 @@ void Monitor::on_step(std::int64_t step, const StepTiming& p, Clock::time_point 
   if (!log_step) progress_.step_done(step, end);
 }
 
+StepTiming Monitor::take_window(std::int64_t& steps) {
+  const StepTiming w = window_;
+  steps = window_steps_;
+  window_ = StepTiming{};
+  window_steps_ = 0;
+  return w;
+}
+
 void Monitor::on_log(std::int64_t step, double loss, double lr, double images_per_s) {
   if (!rank0_) return;
   progress_.log(step, loss, lr, images_per_s);
@@ -242,8 +250,6 @@ void Monitor::on_log(std::int64_t step, double loss, double lr, double images_pe
     scalars_.emplace_back("time/exposed_comm_ms", 1e3 * w.exposed_comm / n);
     tensorboard_->scalars(step + 1, scalars_);
   }
-  window_ = StepTiming{};
-  window_steps_ = 0;
   if (metrics_file_)
     metrics({{"event", "step"},
              {"step", step + 1},

@@ -495,8 +495,6 @@ RunResult Trainer::run() {
     }
 
     monitor_->on_step(step, r.timing, r.end);
-    rank_window_ += r.timing;
-    ++rank_window_steps_;
     if (step - first_step >= clock_.warmup) clock_.sum += r.timing;
     window_n_ += rank_images_;
     const bool log_now = opt_.log_every > 0 && ((step + 1) % opt_.log_every == 0 || step + 1 == total_steps_);
@@ -626,13 +624,12 @@ void Trainer::start_rank_times() {
 }
 
 void Trainer::gather_rank_times(std::int64_t step, std::int64_t steady_steps) {
-  const StepTiming &w = rank_window_, &s = clock_.sum;
+  std::int64_t n = 0;  // the same on every rank: steps since the last log line
+  const StepTiming w = monitor_->take_window(n);
+  const StepTiming& s = clock_.sum;
   const double mine[kRankValues] = {w.data, w.forward, w.backward, w.exposed_comm, w.optimizer,
                                     s.data, s.forward, s.backward, s.exposed_comm, s.optimizer};
   comm_.gather(std::span<const double>(mine, kRankValues), std::span<double>(rank_gathered_), 0);
-  const std::int64_t n = rank_window_steps_;  // the same on every rank: steps since the last log line
-  rank_window_ = StepTiming{};
-  rank_window_steps_ = 0;
   if (!rank0_) return;
   const auto timing = [](const double* g) {
     return StepTiming{.data = g[0], .forward = g[1], .backward = g[2], .exposed_comm = g[3], .optimizer = g[4]};

@@ -87,6 +87,9 @@ class Monitor {
   // At --log-every, on rank 0: the global mean training loss over the window, the learning rate,
   // images/s; a progress line and the "step" event.
   void on_log(std::int64_t step, double loss, double lr, double images_per_s);
+  // Every rank: this rank's step times summed since the last call (on_step's window) and their
+  // number of steps; the window starts again (after on_log, which reads it).
+  StepTiming take_window(std::int64_t& steps);
   // Rank 0: every rank's means per step over the last log window (Note [Every rank's step times]
   // in src/train/trainer.cpp): the "ranks" event and the report's per-rank series.
   void on_ranks(std::int64_t step, const std::vector<RankTimes>& window);
