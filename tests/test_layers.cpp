@@ -942,7 +942,7 @@ TEST(BlockedLayouts, FirstConvReluPoolInBf16) {
     // from the dy its pool wrote, against that reference; the fused model's, formed from its pool's
     // gradient, argmax and output in registers, against the unfused model's.
     const bool own = (conv.kernel_h == 5 && conv.kernel_w == 5) || (conv.kernel_h == 3 && conv.kernel_w == 3);
-    EXPECT_EQ(fused.describe().find("bwd-weights own bf16 loop + own bias sum reading the max pool's gradient") !=
+    EXPECT_EQ(fused.describe().find("bwd-weights own bf16 loop with the bias reading the max pool's gradient") !=
                   std::string::npos,
               own)
         << fused.describe();
@@ -977,6 +977,36 @@ TEST(BlockedLayouts, FirstConvReluPoolInBf16) {
       EXPECT_LE(fa.relative, 1e-5) << t->name << " (dy from the pool): off by " << fa.relative;
     }
   }
+}
+
+// Note [The first convolution's weight gradient in bf16]: a 2 x 2 max pool right after the first
+// convolution (no ReLU between: the fp32 pass computes both) hands its gradient and argmax over
+// without a mask; the bf16 weight gradient then gives the bits it gives reading the dy the pool
+// writes when it may not hand it over. (A null mask read as a ReLU's had crashed here.)
+TEST(BlockedLayouts, Bf16FirstConvReadsAPoolWithoutAReLU) {
+  if (!cpu_has_bf16()) GTEST_SKIP() << "this CPU has no bf16 instructions";
+  auto fused_be = make_cpu_backend(1, {.bf16 = true});
+  auto apart_be = make_cpu_backend(1, {.pool_gradient = false, .bf16 = true});
+  const ModelSpec spec =
+      parse_model_spec("conv:5x5:16:same,maxpool:2,relu,conv:3x3:16:same,relu,maxpool:2,flatten,fc:10", {1, 12, 12}, 10);
+  std::vector<float> params(static_cast<std::size_t>(spec.param_count));
+  init_params(spec, parse_init_spec("he"), parse_init_spec("normal:0.1"), 59, params.data());
+  const int batch = 3;
+  std::vector<float> g_fused(params.size(), 7.0f), g_apart(params.size(), 3.0f);
+  Model fused(spec, batch, *fused_be, params.data(), g_fused.data());
+  Model apart(spec, batch, *apart_be, params.data(), g_apart.data());
+  EXPECT_NE(fused.describe().find("own bf16 loop with the bias reading the max pool's gradient"), std::string::npos)
+      << fused.describe();
+  EXPECT_EQ(apart.describe().find("reading the max pool's gradient"), std::string::npos) << apart.describe();
+  const std::vector<float> x = uniform(static_cast<std::size_t>(batch) * 144, 61);
+  const std::vector<std::int32_t> labels{2, 5, 8};
+  for (Model* m : {&fused, &apart}) step_on(*m, *fused_be, x, labels, batch);
+  EXPECT_TRUE(same_bits(g_fused, g_apart)) << "gradients";
+  const auto w0 = std::find_if(spec.params.begin(), spec.params.end(),
+                               [](const ParamTensor& t) { return t.layer == 0 && !t.is_bias; });
+  ASSERT_NE(w0, spec.params.end());
+  EXPECT_TRUE(std::any_of(g_fused.begin() + w0->offset, g_fused.begin() + w0->offset + w0->size,
+                          [](float v) { return v != 0.0f; }));
 }
 
 // Note [A pool's gradient straight into bf16] (src/backend/cpu/pool.cpp): under --precision bf16

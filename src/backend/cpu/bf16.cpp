@@ -30,8 +30,8 @@ namespace mnist_mpi::cpu {
 // in bf16, are packed from the fp32 master weights at each forward. Eight or two window positions
 // side by side give 16 or 4 independent sums. The window's max starts at the ReLU of its first
 // position and the first maximum wins ties, as in the pool's own pass, so its backward (dy at the
-// argmax where the pooled y > 0) and the convolution's fp32 weight gradient, which reads x and that
-// dy, are unchanged. bf16 products are exact in fp32; what moves is the rounding of x and w to
+// argmax where the pooled y > 0) is unchanged, and so is the convolution's weight gradient, which
+// reads x and that dy (Note [The first convolution's weight gradient in bf16]). bf16 products are exact in fp32; what moves is the rounding of x and w to
 // 8 bits of mantissa and the order of the sums (each pair's two products are added to the sum in
 // one instruction). BlockedLayouts.FirstConvReluPoolInBf16 checks it against a double reference
 // on the same bf16-rounded inputs; the bits are the same on every rank, as every rank runs this
@@ -231,15 +231,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16_avx
 // of the fast recipe, 0.3 ms of lenet's. Here the sum runs over pairs of horizontally adjacent
 // pixels, one VDPBF16PS a pair and a tap for 16 channels: dy of pixels w and w + 1 rounded to bf16
 // and interleaved channel by channel, times the pair (x[h + kh][w + kw], x[h + kh][w + kw + 1]) of
-// the padded bf16 image, broadcast. The KH x KW sums of a channel block stay in registers over a
-// thread's images (shapes 3 x 3 and 5 x 5; 25 sums and the pair use 26 of the 32 zmm registers); the
-// threads' sums are added in thread order. The bias gradient is summed from the same fp32 dy in
-// the same loop (in float over an image, in double over images and threads, in order).
-// When the pool after the ReLU computed the forward (Note [The first convolution in bf16]), dy is
-// not written at all: as in Note [The first convolution reads its pool's gradient] (conv.cpp) the
-// pool hands over its own gradient, argmax and output, and each pixel's dy is formed in registers,
-// the window's dy where the argmax points at the pixel and the pooled y > 0 (the ReLU's mask), 0
-// elsewhere; the pool's backward pass and its 3.2 MB write (the fast recipe) are gone, and so is the
+// the padded bf16 image, broadcast. The KH x KW sums of a channel block stay in registers over an
+// image (shapes 3 x 3 and 5 x 5; 25 sums and the pair use 26 of the 32 zmm registers), then go into
+// double sums, image by image and then thread by thread, in order (so --threads changes the
+// grouping of the doubles, as it does in the fp32 own loop). The bias gradient is summed from the
+// same fp32 dy in the same loop (in float over an image, in double over images and threads). It
+// runs for any first convolution of one input channel, stride 1, 3 x 3 or 5 x 5, with blocks of 16
+// output channels and an even output width, under --precision bf16 on a CPU with AVX512-BF16.
+// When a 2 x 2 max pool follows (directly, or after a ReLU it computes with the forward: Note [The
+// first convolution in bf16]), dy is not written at all: as in Note [The first convolution reads
+// its pool's gradient] (conv.cpp) the pool hands over its own gradient and argmax (and, with a
+// ReLU, its output), and each pixel's dy is formed in registers, the window's dy where the argmax
+// points at the pixel (and the pooled y > 0, the ReLU's mask), 0 elsewhere. Only a convolution
+// that reads the mask is handed one (PooledGradient::reads_mask; the fp32 own loop does not); the pool's backward pass and its 3.2 MB write (the fast recipe) are gone, and so is the
 // bias's pass over them. BlockedLayouts.FirstConvReluPoolInBf16 checks dW against a double
 // reference on the bf16-rounded dy, with dy from memory and from the pool.
 struct PooledBlock {  // one image's channel block of the pool's gradient, argmax and output: (PH, PW, 16)
@@ -289,7 +293,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void weight_grad
       const std::int64_t q = row + (w / 2) * kB;
       const __m512 dy = _mm512_loadu_ps(pb.dy + q);
       const __m512i arg = _mm512_loadu_si512(pb.arg + q);
-      const __mmask16 positive = _mm512_cmp_ps_mask(_mm512_loadu_ps(pb.y + q), zero, _CMP_GT_OQ);
+      const __mmask16 positive =  // the ReLU's mask; a pool without a ReLU before it has no y to give
+          pb.y ? _mm512_cmp_ps_mask(_mm512_loadu_ps(pb.y + q), zero, _CMP_GT_OQ) : __mmask16{0xffff};
       const __m512i at = _mm512_add_epi32(lane, _mm512_set1_epi32(pb.base + (h * g.OW + w) * kB));
       const __m512 d0 = _mm512_maskz_mov_ps(positive & _mm512_cmpeq_epi32_mask(arg, at), dy);
       const __m512 d1 =
@@ -300,29 +305,37 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void weight_grad
   }
 }
 
-// Images [first, last) into partial (O/16, KH * KW, 16) and bias (O, double); dy (N, O/16, OH, OW,
-// 16) or, when null, the pool's gradient (pooled: dy, argmax and y (N, O/16, PH, PW, 16)).
+// Images [first, last) into partial (O/16, KH * KW, 16) and bias (O), both double; dy (N, O/16,
+// OH, OW, 16) or, when null, the pool's gradient (pooled: dy, argmax and y (N, O/16, PH, PW, 16)).
+// Each image's sums in float, added to the double ones in image order (as the fp32 own loop does:
+// a float sum over a thread's 39 k pixel pairs of lenet would keep fewer digits).
 template <int KH, int KW>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void weight_grad_images(
     const Geometry& g, int blocks, std::int64_t first, std::int64_t last, const float* x, const float* dy,
-    const PooledGradient& pooled, std::uint16_t* xp, float* partial, double* bias) {
+    const PooledGradient& pooled, std::uint16_t* xp, double* partial, double* bias) {
   const std::int64_t in = static_cast<std::int64_t>(g.H) * g.W, plane = static_cast<std::int64_t>(g.OH) * g.OW * kB,
                      pplane = static_cast<std::int64_t>(g.PH) * g.PW * kB;
+  std::fill(partial, partial + static_cast<std::int64_t>(blocks) * KH * KW * kB, 0.0);
   for (int ob = 0; ob < blocks; ++ob) {
-    __m512 acc[KH * KW];
-    for (auto& a : acc) a = _mm512_setzero_ps();
+    double* part = partial + static_cast<std::int64_t>(ob) * KH * KW * kB;
     for (std::int64_t n = first; n < last; ++n) {
       pad_image(g, x + n * in, xp);
+      __m512 acc[KH * KW];
+      for (auto& a : acc) a = _mm512_setzero_ps();
       __m512 bsum = _mm512_setzero_ps();
       const std::int64_t pq = (n * blocks + ob) * pplane;
       const PooledBlock pb{pooled.dy ? pooled.dy + pq : nullptr, pooled.dy ? pooled.argmax + pq : nullptr,
-                           pooled.dy ? pooled.y + pq : nullptr, static_cast<std::int32_t>(ob * plane)};
+                           pooled.dy && pooled.y ? pooled.y + pq : nullptr, static_cast<std::int32_t>(ob * plane)};
       weight_grad_block<KH, KW>(g, xp, pooled.dy ? nullptr : dy + (n * blocks + ob) * plane, pb, acc, bsum);
+      for (int t = 0; t < KH * KW; ++t) {
+        alignas(64) float f[kB];
+        _mm512_store_ps(f, acc[t]);
+        for (int k = 0; k < kB; ++k) part[t * kB + k] += f[k];
+      }
       alignas(64) float b[kB];
       _mm512_store_ps(b, bsum);
       for (int k = 0; k < kB; ++k) bias[ob * kB + k] += b[k];
     }
-    for (int t = 0; t < KH * KW; ++t) _mm512_storeu_ps(partial + (ob * KH * KW + t) * kB, acc[t]);
   }
 }
 
@@ -372,7 +385,7 @@ FirstConvWeightGradBf16::FirstConvWeightGradBf16(const LayerSpec& conv, int thre
   const Geometry g = geometry(conv);
   scratch_size_ = static_cast<std::int64_t>(g.rows) * g.cols;
   scratch_.assign(static_cast<std::size_t>(threads_ * scratch_size_), 0);
-  partial_.assign(static_cast<std::size_t>(threads_) * conv.channels * conv.kernel_h * conv.kernel_w, 0.0f);
+  partial_.assign(static_cast<std::size_t>(threads_) * conv.channels * conv.kernel_h * conv.kernel_w, 0.0);
   bias_.assign(static_cast<std::size_t>(threads_) * conv.channels, 0.0);
 }
 
@@ -383,11 +396,13 @@ void FirstConvWeightGradBf16::run(int batch, const float* x, const float* dy, co
   const std::int64_t part = static_cast<std::int64_t>(l_.channels) * taps;
   const bool five = l_.kernel_h == 5;
   std::fill(bias_.begin(), bias_.end(), 0.0);
+  int team = 1;  // the threads that ran: only their rows are this call's
 #pragma omp parallel num_threads(threads_)
   {
     const std::int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+    if (t == 0) team = static_cast<int>(threads);
     std::uint16_t* xp = scratch_.data() + t * scratch_size_;
-    float* p = partial_.data() + t * part;
+    double* p = partial_.data() + t * part;
     double* b = bias_.data() + t * l_.channels;
     const std::int64_t first = batch * t / threads, last = batch * (t + 1) / threads;
     if (five)
@@ -399,12 +414,12 @@ void FirstConvWeightGradBf16::run(int batch, const float* x, const float* dy, co
   for (int o = 0; o < l_.channels; ++o) {
     for (int k = 0; k < taps; ++k) {
       const std::int64_t at = ((o / kB) * taps + k) * kB + o % kB;
-      float sum = partial_[static_cast<std::size_t>(at)];
-      for (int t = 1; t < threads_; ++t) sum += partial_[static_cast<std::size_t>(t * part + at)];
-      dw[o * taps + k] = sum;
+      double sum = partial_[static_cast<std::size_t>(at)];
+      for (int t = 1; t < team; ++t) sum += partial_[static_cast<std::size_t>(t * part + at)];
+      dw[o * taps + k] = static_cast<float>(sum);
     }
     double bsum = bias_[static_cast<std::size_t>(o)];
-    for (int t = 1; t < threads_; ++t) bsum += bias_[static_cast<std::size_t>(t * l_.channels + o)];
+    for (int t = 1; t < team; ++t) bsum += bias_[static_cast<std::size_t>(t * l_.channels + o)];
     db[o] = static_cast<float>(bsum);
   }
 }

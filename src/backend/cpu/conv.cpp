@@ -685,9 +685,12 @@ class Conv final : public LayerKernel {
             first && c.fuse.bf16 && b.y_layout == Layout::kBlocked16 && first_conv_weight_grad_bf16_fits(l);
         if (own_bf16) {
           bf16_grad_.emplace(l, std::max(1, omp_get_max_threads()));
-          if (c.fuse.pool_gradient) pooled_ = &c.pooled[b.dy];  // a pool that computed the forward may hand its gradient
+          if (c.fuse.pool_gradient) {  // a pool after it may hand its gradient over, a ReLU's mask too
+            pooled_ = &c.pooled[b.dy];
+            pooled_->reads_mask = true;
+          }
         }
-        desc_ += ", bwd-weights " + (own_bf16 ? std::string("own bf16 loop") : impl(bw_nb)) + " + own bias sum";
+        desc_ += ", bwd-weights " + (own_bf16 ? std::string("own bf16 loop with the bias") : impl(bw_nb) + " + own bias sum");
         dw_ = maybe_reorder(c, wrap(c, wei, tag::oihw, b.dw), bw_nb.diff_weights_desc(), false);
         bwd_weights_ = bind<dnnl::convolution_backward_weights>(c, bw_nb,
                                                                 {{DNNL_ARG_SRC, wrap(c, src, src_tag, b.x)},
@@ -747,7 +750,7 @@ class Conv final : public LayerKernel {
   }
   // The weights' copies (a blocked layout, bf16) are made whole: they are small next to an fc's.
   void refresh_copies(const float* from, const float* to) override {
-    if (from >= w_end_ || to <= w_begin_) return;
+    if (from >= to || from >= w_end_ || to <= w_begin_) return;
     w_fwd_.run(c_);
     if (bwd_data_) w_bwd_.run(c_);
   }

@@ -25,6 +25,9 @@ struct PooledGradient {
   // With a ReLU between them (Note [The first convolution's weight gradient in bf16] in bf16.cpp):
   // the pool's output, whose sign is the ReLU's mask; null without one.
   const float* y = nullptr;
+  // Set by the convolution when it registers: whether it applies that mask (a pool after a ReLU
+  // hands its gradient over only then).
+  bool reads_mask = false;
 };
 
 // A first convolution (plain input of one channel, stride 1, blocked output) that a following

@@ -13,7 +13,7 @@
 
 namespace mnist_mpi::cpu {
 
-// first: the model's first layer (oneDNN runs it in fp32 under --precision bf16: Note [bf16 on the CPU]).
+// first: the model's first layer (no bf16 oneDNN kernels for it under --precision bf16: Note [bf16 on the CPU]).
 std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training,
                                        bool first = false);
 // Whether oneDNN has non-reference convolution kernels for these activation layouts (a probe for
@@ -57,7 +57,7 @@ class FirstConvWeightGradBf16 {
   int threads_;
   std::int64_t scratch_size_ = 0;
   std::vector<std::uint16_t> scratch_;  // one padded bf16 image a thread
-  std::vector<float> partial_;          // (O/16, KH * KW, 16) a thread
+  std::vector<double> partial_;         // (O/16, KH * KW, 16) a thread
   std::vector<double> bias_;            // (O) a thread
 };
 std::unique_ptr<LayerKernel> make_fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);

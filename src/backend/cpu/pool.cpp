@@ -333,8 +333,9 @@ class MaxPool final : public LayerKernel {
         conv_bf16_.emplace(conv_->l, std::max(1, omp_get_max_threads()));
         // Note [The first convolution's weight gradient in bf16]: its weight gradient may read
         // this pool's gradient, argmax and output instead of a dx written here.
-        if (const auto p = c.pooled.find(dx_); training && c.fuse.pool_gradient && p != c.pooled.end()) {
-          p->second = PooledGradient{b.dy, argmax_.data(), b.y};
+        if (const auto p = c.pooled.find(dx_);
+            training && c.fuse.pool_gradient && p != c.pooled.end() && p->second.reads_mask) {
+          p->second = PooledGradient{b.dy, argmax_.data(), b.y, true};
           dx_left_to_conv_ = true;
         }
       }
@@ -344,7 +345,8 @@ class MaxPool final : public LayerKernel {
     // pool in one pass] in src/backend/cpu/conv.cpp
     const bool tiles = exact_2x2(l) && bx_ > 1 && by_ == bx_;
     if (const auto it = c.pooled.find(b.dx); training && c.fuse.pool_gradient && tiles && it != c.pooled.end()) {
-      it->second = PooledGradient{b.dy, argmax_.data()};
+      it->second.dy = b.dy;  // no ReLU: no mask (y stays null)
+      it->second.argmax = argmax_.data();
       dx_left_to_conv_ = true;
     }
     if (const auto it = c.first_conv.find(b.x); c.fuse.conv_pool_forward && tiles && it != c.first_conv.end()) {
