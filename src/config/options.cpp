@@ -341,8 +341,8 @@ void add_option_table(po::options_description& all, Options& o, std::string& sha
                     "(node-local rank mod visible GPUs)")(
       "precision", po::value(&o.precision)->default_value(d.precision),
       "fp32 | tf32 | bf16: tf32: cuDNN's and cuBLAS's tensor cores on the GPU (~1e-3 relative error); bf16: "
-      "the convolutions and fc layers multiply in bf16 (CPU: AVX512-BF16 or AMX, the first convolution where a "
-      "ReLU and a max pool follow it; GPU: tensor cores, the first convolution stays fp32), master weights, "
+      "the convolutions and fc layers multiply in bf16 (CPU: AVX512-BF16 or AMX, the first convolution on loops "
+      "of our own where its shape allows; GPU: tensor cores, the first convolution stays fp32), master weights, "
       "optimiser state, sums and checkpoints stay fp32")(
       "conv-algos", po::value(&o.conv_algos)->default_value(d.conv_algos),
       "heuristic | measured: how each cuDNN convolution algorithm is chosen (GPU). heuristic: cuDNN's heuristics, "

@@ -347,10 +347,11 @@ class CpuBackend final : public Backend {
 // between passes] in src/backend/cpu/bf16.cpp); a max pool before flatten writes the bf16 output
 // gradient of the convolution before it (Note [A pool's gradient straight into bf16] in pool.cpp).
 // The first convolution (one input channel: oneDNN's bf16 kernels for it were slower than its fp32
-// one) runs on loops of our own where a ReLU and a 2 x 2 max pool follow it: its forward in the
-// pool's pass (Note [The first convolution in bf16]) and its weight gradient from the pool's
-// gradient (Note [The first convolution's weight gradient in bf16]). The pools, ReLUs, dropout
-// and the loss stay fp32. Measured on lenet's second convolution at batch 50 (Zen 4, one core):
+// one) runs on loops of our own where its shape allows: its forward in the pass of a 2 x 2 max pool
+// after its ReLU (Note [The first convolution in bf16]), its weight gradient for 3 x 3 and 5 x 5
+// kernels, from the pool's gradient where a pool follows (Note [The first convolution's weight
+// gradient in bf16]); otherwise oneDNN's fp32 kernels. The pools, ReLUs, dropout and the loss stay
+// fp32. Measured on lenet's second convolution at batch 50 (Zen 4, one core):
 // 10.5 ms fp32 against 5.8 ms bf16 for forward and both backward passes, the conversions
 // included. A CPU without bf16 instructions is refused at set-up: oneDNN would run reference
 // kernels, far slower than fp32. The kernels chosen are in the banner's per-layer lines, each bf16
