@@ -925,9 +925,9 @@ TEST(BlockedLayouts, FirstConvReluPoolInBf16) {
     const std::vector<float> got = relayout(std::vector<float>(fused.activation(3), fused.activation(3) + np), k.batch,
                                             pooled, Layout::kBlocked16, Layout::kPlain);
     expect_close("pooled", got, want, 1e-5, 1e-5);
-    const std::vector<float> got_eval = relayout(
-        std::vector<float>(fused_eval.activation(3), fused_eval.activation(3) + np), k.batch, pooled,
-        Layout::kBlocked16, Layout::kPlain);
+    const std::vector<float> got_eval =
+        relayout(std::vector<float>(fused_eval.activation(3), fused_eval.activation(3) + np), k.batch, pooled,
+                 Layout::kBlocked16, Layout::kPlain);
     EXPECT_TRUE(same_bits(got, got_eval)) << "inference";
     // Not vacuous: some windows are positive, some are cut to 0 by the ReLU.
     EXPECT_TRUE(std::any_of(want.begin(), want.end(), [](double v) { return v > 0.0; }));
@@ -949,8 +949,9 @@ TEST(BlockedLayouts, FirstConvReluPoolInBf16) {
     EXPECT_EQ(apart.describe().find("bwd-weights own bf16 loop") != std::string::npos, own) << apart.describe();
     const Shape out = spec.activation(1);
     const std::size_t no = static_cast<std::size_t>(k.batch) * out.size();
-    const std::vector<float> dy = relayout(std::vector<float>(apart.activation_gradient(1), apart.activation_gradient(1) + no),
-                                           k.batch, out, Layout::kBlocked16, Layout::kPlain);
+    const std::vector<float> dy =
+        relayout(std::vector<float>(apart.activation_gradient(1), apart.activation_gradient(1) + no), k.batch, out,
+                 Layout::kBlocked16, Layout::kPlain);
     std::vector<double> dw_want(static_cast<std::size_t>(conv.channels * taps), 0.0), db_want(conv.channels, 0.0);
     for (int n = 0; n < k.batch; ++n)
       for (int o = 0; o < conv.channels; ++o)
@@ -987,8 +988,8 @@ TEST(BlockedLayouts, Bf16FirstConvReadsAPoolWithoutAReLU) {
   if (!cpu_has_bf16()) GTEST_SKIP() << "this CPU has no bf16 instructions";
   auto fused_be = make_cpu_backend(1, {.bf16 = true});
   auto apart_be = make_cpu_backend(1, {.pool_gradient = false, .bf16 = true});
-  const ModelSpec spec =
-      parse_model_spec("conv:5x5:16:same,maxpool:2,relu,conv:3x3:16:same,relu,maxpool:2,flatten,fc:10", {1, 12, 12}, 10);
+  const ModelSpec spec = parse_model_spec(
+      "conv:5x5:16:same,maxpool:2,relu,conv:3x3:16:same,relu,maxpool:2,flatten,fc:10", {1, 12, 12}, 10);
   std::vector<float> params(static_cast<std::size_t>(spec.param_count));
   init_params(spec, parse_init_spec("he"), parse_init_spec("normal:0.1"), 59, params.data());
   const int batch = 3;
@@ -1447,7 +1448,8 @@ TEST(Model, Bf16WeightCopiesAreRefreshedWhereTheParametersChanged) {
   std::vector<float> lk, lf;
   pass(kept, made, &lk);  // the copies made
   const auto offset_of = [&](const std::string& name) {
-    const auto t = std::find_if(spec.params.begin(), spec.params.end(), [&](const ParamTensor& p) { return p.name == name; });
+    const auto t =
+        std::find_if(spec.params.begin(), spec.params.end(), [&](const ParamTensor& p) { return p.name == name; });
     EXPECT_NE(t, spec.params.end()) << name;
     return t == spec.params.end() ? std::size_t{0} : static_cast<std::size_t>(t->offset);
   };

@@ -262,8 +262,7 @@ TEST(Bf16, TheRoundingIsTheInstructions) {
   for (std::size_t i = 0; i < bits.size(); ++i) f[i] = std::bit_cast<float>(bits[i]);
   std::vector<std::uint16_t> hw(f.size());
   cpu::to_bf16(f.data(), hw.data(), static_cast<std::int64_t>(f.size()));
-  for (std::size_t i = 0; i < f.size(); ++i)
-    ASSERT_EQ(cpu::bf16_bits(f[i]), hw[i]) << std::hex << "bits 0x" << bits[i];
+  for (std::size_t i = 0; i < f.size(); ++i) ASSERT_EQ(cpu::bf16_bits(f[i]), hw[i]) << std::hex << "bits 0x" << bits[i];
 }
 
 TEST(Optimizer, UnknownKindThrows) {

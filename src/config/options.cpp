@@ -350,8 +350,9 @@ void add_option_table(po::options_description& all, Options& o, std::string& sha
       "fastest deterministic one (faster, but a later run or resume may round differently)")(
       "cuda-graph", po::bool_switch(&o.cuda_graph),
       "capture the training step once as a CUDA graph and replay it (GPU only; the ungraphed step's bits, shown on "
-      "one GPU; off by default until shown with NCCL across GPUs)")("allow-gpu-sharing", po::bool_switch(&o.allow_gpu_sharing),
-                          "let more ranks than GPUs run on a node (they share GPUs round-robin)")(
+      "one GPU; off by default until shown with NCCL across GPUs)")(
+      "allow-gpu-sharing", po::bool_switch(&o.allow_gpu_sharing),
+      "let more ranks than GPUs run on a node (they share GPUs round-robin)")(
       "threads", po::value(&o.threads)->default_value(d.threads),
       "threads per rank (0 = 1 when ranks share a node, else all cores)")(
       "collective-timeout", po::value(&o.collective_timeout)->default_value(d.collective_timeout),

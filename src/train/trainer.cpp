@@ -12,11 +12,11 @@
 #include <thread>
 
 #include "mnist_mpi/check.hpp"
-#include "mnist_mpi/crc32c.hpp"
-#include "mnist_mpi/report/ranks.hpp"
-#include "mnist_mpi/exact_sum.hpp"
-#include "mnist_mpi/comm/watchdog.hpp"
 #include "mnist_mpi/comm/consistency.hpp"
+#include "mnist_mpi/comm/watchdog.hpp"
+#include "mnist_mpi/crc32c.hpp"
+#include "mnist_mpi/exact_sum.hpp"
+#include "mnist_mpi/report/ranks.hpp"
 #include "mnist_mpi/resilience/preemption.hpp"
 
 namespace mnist_mpi {

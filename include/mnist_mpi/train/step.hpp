@@ -123,7 +123,7 @@ class Step {
   // Note [Weight copies kept between passes] (src/backend/cpu/bf16.cpp): the model's copies of its
   // weights hold the parameters: set by a pass, kept by apply(), which refreshes what it changes.
   bool copies_current_ = false;
-  std::vector<LayerKernel::PlainCopy> plain_copies_;  // the model's, which the optimiser writes
+  std::vector<LayerKernel::PlainCopy> plain_copies_;                 // the model's, which the optimiser writes
   bool accumulating_ = false;                                        // the last micro-batch of an accumulated step
   std::function<void(int)> on_layer_done_;  // made once: finishes a layer's gradient, starts buckets
   bool exact_first_chunk_ = false;          // --exact-sums: the pass's first chunk assigns the integers

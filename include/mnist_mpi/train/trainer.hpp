@@ -186,7 +186,7 @@ class Trainer final : private CheckpointSource {
   // Note [Every rank's step times]: this rank's sums since the last gather; on rank 0 every
   // rank's gathered window and sums, its means, and the sums over the run.
   static constexpr std::size_t kRankValues = 10;  // the window's 5 phases, then clock_.sum's 5
-  std::int64_t rank_steps_ = 0;  // the steps in rank_sums_
+  std::int64_t rank_steps_ = 0;                   // the steps in rank_sums_
   std::vector<double> rank_gathered_;
   std::vector<RankTimes> rank_means_, rank_sums_;
   Timeline* timeline_ = nullptr;               // null unless --timeline: then every step records spans

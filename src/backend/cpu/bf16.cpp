@@ -1,6 +1,7 @@
 // Our own bf16 loops of the CPU backend (--precision bf16 on a CPU with AVX512-BF16): the first
 // convolution, its ReLU and its 2 x 2 max pool in one pass (Note [The first convolution in bf16]),
-// and the conversion of the fc layers' weights (Note [Weight copies kept between passes]).
+// that convolution's weight gradient (Note [The first convolution's weight gradient in bf16]), and
+// the conversion of the fc layers' weights (Note [Weight copies kept between passes]).
 #include <immintrin.h>
 
 #include <cpuid.h>
@@ -31,11 +32,11 @@ namespace mnist_mpi::cpu {
 // side by side give 16 or 4 independent sums. The window's max starts at the ReLU of its first
 // position and the first maximum wins ties, as in the pool's own pass, so its backward (dy at the
 // argmax where the pooled y > 0) is unchanged, and so is the convolution's weight gradient, which
-// reads x and that dy (Note [The first convolution's weight gradient in bf16]). bf16 products are exact in fp32; what moves is the rounding of x and w to
-// 8 bits of mantissa and the order of the sums (each pair's two products are added to the sum in
-// one instruction). BlockedLayouts.FirstConvReluPoolInBf16 checks it against a double reference
-// on the same bf16-rounded inputs; the bits are the same on every rank, as every rank runs this
-// kernel on its own samples.
+// reads x and that dy (Note [The first convolution's weight gradient in bf16]). bf16 products are
+// exact in fp32; what moves is the rounding of x and w to 8 bits of mantissa and the order of the
+// sums (each pair's two products are added to the sum in one instruction). BlockedLayouts.FirstConvReluPoolInBf16
+// checks it against a double reference on the same bf16-rounded inputs; the bits are the same on every rank, as every
+// rank runs this kernel on its own samples.
 
 // Note [Weight copies kept between passes]
 // A bf16 layer multiplies a bf16 copy of its weights (and a convolution a copy in oneDNN's blocked
@@ -92,7 +93,8 @@ Geometry geometry(const LayerSpec& l) {
 }
 
 // The dword at p (two bf16 pixels side by side), in every lane.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) inline __m512bh pair(const std::uint16_t* p) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) inline __m512bh pair(
+    const std::uint16_t* p) {
   std::int32_t v;
   std::memcpy(&v, p, sizeof v);
   return (__m512bh)_mm512_set1_epi32(v);
@@ -178,9 +180,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pad_image(c
 }
 
 // One sample: x (H, W) fp32; y and arg (O/16, PH, PW, 16); xp: rows x cols bf16 scratch.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void sample(const Geometry& g, int blocks, const float* x,
-                                                                   const std::uint16_t* wp, const float* bias,
-                                                                   std::uint16_t* xp, float* y, std::int32_t* arg) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void sample(const Geometry& g, int blocks,
+                                                                            const float* x, const std::uint16_t* wp,
+                                                                            const float* bias, std::uint16_t* xp,
+                                                                            float* y, std::int32_t* arg) {
   pad_image(g, x, xp);
   const int taps = g.KH * g.JP;
   for (int ob = 0; ob < blocks; ++ob) {
@@ -195,19 +198,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void sample(cons
 }
 
 // OIHW fp32 (one input channel) -> (O/16, KH, JP, 16, 2) bf16, zero past the last column.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pack(const LayerSpec& l, const float* w, float* staging,
-                                                                 std::uint16_t* wp) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pack(const LayerSpec& l, const float* w,
+                                                                          float* staging, std::uint16_t* wp) {
   const int KH = l.kernel_h, KW = l.kernel_w, JP = (KW + 1) / 2, blocks = l.channels / kB;
   for (int o = 0; o < l.channels; ++o)
     for (int kh = 0; kh < KH; ++kh)
       for (int j = 0; j < JP; ++j)
         for (int e = 0; e < 2; ++e) {
           const int kw = 2 * j + e;
-          staging[((((o / kB) * KH + kh) * JP + j) * kB + o % kB) * 2 + e] = kw < KW ? w[(o * KH + kh) * KW + kw] : 0.0f;
+          staging[((((o / kB) * KH + kh) * JP + j) * kB + o % kB) * 2 + e] =
+              kw < KW ? w[(o * KH + kh) * KW + kw] : 0.0f;
         }
   for (std::int64_t t = 0; t < static_cast<std::int64_t>(blocks) * KH * JP; ++t)
-    _mm512_storeu_si512(wp + t * 32,
-                        (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(staging + t * 32 + 16), _mm512_loadu_ps(staging + t * 32)));
+    _mm512_storeu_si512(wp + t * 32, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(staging + t * 32 + 16),
+                                                                  _mm512_loadu_ps(staging + t * 32)));
 }
 
 // n floats to bf16, rounded to nearest even (VCVTNEPS2BF16: a denormal becomes a zero of its sign).
@@ -243,9 +247,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16_avx
 // its pool's gradient] (conv.cpp) the pool hands over its own gradient and argmax (and, with a
 // ReLU, its output), and each pixel's dy is formed in registers, the window's dy where the argmax
 // points at the pixel (and the pooled y > 0, the ReLU's mask), 0 elsewhere. Only a convolution
-// that reads the mask is handed one (PooledGradient::reads_mask; the fp32 own loop does not); the pool's backward pass and its 3.2 MB write (the fast recipe) are gone, and so is the
-// bias's pass over them. BlockedLayouts.FirstConvReluPoolInBf16 checks dW against a double
-// reference on the bf16-rounded dy, with dy from memory and from the pool.
+// that reads the mask is handed one (PooledGradient::reads_mask; the fp32 own loop does not); the pool's backward pass
+// and its 3.2 MB write (the fast recipe) are gone, and so is the bias's pass over them.
+// BlockedLayouts.FirstConvReluPoolInBf16 checks dW against a double reference on the bf16-rounded dy, with dy from
+// memory and from the pool.
 struct PooledBlock {  // one image's channel block of the pool's gradient, argmax and output: (PH, PW, 16)
   const float* dy;
   const std::int32_t* arg;
@@ -271,8 +276,8 @@ template <int KH, int KW>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void weight_grad_block(
     const Geometry& g, const std::uint16_t* xp, const float* dyb, const PooledBlock& pb, __m512 (&acc)[KH * KW],
     __m512& bsum) {
-  alignas(64) static constexpr std::uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
-                                                                21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
+  alignas(64) static constexpr std::uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                                21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                                                 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i idx = _mm512_load_si512(kInterleave);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -389,8 +394,8 @@ FirstConvWeightGradBf16::FirstConvWeightGradBf16(const LayerSpec& conv, int thre
   bias_.assign(static_cast<std::size_t>(threads_) * conv.channels, 0.0);
 }
 
-void FirstConvWeightGradBf16::run(int batch, const float* x, const float* dy, const PooledGradient& pooled,
-                                  float* dw, float* db) {
+void FirstConvWeightGradBf16::run(int batch, const float* x, const float* dy, const PooledGradient& pooled, float* dw,
+                                  float* db) {
   const Geometry g = geometry(l_);
   const int blocks = l_.channels / kB, taps = l_.kernel_h * l_.kernel_w;
   const std::int64_t part = static_cast<std::int64_t>(l_.channels) * taps;

@@ -690,7 +690,8 @@ class Conv final : public LayerKernel {
             pooled_->reads_mask = true;
           }
         }
-        desc_ += ", bwd-weights " + (own_bf16 ? std::string("own bf16 loop with the bias") : impl(bw_nb) + " + own bias sum");
+        desc_ += ", bwd-weights " +
+                 (own_bf16 ? std::string("own bf16 loop with the bias") : impl(bw_nb) + " + own bias sum");
         dw_ = maybe_reorder(c, wrap(c, wei, tag::oihw, b.dw), bw_nb.diff_weights_desc(), false);
         bwd_weights_ = bind<dnnl::convolution_backward_weights>(c, bw_nb,
                                                                 {{DNNL_ARG_SRC, wrap(c, src, src_tag, b.x)},
@@ -726,7 +727,9 @@ class Conv final : public LayerKernel {
       bwd_data_->run(c_);
     }
     // The bias's gradient, after the weights' (l_ and b_ are set where an own loop needs them).
-    const auto db = [&] { return b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w; };
+    const auto db = [&] {
+      return b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w;
+    };
     if (bwd_weights_) {
       if (bf16_grad_) {  // the weights' and the bias's gradient
         bf16_grad_->run(b_.batch, b_.x, b_.dy, pooled_ ? *pooled_ : PooledGradient{}, b_.dw, db());
@@ -796,8 +799,7 @@ class Conv final : public LayerKernel {
     dy_to_bf16_ = bound_reorder(c_, wrap(c_, dst, dst_tag, b.dy), dy_bf);
     if (b.y_layout == Layout::kBlocked16) {  // Note [A pool's gradient straight into bf16] in pool.cpp
       bf16_gradient_ = &c_.bf16_gradient[b.dy];
-      *bf16_gradient_ = Bf16Gradient{static_cast<std::uint16_t*>(dy_bf.get_data_handle()),
-                                     b.dw + (bias - b.w), false};
+      *bf16_gradient_ = Bf16Gradient{static_cast<std::uint16_t*>(dy_bf.get_data_handle()), b.dw + (bias - b.w), false};
       dy_key_ = b.dy;
     }
     if (b.dx) {
@@ -850,8 +852,8 @@ class Conv final : public LayerKernel {
   const float* y_ = nullptr;               // its key
   bool own_bias_ = false;                  // Note [Bias gradient of a blocked convolution]
   std::optional<FirstConvWeightGradBf16> bf16_grad_;  // Note [The first convolution's weight gradient in bf16]
-  Bf16Gradient* bf16_gradient_ = nullptr;  // in c_.bf16_gradient: a pool may write dy in bf16 (and db)
-  const float* dy_key_ = nullptr;          // its key
+  Bf16Gradient* bf16_gradient_ = nullptr;             // in c_.bf16_gradient: a pool may write dy in bf16 (and db)
+  const float* dy_key_ = nullptr;                     // its key
   std::vector<double> bias_acc_;           // (O)
 };
 

@@ -192,7 +192,8 @@ class Fc final : public BoundLayer {
     const dnnl::memory x_bf(src_bf, c_.engine);
     x_to_bf16_ = bound_reorder(c_, wrap(c_, src, tag::nc, b.x), x_bf);
     // W's plain bf16 copy, made by to_bf16 (Note [Weight copies kept between passes] in bf16.cpp).
-    MNIST_CHECK(fwd.weights_desc() == wei_bf, ExitCode::kRuntime, "bf16 fc: oneDNN asked for other weights than plain bf16");
+    MNIST_CHECK(fwd.weights_desc() == wei_bf, ExitCode::kRuntime,
+                "bf16 fc: oneDNN asked for other weights than plain bf16");
     w_fwd_ = {dnnl::memory(wei_bf, c_.engine), std::nullopt};  // allocated once, here
     w_ = b.w;
     w_bf_ = static_cast<std::uint16_t*>(w_fwd_.mem.get_data_handle());
@@ -226,9 +227,9 @@ class Fc final : public BoundLayer {
          {DNNL_ARG_DIFF_BIAS, wrap(c_, bia, tag::x, b.dw + (bias - b.w))}});
   }
 
-  MaybeReorder w_fwd_, w_bwd_, dw_mem_;           // --precision bf16: W's bf16 copy, dW back to (O, I)
-  const float* w_ = nullptr;                      // --precision bf16: W (O, I) ...
-  std::uint16_t* w_bf_ = nullptr;                 // ... and its copy, in w_fwd_
+  MaybeReorder w_fwd_, w_bwd_, dw_mem_;          // --precision bf16: W's bf16 copy, dW back to (O, I)
+  const float* w_ = nullptr;                     // --precision bf16: W (O, I) ...
+  std::uint16_t* w_bf_ = nullptr;                // ... and its copy, in w_fwd_
   std::optional<Bound> x_to_bf16_, dy_to_bf16_;  // --precision bf16
   static constexpr std::int64_t kTileBytes = 512 * 1024;  // a tile's floats and its integers: 12 bytes an element
 

@@ -36,10 +36,10 @@ class FirstConvBf16 {
 
  private:
   int threads_;
-  std::int64_t scratch_size_ = 0;         // one padded bf16 image
-  std::vector<std::uint16_t> scratch_;    // one a thread
-  std::vector<float> staging_;            // the packed weights in fp32
-  std::vector<std::uint16_t> packed_;     // (O/16, KH, JP, 16, 2) bf16
+  std::int64_t scratch_size_ = 0;       // one padded bf16 image
+  std::vector<std::uint16_t> scratch_;  // one a thread
+  std::vector<float> staging_;          // the packed weights in fp32
+  std::vector<std::uint16_t> packed_;   // (O/16, KH, JP, 16, 2) bf16
 };
 // Note [The first convolution's weight gradient in bf16] in bf16.cpp: for a first convolution
 // (one input channel, stride 1, 3 x 3 or 5 x 5, blocks of 16 channels, even output width) under

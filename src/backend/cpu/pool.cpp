@@ -326,8 +326,8 @@ class MaxPool final : public LayerKernel {
       // --precision bf16 a first convolution before the ReLU is computed here too. The fp32
       // fusions with a first convolution below do not see through a ReLU.
       if (const auto conv = c.first_conv.find(x_); c.fuse.bf16 && c.fuse.conv_pool_forward && exact_2x2(l) &&
-                                                  bx_ == 16 && by_ == 16 && conv != c.first_conv.end() &&
-                                                  first_conv_relu_pool_bf16_fits(conv->second.l)) {
+                                                   bx_ == 16 && by_ == 16 && conv != c.first_conv.end() &&
+                                                   first_conv_relu_pool_bf16_fits(conv->second.l)) {
         conv->second.taken = true;
         conv_ = &conv->second;
         conv_bf16_.emplace(conv_->l, std::max(1, omp_get_max_threads()));
@@ -435,11 +435,14 @@ class MaxPool final : public LayerKernel {
   }
   std::string describe() const override {
     return "maxpool (plain loops, argmax kept; x block " + std::to_string(bx_) + ", y block " + std::to_string(by_) +
-           (dx_left_to_conv_ ? "; dx left to the convolution"
+           (dx_left_to_conv_           ? "; dx left to the convolution"
             : tiles_ || plain_y_tiles_ ? "; dx in one pass"
-                             : "") +
-           (relu_ ? "; applies the ReLU before it" : "") + (bf16_gradient_ ? "; writes the convolution's dy in bf16" : "") + (conv_ ? conv_bf16_ ? "; computes the convolution before the ReLU in bf16" : "; computes the convolution before it"
-                 : "") +
+                                       : "") +
+           (relu_ ? "; applies the ReLU before it" : "") +
+           (bf16_gradient_ ? "; writes the convolution's dy in bf16" : "") +
+           (conv_ ? conv_bf16_ ? "; computes the convolution before the ReLU in bf16"
+                               : "; computes the convolution before it"
+                  : "") +
            ")";
   }
 
