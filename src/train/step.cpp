@@ -483,7 +483,7 @@ Clock::time_point Step::exact_pass_tail(std::int64_t step, bool probe, bool pois
 
 // The optimiser's update of [begin, end), with the model's weight copies made again where it
 // changes them (Note [Weight copies kept between passes] in src/backend/cpu/bf16.cpp): the plain
-// bf16 copies by the optimiser's own pass, the others (small) just after it, while in cache.
+// bf16 copies by the optimiser's own pass, the others (small, a convolution's) by the next pass.
 void Step::update(std::int64_t begin, std::int64_t end) {
   float* p = p_.params->data();
   const float* g = p_.grads->data();

@@ -85,7 +85,8 @@ class LayerKernel {
   }
   virtual void finish_weight_gradient() {}
   // The parameters in [from, to) (of the flat buffer its weights are in) changed: a kernel that
-  // keeps a copy of any of them makes that copy again now (Note [Weight copies kept between passes]).
+  // keeps a copy of any of them makes that copy again, now or at its next pass that reads it (Note
+  // [Weight copies kept between passes]).
   virtual void refresh_copies(const float* /*from*/, const float* /*to*/) {}
   // A copy of some of its weights that is a plain bf16 image of them ([begin, end) of the flat
   // buffer, copy[i] the bf16 of begin[i]), which the optimiser may write as it updates them; none

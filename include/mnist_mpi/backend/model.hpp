@@ -41,8 +41,8 @@ class Model {
   const float* activation_gradient(int i) const { return dact_ptr_.at(static_cast<std::size_t>(i)); }
 
   void forward(const StepContext& ctx);
-  // The parameters in [from, to) changed: every kernel's copies of them are made again now, so that
-  // the next pass may run with StepContext::copies_current (Note [Weight copies kept between
+  // The parameters in [from, to) changed: every kernel's copies of them are made again (now, or by
+  // the pass that next reads them), so that the next pass may run with StepContext::copies_current (Note [Weight copies kept between
   // passes] in src/backend/cpu/bf16.cpp).
   void refresh_copies(const float* from, const float* to);
   // The kernels' plain bf16 copies of their weights (LayerKernel::plain_bf16_copy), in the order of

@@ -47,8 +47,8 @@ namespace mnist_mpi::cpu {
 // second batch on, a step's micro-batches from the second on, and a step after Step::apply, which
 // after the optimiser writes a bucket's range calls Model::refresh_copies on it while it is in
 // cache (the fc's copy is plain (O, I), so the range is converted alone; a convolution's small
-// blocked copies are made whole whenever a range touches them) and after the gathers the ranges the
-// other ranks wrote. An fc's copy within the rank's own shard is written by the optimiser's pass
+// blocked copies are marked stale when a range touches them, and made whole once, by the next pass
+// that reads them) and after the gathers the ranges the other ranks wrote. An fc's copy within the rank's own shard is written by the optimiser's pass
 // itself, as it updates each weight (Step::update; 0.2 ms less a lenet step than converting it
 // after). Anything else that writes the parameters (a resume, the broadcast at the start) happens
 // before the first pass, which makes every copy (the testing hook MNIST_MPI_FAULT=R:S:diverge
@@ -197,21 +197,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void sample(cons
   }
 }
 
-// OIHW fp32 (one input channel) -> (O/16, KH, JP, 16, 2) bf16, zero past the last column.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pack(const LayerSpec& l, const float* w,
-                                                                          float* staging, std::uint16_t* wp) {
-  const int KH = l.kernel_h, KW = l.kernel_w, JP = (KW + 1) / 2, blocks = l.channels / kB;
+// OIHW fp32 (one input channel) -> (O/16, KH, JP, 16, 2) bf16 (bf16_bits: the instruction's
+// rounding), zero past the last column.
+void pack(const LayerSpec& l, const float* w, std::uint16_t* wp) {
+  const int KH = l.kernel_h, KW = l.kernel_w, JP = (KW + 1) / 2;
   for (int o = 0; o < l.channels; ++o)
     for (int kh = 0; kh < KH; ++kh)
       for (int j = 0; j < JP; ++j)
         for (int e = 0; e < 2; ++e) {
           const int kw = 2 * j + e;
-          staging[((((o / kB) * KH + kh) * JP + j) * kB + o % kB) * 2 + e] =
-              kw < KW ? w[(o * KH + kh) * KW + kw] : 0.0f;
+          wp[((((o / kB) * KH + kh) * JP + j) * kB + o % kB) * 2 + e] =
+              kw < KW ? bf16_bits(w[(o * KH + kh) * KW + kw]) : std::uint16_t{0};
         }
-  for (std::int64_t t = 0; t < static_cast<std::int64_t>(blocks) * KH * JP; ++t)
-    _mm512_storeu_si512(wp + t * 32, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(staging + t * 32 + 16),
-                                                                  _mm512_loadu_ps(staging + t * 32)));
 }
 
 // n floats to bf16, rounded to nearest even (VCVTNEPS2BF16: a denormal becomes a zero of its sign).
@@ -359,14 +356,13 @@ FirstConvBf16::FirstConvBf16(const LayerSpec& conv, int threads) : threads_(thre
   scratch_size_ = static_cast<std::int64_t>(g.rows) * g.cols;
   scratch_.assign(static_cast<std::size_t>(threads_ * scratch_size_), 0);
   const std::int64_t taps = static_cast<std::int64_t>(conv.channels / kB) * g.KH * g.JP;
-  staging_.assign(static_cast<std::size_t>(taps * 32), 0.0f);
   packed_.assign(static_cast<std::size_t>(taps * 32), 0);
 }
 
 void FirstConvBf16::forward(const FirstConvForward& f, int batch, float* y, std::int32_t* arg) {
   const LayerSpec& l = f.l;
   std::uint16_t* wp = packed_.data();
-  pack(l, f.w, staging_.data(), wp);
+  pack(l, f.w, wp);
   const Geometry g = geometry(l);
   const std::int64_t in = static_cast<std::int64_t>(l.in.h) * l.in.w, out = l.out.size() / 4;
   // Samples are independent: shared out among the threads in fixed chunks (same bits for any count).

@@ -715,7 +715,8 @@ class Conv final : public LayerKernel {
 
   void forward(const StepContext& ctx) override {
     if (conv_pool_ && conv_pool_->taken) return;  // the pool computes it (Note [The first convolution ...])
-    if (!ctx.copies_current) w_fwd_.run(c_);      // Note [Weight copies kept between passes]
+    if (!ctx.copies_current || fwd_stale_) w_fwd_.run(c_);  // Note [Weight copies kept between passes]
+    fwd_stale_ = false;
     if (x_to_bf16_) x_to_bf16_->run(c_);
     fwd_.run(c_);
   }
@@ -723,7 +724,8 @@ class Conv final : public LayerKernel {
     const bool pool_wrote_dy = bf16_gradient_ && bf16_gradient_->taken;  // and the bias's gradient
     if (dy_to_bf16_ && !pool_wrote_dy) dy_to_bf16_->run(c_);
     if (bwd_data_) {
-      if (!ctx.copies_current) w_bwd_.run(c_);
+      if (!ctx.copies_current || bwd_stale_) w_bwd_.run(c_);
+      bwd_stale_ = false;
       bwd_data_->run(c_);
     }
     // The bias's gradient, after the weights' (l_ and b_ are set where an own loop needs them).
@@ -751,11 +753,11 @@ class Conv final : public LayerKernel {
     else
       plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db());
   }
-  // The weights' copies (a blocked layout, bf16) are made whole: they are small next to an fc's.
+  // The weights' copies (a blocked layout, bf16) are made whole, once, by the next pass that reads
+  // them: a step's update and gathers may touch a convolution's weights in several ranges.
   void refresh_copies(const float* from, const float* to) override {
     if (from >= to || from >= w_end_ || to <= w_begin_) return;
-    w_fwd_.run(c_);
-    if (bwd_data_) w_bwd_.run(c_);
+    fwd_stale_ = bwd_stale_ = true;
   }
   std::string describe() const override {
     return (conv_pool_ && conv_pool_->taken ? "forward in the max pool's pass; " : "") + desc_ +
@@ -763,7 +765,7 @@ class Conv final : public LayerKernel {
            (pooled_ && pooled_->dy ? " reading the max pool's gradient" : "");
   }
   ~Conv() override {
-    if (bf16_gradient_) c_.bf16_gradient.erase(dy_key_);
+    if (bf16_gradient_) c_.bf16_gradient.erase(b_.dy);
     if (pooled_) c_.pooled.erase(b_.dy);
     if (conv_pool_) c_.first_conv.erase(y_);
   }
@@ -800,7 +802,6 @@ class Conv final : public LayerKernel {
     if (b.y_layout == Layout::kBlocked16) {  // Note [A pool's gradient straight into bf16] in pool.cpp
       bf16_gradient_ = &c_.bf16_gradient[b.dy];
       *bf16_gradient_ = Bf16Gradient{static_cast<std::uint16_t*>(dy_bf.get_data_handle()), b.dw + (bias - b.w), false};
-      dy_key_ = b.dy;
     }
     if (b.dx) {
       dnnl::convolution_backward_data::primitive_desc bd(
@@ -852,8 +853,8 @@ class Conv final : public LayerKernel {
   const float* y_ = nullptr;               // its key
   bool own_bias_ = false;                  // Note [Bias gradient of a blocked convolution]
   std::optional<FirstConvWeightGradBf16> bf16_grad_;  // Note [The first convolution's weight gradient in bf16]
-  Bf16Gradient* bf16_gradient_ = nullptr;             // in c_.bf16_gradient: a pool may write dy in bf16 (and db)
-  const float* dy_key_ = nullptr;                     // its key
+  Bf16Gradient* bf16_gradient_ = nullptr;             // in c_.bf16_gradient (key b_.dy): a pool may write dy in bf16
+  bool fwd_stale_ = false, bwd_stale_ = false;        // refresh_copies: w_fwd_ / w_bwd_ to be made again
   std::vector<double> bias_acc_;           // (O)
 };
 

@@ -38,7 +38,6 @@ class FirstConvBf16 {
   int threads_;
   std::int64_t scratch_size_ = 0;       // one padded bf16 image
   std::vector<std::uint16_t> scratch_;  // one a thread
-  std::vector<float> staging_;          // the packed weights in fp32
   std::vector<std::uint16_t> packed_;   // (O/16, KH, JP, 16, 2) bf16
 };
 // Note [The first convolution's weight gradient in bf16] in bf16.cpp: for a first convolution

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
@@ -146,34 +147,48 @@ void pool_forward_blocked16(const PoolShape& p, std::int64_t n, const float* x, 
 // masked by the ReLU, into a blocked scratch of one sample (12.5 KB for lenet, in L1): reading
 // plain dy across channels inside the pass had taken 2.1 ms where the scatter took 1.2 (lenet,
 // batch 100, one thread); with the copy first, 0.53 -> 0.26 ms a step at batch 50 (perf, 2 ranks).
-template <int B, bool Relu>
+// T: float, or the bf16 bits (std::uint16_t) of Note [A pool's gradient straight into bf16], which
+// also sums each channel's values, the bias's gradient, into bias (per sample in float, in window
+// order).
+template <int B, bool Relu, typename T = float>
 [[gnu::always_inline]] inline void pool_backward_tiles(const PoolShape& p, std::int64_t n, const float* __restrict dys,
                                                        const float* __restrict ys, const std::int32_t* __restrict args,
-                                                       float* __restrict dxs) {
+                                                       T* __restrict dxs, double* __restrict bias = nullptr) {
+  constexpr bool kBf16 = std::is_same_v<T, std::uint16_t>;
   const int ih = p.ih, iw = p.iw, oh = p.oh, ow = p.ow;
   const float* dy = dys + n * p.out_sample;
   const float* y = Relu ? ys + n * p.out_sample : nullptr;
   const std::int32_t* arg = args + n * p.out_sample;
-  float* dx = dxs + n * p.in_sample;
+  T* dx = dxs + n * p.in_sample;
   const int row = iw * B;  // offsets within a sample fit in 32 bits (the argmax is an int32)
-  for (int cb = 0; cb < p.cb_count; ++cb)
+  for (int cb = 0; cb < p.cb_count; ++cb) {
+    float sum[B] = {};
     for (int i = 0; i < oh; ++i)
       for (int j = 0; j < ow; ++j) {
         const int base = ((cb * ih + 2 * i) * iw + 2 * j) * B;
-        float* d0 = dx + base;
-        float* d1 = d0 + row;
+        T* d0 = dx + base;
+        T* d1 = d0 + row;
 #pragma omp simd
         for (int b = 0; b < B; ++b) {
           const int o = ((cb * oh + i) * ow + j) * B + b;
           const float g = Relu ? (y[o] > 0.0f ? dy[o] : 0.0f) : dy[o];
           const float v = 0.0f + g;
+          T h;
+          if constexpr (kBf16)
+            h = cpu::bf16_bits(v);
+          else
+            h = v;
           const int k = arg[o] - base - b;  // 0, B, row or row + B: where in the window the max is
-          d0[b] = k == 0 ? v : 0.0f;
-          d0[b + B] = k == B ? v : 0.0f;
-          d1[b] = k == row ? v : 0.0f;
-          d1[b + B] = k == row + B ? v : 0.0f;
+          d0[b] = k == 0 ? h : T{0};
+          d0[b + B] = k == B ? h : T{0};
+          d1[b] = k == row ? h : T{0};
+          d1[b + B] = k == row + B ? h : T{0};
+          if constexpr (kBf16) sum[b] += v;
         }
       }
+    if constexpr (kBf16)
+      for (int b = 0; b < B; ++b) bias[cb * B + b] += sum[b];
+  }
 }
 
 // Sample n's plain dy, masked by the ReLU the pool took over, into g blocked by B.
@@ -219,31 +234,7 @@ template <int B>
                                                               const std::int32_t* __restrict args, float* __restrict g,
                                                               std::uint16_t* __restrict dxs, double* __restrict bias) {
   masked_dy_blocked<B>(p, n, dys, ys, g);
-  const int ih = p.ih, iw = p.iw, oh = p.oh, ow = p.ow, row = iw * B;
-  const std::int32_t* arg = args + n * p.out_sample;
-  std::uint16_t* dx = dxs + n * p.in_sample;
-  for (int cb = 0; cb < p.cb_count; ++cb) {
-    float sum[B] = {};
-    for (int i = 0; i < oh; ++i)
-      for (int j = 0; j < ow; ++j) {
-        const int base = ((cb * ih + 2 * i) * iw + 2 * j) * B;
-        std::uint16_t* d0 = dx + base;
-        std::uint16_t* d1 = d0 + row;
-#pragma omp simd
-        for (int b = 0; b < B; ++b) {
-          const int o = ((cb * oh + i) * ow + j) * B + b;
-          const float v = 0.0f + g[o];
-          const std::uint16_t h = cpu::bf16_bits(v);
-          const int k = arg[o] - base - b;  // 0, B, row or row + B: where in the window the max is
-          d0[b] = k == 0 ? h : std::uint16_t{0};
-          d0[b + B] = k == B ? h : std::uint16_t{0};
-          d1[b] = k == row ? h : std::uint16_t{0};
-          d1[b + B] = k == row + B ? h : std::uint16_t{0};
-          sum[b] += v;
-        }
-      }
-    for (int b = 0; b < B; ++b) bias[cb * B + b] += sum[b];
-  }
+  pool_backward_tiles<B, false, std::uint16_t>(p, 0, g, nullptr, args + n * p.out_sample, dxs + n * p.in_sample, bias);
 }
 MNIST_MPI_CPU_CLONES
 void pool_backward_plain_y16_bf16(const PoolShape& p, std::int64_t n, const float* dy, const float* y,
