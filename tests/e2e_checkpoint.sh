@@ -231,6 +231,11 @@ fi
 rm -rf fullck
 (trap '' XFSZ; exec "$bin" "${sm[@]}" --max-steps 1000000 --checkpoint-every 20 --checkpoint-dir fullck >out 2>err) &
 job=$!
+# Bounded: a regression where the failed write no longer ends the run is killed after 120 s and
+# fails here (exit 143), instead of running its million steps. (timeout(1) would put a process of
+# its own between $job and the rank, and the limit below must reach the rank.)
+(sleep 120 && kill "$job") >/dev/null 2>&1 &
+deadline=$!
 wait_for 'fullck/step-*.ckpt' 60 && sleep 0.2
 # The newest file: rotation (--keep-checkpoints) may still remove an older one after a write that
 # finished just before the limit (CI saw the oldest vanish between ls and cp on a loaded machine).
@@ -240,6 +245,7 @@ else
   kill "$job"  # no limit set: the run would go on for its million steps
 fi
 wait $job; rc=$?
+pkill -P "$deadline" sleep 2>/dev/null; kill "$deadline" 2>/dev/null  # the deadline and its sleep
 if [ "$rc" -eq 4 ] && grep -q "cannot write checkpoint 'fullck/step-[0-9]*.ckpt': write failed after .* bytes: File too large.*untouched" err &&
    cmp -s "$first" saved.ckpt && ! compgen -G 'fullck/*.tmp' >/dev/null; then ok "failed write: exit 4, one message, $first intact, no temporary left"
 else bad "failed write (exit $rc)"; fi

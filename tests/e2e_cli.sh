@@ -214,10 +214,25 @@ if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
   # its shards after the update and the others' after the gathers: the unsharded run's bits.
   bf16_base=(--data-dir "$work/good" --validation-size 100 --threads 1 --precision bf16
     --model "conv:5x5:16:same,relu,maxpool:2,conv:3x3:16:same,relu,maxpool:2,flatten,fc:32,fc:10")
-  check bf16_copies_unsharded 0 "params_hash" -- "${run2[@]}" "${bf16_base[@]}" --max-steps 12 --shard-optimizer off
-  unsharded=$(grep -o 'params_hash [0-9a-f]*' "$work/out" "$work/err" | head -1 | cut -d' ' -f2)
+  check bf16_copies_unsharded 0 "layer 7 fc:32 .*: bf16 fc fwd" -- "${run2[@]}" "${bf16_base[@]}" --max-steps 12 \
+    --shard-optimizer off
+  unsharded=$(grep -ho 'params_hash [0-9a-f]*' "$work/out" "$work/err" | head -1 | cut -d' ' -f2)
+  # The test evaluation too (its batches after the first keep the copies of the first).
+  tested=$(grep -ho 'test accuracy [0-9.]* loss [0-9.]*' "$work/out" "$work/err" | head -1)
   check bf16_copies_sharded_in_small_buckets 0 "params_hash ${unsharded:-none}" -- "${run2[@]}" "${bf16_base[@]}" \
     --max-steps 12 --shard-optimizer on --bucket-mb 0.001 --first-bucket-mb 0.001
+  grep -hq "${tested:-no test line}" "$work/out" "$work/err" ||
+    { failed=$((failed + 1)); echo "FAIL bf16_copies_sharded_in_small_buckets: not the unsharded run's ${tested:-test line}"; }
+  # Not vacuous: 1 KB buckets cut the tensors apart (fc:32 alone has 25 K weights): more buckets than the 8 tensors.
+  buckets=$(grep -ho 'gradients: [0-9]* bucket' "$work/out" "$work/err" | head -1 | grep -o '[0-9]*')
+  [ "${buckets:-0}" -gt 8 ] ||
+    { failed=$((failed + 1)); echo "FAIL bf16_copies_sharded_in_small_buckets: ${buckets:-no} buckets, not more than the 8 tensors"; }
+  # An evaluation's first batch makes its copies anew: with evaluations at steps 4 and 8 before it,
+  # the final test evaluation still reads the final weights (stale copies would give step 8's).
+  check bf16_evaluation_copies 0 "params_hash ${unsharded:-none}" -- "${run2[@]}" "${bf16_base[@]}" --max-steps 12 \
+    --shard-optimizer off --eval-every 4
+  grep -hq "${tested:-no test line}" "$work/out" "$work/err" ||
+    { failed=$((failed + 1)); echo "FAIL bf16_evaluation_copies: not the run's ${tested:-test line} without evaluations before"; }
   # A resumed bf16 run makes its copies anew at its first pass, with the rounding the optimiser's
   # copies had: the bits of the run that never stopped.
   "${run2[@]}" "${bf16_base[@]}" --max-steps 6 --shard-optimizer off --checkpoint-dir "$work/bf16resume" \

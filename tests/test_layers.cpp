@@ -1202,9 +1202,9 @@ TEST(BlockedLayouts, ANaNThroughAReluTakenOverByItsPool) {
 }
 
 // Note [A weight gradient written once as integers] (include/mnist_mpi/backend/layer.hpp): an fc
-// layer that took its weight gradient over writes its bias gradient but not its weight's, and hands
-// each chunk's weight gradient to the sink in tiles (the last one shorter), first chunk first: the
-// weight gradient of a plain backward on that chunk. The tiles sum in the same order as the plain
+// layer that took its parameters' gradients over writes neither its weight's nor its bias's, and
+// hands each chunk's to the sink, the weight's in tiles (the last one shorter), first chunk first:
+// the gradient of a plain backward on that chunk. The tiles sum in the same order as the plain
 // kernel here, but another CPU may pick other kernels, hence the tolerance.
 TEST(Model, TakenFcWeightGradientIsEachChunksWeightGradient) {
   auto be = make_cpu_backend(1);
@@ -1471,6 +1471,15 @@ TEST(Model, Bf16WeightCopiesAreRefreshedWhereTheParametersChanged) {
   pass(kept, current, &lk);
   pass(fresh, made, &lf);
   EXPECT_FALSE(same_bits(lk, lf)) << "copies_current made the copies anyway: this test could not tell";
+  // A refresh makes again the part it names, not more: the first fc's weights [1000, 2000) changed
+  // beside the first range, which alone is refreshed, and the copies are stale.
+  pass(kept, made, &lk);  // every copy current again
+  ASSERT_EQ(cuts[1], fc1_w + 1000);
+  for (std::size_t i = cuts[0]; i < fc1_w + 2000; ++i) params[i] *= 0.5f;
+  kept.refresh_copies(params.data() + cuts[0], params.data() + cuts[1]);
+  pass(kept, current, &lk);
+  pass(fresh, made, &lf);
+  EXPECT_FALSE(same_bits(lk, lf)) << "a refresh of the first range made the fc weights past it too";
 }
 
 TEST(Model, GradientOfEveryParameterTensor) {
