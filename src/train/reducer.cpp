@@ -99,10 +99,12 @@ double Reducer::start_remaining() {
     start_ready(-1);
     for (std::size_t k = buckets_.size(); k-- > 0;) wait_bucket(k);
   } else {
-    if (fixed_.empty())
+    if (fixed_.empty()) {
       comm_.allreduce_sum(grads_);
-    else
-      comm_.allreduce_sum(fixed_);
+    } else {  // the integers are in the backend's memory, which the started sums take
+      CommRequest r = comm_.start_allreduce_sum(fixed_);
+      comm_.wait(r);
+    }
     const auto t1 = std::chrono::steady_clock::now();
     for (BucketTiming& t : timings_) t = BucketTiming{t0, t1};
   }

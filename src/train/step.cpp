@@ -49,7 +49,12 @@ Step::Step(const StepParts& parts, const StepShape& shape)
     };
     while (first > 0 && row_wise(spec.layers[static_cast<std::size_t>(first - 1)].kind)) --first;
     exact_plan_ = "every layer chunk by chunk";
-    if (shape_.my_chunks.count > 1 && first < static_cast<int>(spec.layers.size())) try_tail(first);
+    // The tail's start-up check reads and writes the buffers from the host: on a GPU every layer
+    // runs chunk by chunk.
+    if (!p_.backend->host_buffers())
+      exact_plan_ = "every layer chunk by chunk (on a GPU)";
+    else if (shape_.my_chunks.count > 1 && first < static_cast<int>(spec.layers.size()))
+      try_tail(first);
     taker_ = tail_ ? tail_.get() : p_.model;
     taken_layer_.assign(spec.layers.size(), 0);
     std::int64_t taken = 0;
@@ -204,13 +209,13 @@ void Step::body_exact(std::int64_t step, double lr, bool poison, StepTiming& tim
     }
     const Clock::time_point backward_end = exact_pass(step, false, poison, *loss, timing);
     timing.exposed_comm += p_.reducer->finish();
-    if (x.out_of_range() == 0 || x.nonfinite() > 0) {
-      const auto c0 = Clock::now();
-      // The MAX of the limits waits for the slowest rank: exposed communication, not the optimizer's.
-      const double waited =
-          x.to_float(p_.grads->data(), owned_, p_.reducer->sharded() ? &p_.reducer->communicator() : nullptr);
-      timing.optimizer += seconds(Clock::now() - c0) - waited;
-      timing.exposed_comm += waited;
+    const auto c0 = Clock::now();
+    // The MAX of the limits waits for the slowest rank: exposed communication, not the optimizer's.
+    const ExactSums::Sums sums =
+        x.to_float(p_.grads->data(), owned_, p_.reducer->sharded() ? &p_.reducer->communicator() : nullptr);
+    timing.optimizer += seconds(Clock::now() - c0) - sums.waited;
+    timing.exposed_comm += sums.waited;
+    if (sums.counts.out_of_range == 0 || sums.counts.nonfinite > 0) {
       apply(step, lr, backward_end, timing, /*sums_in=*/true);
       return;
     }

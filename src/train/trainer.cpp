@@ -210,7 +210,8 @@ void Trainer::make_training_state() {
   };
   const auto flat = [&](Buffer& b) { return std::span<float>(b.data(), static_cast<std::size_t>(spec_.param_count)); };
   if (opt_.exact_sums) {
-    exact_ = std::make_unique<ExactSums>(spec_, global_batch_ / exact_chunk_);
+    exact_ = std::make_unique<ExactSums>(spec_, global_batch_ / exact_chunk_,
+                                         backend_->make_fixed_point_passes(spec_.param_count, spec_.params.size()));
     scratch_loss_ = backend_->make_loss_meter();
   }
   reducer_ = std::make_unique<Reducer>(

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "mnist_mpi/backend/fixed_point.hpp"
 #include "mnist_mpi/backend/layer.hpp"
 #include "mnist_mpi/backend/optimizer_pass.hpp"
 #include "mnist_mpi/backend/step_guard.hpp"
@@ -147,6 +148,12 @@ class Backend {
   // replica hashes and initialisation (Note [Host copies]). The default keeps host vectors and
   // copies with download / upload; the CPU backend hands out the buffers themselves.
   virtual std::unique_ptr<HostCopy> make_host_copy(std::vector<float*> buffers, std::int64_t count);
+  // --exact-sums: the conversions between a chunk's gradient and the integers the reducer sums,
+  // for count parameters and `slots` tensors, on this backend's memory
+  // (include/mnist_mpi/backend/fixed_point.hpp). The default: host memory.
+  virtual std::unique_ptr<FixedPointPasses> make_fixed_point_passes(std::int64_t count, std::size_t slots) {
+    return make_host_fixed_point_passes(count, slots);
+  }
   // Refuses (Error kResources) a model whose training would not fit this backend's memory, before
   // anything is allocated (Note [Will the model fit?]); a backend that reports its own
   // out-of-memory errors keeps the default, which accepts.
@@ -156,6 +163,9 @@ class Backend {
   }
   // ---- Hooks that only a GPU backend fills in; the CPU keeps these defaults, so that the trainer
   // ---- calls them on any backend and has no device branch.
+  // Whether the buffers are host memory, which the host may read and write itself (the CPU); a
+  // device's are reached through upload, download and HostCopy only.
+  virtual bool host_buffers() const { return true; }
   // Returns once every queued kernel has finished (a no-op on the CPU).
   virtual void synchronize() {}
   // The values of training step `step` that a replayed graph reads from device memory (Note [A step

@@ -51,8 +51,8 @@ class Communicator {
   // The collective part of set-up (NCCL: the unique id broadcast and ncclCommInitRank); every
   // rank calls it once, after all ranks agreed that local set-up succeeded.
   virtual void connect() {}
-  // True when the float collectives (allreduce_sum, start_allreduce_sum, broadcast of floats) take
-  // device memory. Then "complete" means: ordered before the work later queued on the backend's
+  // True when the float collectives (allreduce_sum, start_allreduce_sum, broadcast of floats) and
+  // the started sums of int64 (start_allreduce_sum, start_reduce_scatter_sum) take device memory. Then "complete" means: ordered before the work later queued on the backend's
   // compute stream; the host does not wait (wait() makes the compute stream wait on the sum).
   virtual bool device_buffers() const { return false; }
 
@@ -73,22 +73,23 @@ class Communicator {
   // to rounding, not bitwise.
   virtual void allreduce_sum(std::span<float> data) = 0;
   virtual void allreduce_sum(std::span<double> data) = 0;
-  // Sums of 64-bit integers (--exact-sums: Note [Exact sums in fixed point]), always in host
-  // memory: exact, so neither the order nor the grouping of the additions changes a bit.
+  // Sums of 64-bit integers (Note [Exact sums in fixed point]), in host memory: exact, so neither
+  // the order nor the grouping of the additions changes a bit.
   virtual void allreduce_sum(std::span<std::int64_t> data) = 0;
   virtual void allreduce_max(std::span<std::int64_t> data) = 0;
   virtual void allreduce_min(std::span<std::int64_t> data) = 0;
   // Starts an in-place sum (as allreduce_sum); data must stay valid and untouched until wait()
   // returns. Sums complete in the order they were started.
   virtual CommRequest start_allreduce_sum(std::span<float> data) = 0;
-  virtual CommRequest start_allreduce_sum(std::span<std::int64_t> data) = 0;  // host memory, exact
+  // --exact-sums's buckets of integers: exact, in the memory of the float sums (device_buffers()).
+  virtual CommRequest start_allreduce_sum(std::span<std::int64_t> data) = 0;
   // The halves of a sum (Note [Shards]), started like start_allreduce_sum and completing in start
   // order with the sums. After a reduce-scatter this rank's shard shard_of(data.size(), rank(),
   // size()) holds exactly the bits allreduce_sum would leave there; the rest of data is undefined
   // (an implementation may sum it too). After an allgather of shards every rank holds every rank's
   // shard, bit for bit.
   virtual CommRequest start_reduce_scatter_sum(std::span<float> data) = 0;
-  virtual CommRequest start_reduce_scatter_sum(std::span<std::int64_t> data) = 0;  // host memory, exact
+  virtual CommRequest start_reduce_scatter_sum(std::span<std::int64_t> data) = 0;  // as the int64 sums
   virtual CommRequest start_allgather_shards(std::span<float> data) = 0;
   // Without blocking: true once the request has completed (then call wait()).
   virtual bool test(CommRequest& request) = 0;

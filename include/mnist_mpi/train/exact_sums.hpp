@@ -30,9 +30,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
+#include "mnist_mpi/backend/fixed_point.hpp"
 #include "mnist_mpi/backend/layer.hpp"  // FixedPointSink
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/model/spec.hpp"
@@ -49,13 +51,17 @@ class ExactSums final : public FixedPointSink {
   static constexpr int kHeadroomBits = 16;
   static constexpr std::int32_t kUnknown = INT32_MIN;  // no limit yet: the next step is probed
 
-  // chunks: of the global batch (every rank's); the terms of every sum.
-  ExactSums(const ModelSpec& spec, std::int64_t chunks);
+  // chunks: of the global batch (every rank's); the terms of every sum. passes: the backend's
+  // (Backend::make_fixed_point_passes, for spec.param_count integers and one slot per tensor); null:
+  // host memory.
+  ExactSums(const ModelSpec& spec, std::int64_t chunks, std::unique_ptr<FixedPointPasses> passes = nullptr);
 
-  // The integers the reducer sums: param_count sums, then the out-of-range and non-finite counts.
-  std::span<std::int64_t> fixed() { return fixed_; }
-  std::int64_t out_of_range() const { return fixed_[count_]; }
-  std::int64_t nonfinite() const { return fixed_[count_ + 1]; }
+  // The integers the reducer sums, in the backend's memory: param_count sums, then the
+  // out-of-range and non-finite counts.
+  std::span<std::int64_t> fixed() { return passes_->integers(); }
+  // The counters as they stand (on a GPU a synchronisation; the step reads them from to_float).
+  std::int64_t out_of_range() { return passes_->read({}).out_of_range; }
+  std::int64_t nonfinite() { return passes_->read({}).nonfinite; }
 
   bool needs_probe() const { return needs_probe_; }
   void require_probe() { needs_probe_ = true; }
@@ -74,15 +80,22 @@ class ExactSums final : public FixedPointSink {
   // include/mnist_mpi/backend/layer.hpp): probe_chunk and absorb_* leave it alone.
   void take(std::int64_t offset, std::int64_t size);
   void absorb_range(std::int64_t offset, const float* values, std::int64_t n, bool first) override;
-  // After the sums: the mean gradient in float over `owned`, the ranges whose sums this rank holds
-  // (NaN there when a chunk had a non-finite value, for the step guard), and the next step's
-  // limits from it. sharded: the communicator over whose ranks `owned` are shards, for the exact
-  // MAX that makes the limits those of the whole tensors; null when `owned` covers every element.
-  // Returns the seconds spent in the collective (waiting for the other ranks, not converting).
-  double to_float(float* grads, std::span<const ParamRange> owned, Communicator* sharded);
-  void to_float(float* grads) {  // every element
+  // After the sums: the mean gradient in float over `owned`, the ranges whose sums this rank holds,
+  // and the summed counters, read once (one synchronisation on a GPU). A step whose counters are
+  // not zero changes no limit: with a non-finite value `owned` is NaN (for the step guard, Note
+  // [Non-finite steps]); with one out of range the step is computed again. Otherwise the next
+  // step's limits come from the sums. sharded: the communicator over whose ranks `owned` are
+  // shards, for the exact MAX that makes the limits those of the whole tensors; null when `owned`
+  // covers every element. `waited`: the seconds spent in that collective (waiting for the other
+  // ranks, not converting).
+  struct Sums {
+    FixedPointCounts counts;
+    double waited = 0.0;
+  };
+  Sums to_float(float* grads, std::span<const ParamRange> owned, Communicator* sharded);
+  Sums to_float(float* grads) {  // every element
     const ParamRange all{0, count_};
-    to_float(grads, {&all, 1}, nullptr);
+    return to_float(grads, {&all, 1}, nullptr);
   }
 
   // The limits of the next step, one exponent per tensor (checkpoints); kUnknown: probe.
@@ -94,19 +107,19 @@ class ExactSums final : public FixedPointSink {
   void set_scales(std::size_t t);
   void absorb(const float* grads, std::size_t t, bool first_chunk);
   void absorb_part(std::size_t t, std::int64_t offset, const float* values, std::int64_t n, bool first);
-  void probe_part(std::size_t t, const float* values, std::int64_t n);
 
   std::vector<ParamTensor> tensors_;
   std::vector<std::vector<std::size_t>> layer_tensors_;  // tensors of each layer
   std::int64_t count_ = 0, chunks_ = 0;
-  std::vector<std::int64_t> fixed_;   // count_ + 2
-  std::vector<std::int32_t> limit_;   // per tensor: values must be < 2^limit
-  std::vector<double> scale_, unscale_;  // 2^shift and 2^-shift per tensor
-  std::vector<float> bound_;              // 2^limit as a float (inf when beyond float's range)
-  std::vector<std::int64_t> probe_max_;   // per tensor: the largest exponent seen (probe), or of the sum (to_float)
-  std::vector<char> taken_;               // per tensor: handed over by a kernel (take)
+  std::unique_ptr<FixedPointPasses> passes_;  // the integers (count_ + 2) and a slot per tensor
+  std::vector<std::int32_t> limit_;           // per tensor: values must be < 2^limit
+  std::vector<double> scale_, unscale_;       // 2^shift and 2^-shift per tensor
+  std::vector<float> bound_;                  // 2^limit as a float (inf when beyond float's range)
+  std::vector<std::uint32_t> maxima_;         // per tensor: the largest magnitude's bits, read from the passes
+  std::vector<std::int64_t> exponent_;        // per tensor: of the probe's or the sums' largest magnitude
+  std::vector<char> taken_;                   // per tensor: handed over by a kernel (take)
   bool needs_probe_ = true;
-  bool probing_ = false;                  // between begin_probe and finish_probe
+  bool probing_ = false;                      // between begin_probe and finish_probe
   std::int64_t probes_ = 0;
 };
 
