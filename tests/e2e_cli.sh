@@ -247,6 +247,10 @@ else
 fi
 check bf16_with_exact_sums_refused 2 "exact sums run the fp32 kernels only" -- \
   "${run2[@]}" "${base[@]}" --precision bf16 --exact-sums --max-steps 1
+check exact_sums_with_cuda_graph_refused 2 "exact-sums with --cuda-graph: .* drop --cuda-graph" -- \
+  "${run2[@]}" "${base[@]}" --exact-sums --cuda-graph --max-steps 1
+check exact_sums_with_measured_algorithms_refused 2 "exact-sums with --conv-algos measured: .*drop --conv-algos measured" -- \
+  "${run2[@]}" "${base[@]}" --exact-sums --device cuda --conv-algos measured --max-steps 1
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

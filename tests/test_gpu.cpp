@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include "mnist_mpi/backend/device.hpp"
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
+#include "mnist_mpi/exact_sum.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 #include "synthetic.hpp"
 #include "test_util.hpp"  // world_rank, world_size, all_ranks, uniform
@@ -374,6 +376,103 @@ TEST_F(Gpu, OptimizerEqualsCpuBitForBit) {
   }
 }
 
+// A device buffer of int64 (FixedPointPasses::integers) read as bytes: Backend::download copies floats.
+std::vector<std::int64_t> download_integers(Backend& be, std::span<const std::int64_t> device) {
+  std::vector<std::int64_t> out(device.size());
+  be.download(reinterpret_cast<const float*>(device.data()),
+              std::span<float>(reinterpret_cast<float*>(out.data()), 2 * out.size()));
+  return out;
+}
+
+// Note [Fixed point on a GPU] (src/backend/cuda/kernels.cu): the device's passes of --exact-sums
+// give the host's integers, counters, largest magnitudes and floats bit for bit, on values of
+// every exponent from 2^-149 to 2^4 (subnormals and zeros too), converted in pieces at offsets,
+// and count the same values at the bound, beyond it, NaN and inf.
+TEST_F(Gpu, FixedPointPassesGiveTheHostsBits) {
+  const std::int64_t n = 100003, chunks = 7;
+  auto be = make_cuda_backend(gpu_, GpuPrecision::kFp32);
+  auto host = make_host_fixed_point_passes(n, 2);
+  auto dev = be->make_fixed_point_passes(n, 2);
+  ASSERT_EQ(dev->integers().size(), static_cast<std::size_t>(n + 2));
+  std::mt19937_64 gen(29);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-149, 4);
+  const auto chunk = [&] {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (float& x : v) x = std::ldexp(mantissa(gen), exponent(gen));
+    v[0] = 0.0f;
+    v[1] = -0.0f;
+    v[2] = std::numeric_limits<float>::denorm_min();
+    v[3] = std::nextafter(16.0f, 0.0f);  // the largest below 2^4
+    return v;
+  };
+  const int shift = shift_for_limit(4, chunks);  // every value below 2^4
+  const double scale = std::ldexp(1.0, shift), unscale = std::ldexp(1.0, -shift);
+  const float bound = 16.0f;
+  auto g = be->allocate(n);
+  const std::int64_t cut = n / 3;
+  for (std::int64_t j = 0; j < chunks; ++j) {
+    const std::vector<float> v = chunk();
+    be->upload(v, g->data());
+    for (const auto& [at, len] : {std::pair{std::int64_t{0}, cut}, std::pair{cut, n - cut}}) {
+      host->to_fixed(v.data() + at, at, len, scale, bound, j == 0);
+      dev->to_fixed(g->data() + at, at, len, scale, bound, j == 0);
+    }
+    host->probe(v.data(), n, 0);
+    dev->probe(g->data(), n, 0);
+  }
+  std::vector<std::uint32_t> mh(2), md(2);
+  FixedPointCounts ch = host->read(mh), cd = dev->read(md);
+  EXPECT_EQ(ch.out_of_range, 0);
+  EXPECT_EQ(ch.nonfinite, 0);
+  EXPECT_EQ(cd.out_of_range, 0);
+  EXPECT_EQ(cd.nonfinite, 0);
+  EXPECT_EQ(md[0], mh[0]) << "the probe's largest magnitude";
+  const std::vector<std::int64_t> qd = download_integers(*be, dev->integers());
+  const std::span<std::int64_t> qh = host->integers();
+  std::int64_t differ = 0;
+  for (std::int64_t i = 0; i < n; ++i) differ += qd[static_cast<std::size_t>(i)] != qh[static_cast<std::size_t>(i)];
+  EXPECT_EQ(differ, 0) << "of " << n << " integers";
+  // Back to float, the largest magnitude with them.
+  std::vector<float> fh(static_cast<std::size_t>(n)), fd(static_cast<std::size_t>(n));
+  host->from_fixed(0, fh.data(), n, unscale, 1);
+  dev->from_fixed(0, g->data(), n, unscale, 1);
+  be->download(g->data(), fd);
+  host->read(mh);
+  dev->read(md);
+  expect_bitwise("fixed point back to float", fd, fh);
+  EXPECT_EQ(md[1], mh[1]) << "the sums' largest magnitude";
+  EXPECT_EQ(md[0], 0u) << "read() zeroes the slots";
+  // What cannot be held: at the bound, beyond it, NaN and inf, counted apart (the probe ignores
+  // the non-finite ones).
+  std::vector<float> bad(64, 1.0f);
+  bad[5] = 16.0f;
+  bad[6] = -40.0f;
+  bad[7] = std::numeric_limits<float>::quiet_NaN();
+  bad[8] = -std::numeric_limits<float>::infinity();
+  bad[9] = std::numeric_limits<float>::max();
+  be->upload(bad, g->data());
+  host->zero_counters();
+  dev->zero_counters();
+  host->to_fixed(bad.data(), 100, 64, scale, bound, false);
+  dev->to_fixed(g->data(), 100, 64, scale, bound, false);
+  host->probe(bad.data(), 64, 0);
+  dev->probe(g->data(), 64, 0);
+  ch = host->read(mh);
+  cd = dev->read(md);
+  EXPECT_EQ(ch.out_of_range, 3);
+  EXPECT_EQ(ch.nonfinite, 2);
+  EXPECT_EQ(cd.out_of_range, ch.out_of_range);
+  EXPECT_EQ(cd.nonfinite, ch.nonfinite);
+  EXPECT_EQ(md[0], mh[0]);
+  EXPECT_EQ(mh[0], std::bit_cast<std::uint32_t>(std::numeric_limits<float>::max()));
+  dev->fill_nan(g->data(), 64);
+  be->download(g->data(), std::span<float>(bad));
+  EXPECT_EQ(std::count_if(bad.begin(), bad.end(), [](float x) { return std::isnan(x); }), 64);
+  if (world_rank() == 0)
+    std::printf("agreement fixed point, GPU against host: bitwise (%lld integers)\n", static_cast<long long>(n));
+}
+
 const std::string& data_dir() {
   static const std::string dir = testing::shared_synthetic_dir("gpu", 1200, 200);
   return dir;
@@ -630,6 +729,42 @@ TEST_F(GpuNccl, ShardsAreExact) {
   EXPECT_TRUE(all_ranks(wrong == 0 && wrong_gathered == 0));
 }
 
+// --exact-sums's buckets on NCCL: int64 sums and shards of integers written by the device's
+// passes (rank-dependent values times 2^36) are exact, and so are the two counters summed after
+// them; back in float the sums are the exactly predictable ones.
+TEST_F(GpuNccl, IntegerSumsAreExact) {
+  auto& [mpi, be, nccl, host, buf, all] = *rig_;
+  auto passes = be->make_fixed_point_passes(n, 1);
+  const std::span<std::int64_t> q = passes->integers();
+  const double scale = std::ldexp(1.0, 36), unscale = std::ldexp(1.0, -36);
+  const double ranks_sum = world * (world + 1) / 2.0;
+  const auto expected = [&](std::int64_t i) { return static_cast<float>(ranks_sum * static_cast<double>(i % 1013)); };
+  for (const bool sharded : {false, true}) {
+    be->upload(host, buf->data());  // (rank + 1) * (i % 1013)
+    passes->zero_counters();
+    passes->to_fixed(buf->data(), 0, n, scale, std::numeric_limits<float>::infinity(), true);
+    passes->to_fixed(buf->data(), 0, 5, scale, 0.5f, false);  // elements 1-4 beyond: 4 a rank (and doubled)
+    CommRequest r =
+        sharded ? nccl->start_reduce_scatter_sum(q.subspan(0, n)) : nccl->start_allreduce_sum(q.subspan(0, n));
+    CommRequest c = nccl->start_allreduce_sum(q.subspan(n));
+    nccl->wait(r);
+    nccl->wait(c);
+    passes->from_fixed(0, buf->data(), n, unscale, 0);
+    std::vector<std::uint32_t> top(1);
+    const FixedPointCounts counts = passes->read(top);
+    EXPECT_EQ(counts.out_of_range, 4 * world) << (sharded ? "sharded" : "whole");
+    std::vector<float> got(static_cast<std::size_t>(n));
+    be->download(buf->data(), got);
+    const Shard mine = sharded ? shard_of(n, rank, world) : Shard{0, n};
+    std::int64_t wrong = 0;
+    for (std::int64_t i = mine.begin; i < mine.end; ++i)
+      wrong += got[static_cast<std::size_t>(i)] != (i >= 1 && i <= 4 ? 2.0f : 1.0f) * expected(i);
+    EXPECT_EQ(wrong, 0) << "of " << mine.size() << (sharded ? " reduce-scattered" : " summed") << " integers";
+  }
+  if (rank == 0) std::printf("agreement NCCL int64 sums on %d rank(s): exact\n", world);
+  EXPECT_TRUE(all_ranks(!::testing::Test::HasFailure()));
+}
+
 // World-size invariance on the GPU: the same global batch on 1 rank and on all ranks gives the
 // same parameters up to float summation order (the per-rank slices are summed by NCCL, or through
 // the host when ranks share a GPU).
@@ -645,6 +780,57 @@ TEST_F(Gpu, TrajectoryDoesNotDependOnTheNumberOfRanks) {
   }
   const std::vector<float> many = train(MPI_COMM_WORLD, options("cuda", 12 * world, 20));
   if (world_rank() == 0) expect_agree("1 rank vs " + std::to_string(world) + " ranks after 20 steps", many, one, 1e-4);
+  EXPECT_TRUE(all_ranks(!::testing::Test::HasFailure()));
+}
+
+// --exact-sums on the GPU (docs/reduction.md): the same parameters, bit for bit, whatever the
+// buckets, the overlap, the sharding and the number of ranks (NCCL's int64 sums with a GPU each,
+// sums through host memory with ranks sharing one); the default mode gives other bits (so the
+// comparison can fail), and --cuda-graph and --conv-algos measured are refused with it.
+TEST_F(Gpu, ExactSumsGiveTheSameBitsOnAnyNumberOfRanks) {
+  Options o = options("cuda", 24, 12);
+  o.exact_sums = true;
+  o.exact_chunk = 4;  // 6 chunks: up to 6 ranks
+  MPI_Comm self = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank(), 0, &self);
+  const std::vector<float> one = train(self, o);
+  {
+    Options small = o;
+    small.bucket_mb = 0.001;  // many buckets, tensors cut apart
+    small.first_bucket_mb = 0.001;
+    expect_bitwise("exact sums, 1 KB buckets against 4 MB", train(self, small), one);
+    Options blocking = o;
+    blocking.no_overlap = true;
+    expect_bitwise("exact sums, --no-overlap against overlapped", train(self, blocking), one);
+    Options plain = o;
+    plain.exact_sums = false;
+    const std::vector<float> other = train(self, plain);
+    EXPECT_NE(std::memcmp(other.data(), one.data(), one.size() * sizeof(float)), 0)
+        << "the default mode gave the exact mode's bits: the comparisons above could not fail";
+    for (const bool graph : {true, false}) {
+      Options refused = o;
+      if (graph)
+        refused.cuda_graph = true;
+      else
+        refused.conv_algos = "measured";
+      auto c = make_mpi_communicator(self);
+      try {
+        Trainer t(refused, *c);
+        t.run();
+        ADD_FAILURE() << (graph ? "--cuda-graph" : "--conv-algos measured") << " with --exact-sums was not refused";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::kUsage) << e.what();
+      }
+    }
+  }
+  MPI_Comm_free(&self);
+  if (world_size() > 1) {
+    expect_bitwise("exact sums, 1 rank against " + std::to_string(world_size()), train(MPI_COMM_WORLD, o), one);
+    Options sharded = o;
+    sharded.shard_optimizer = Options::Sharding::kOn;
+    expect_bitwise("exact sums, sharded on " + std::to_string(world_size()) + " ranks", train(MPI_COMM_WORLD, sharded),
+                   one);
+  }
   EXPECT_TRUE(all_ranks(!::testing::Test::HasFailure()));
 }
 

@@ -511,9 +511,7 @@ void check_choices(Options& o, const std::string& sharding) {
     throw_error(ExitCode::kUsage, "--shard-optimizer must be auto, on or off, got " + quote_input(sharding));
   if (o.precision != "fp32" && o.precision != "tf32" && o.precision != "bf16")
     throw_error(ExitCode::kUsage, "--precision must be fp32, tf32 or bf16, got " + quote_input(o.precision));
-  if (o.precision == "bf16" && o.exact_sums)
-    throw_error(ExitCode::kUsage,
-                "--precision bf16 with --exact-sums: the exact sums run the fp32 kernels only; drop one of them");
+  check_exact_sums_options(o);
   if (o.conv_algos != "heuristic" && o.conv_algos != "measured")
     throw_error(ExitCode::kUsage, "--conv-algos must be heuristic or measured, got " + quote_input(o.conv_algos));
   if (o.conv_algos == "measured" && o.device == "cpu")
@@ -564,6 +562,25 @@ std::string resolved_text(const po::variables_map& vm, const Options& o) {
 }  // namespace
 
 // Options: the table, the command line, the --config file (the command line wins), the checks.
+// --exact-sums on a GPU (docs/reduction.md): the step reads its sums' counters on the host and may
+// compute itself again, which a replayed graph cannot; and algorithms chosen by timing would make
+// the bits depend on it.
+void check_exact_sums_options(const Options& o) {
+  if (!o.exact_sums) return;
+  if (o.precision == "bf16")
+    throw_error(ExitCode::kUsage,
+                "--precision bf16 with --exact-sums: the exact sums run the fp32 kernels only; drop one of them");
+  if (o.cuda_graph)
+    throw_error(ExitCode::kUsage,
+                "--exact-sums with --cuda-graph: an exact step reads its sums' counters on the host and may compute "
+                "the step again, which a CUDA graph cannot replay; drop --cuda-graph");
+  if (o.conv_algos == "measured")
+    throw_error(ExitCode::kUsage,
+                "--exact-sums with --conv-algos measured: algorithms chosen by timing could differ from run to run, "
+                "and the bits with them; drop --conv-algos measured (cuDNN's heuristics, the default, choose the "
+                "same deterministic ones every run)");
+}
+
 ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::string& text) {
   std::string sharding = "auto";  // --shard-optimizer as given; o.shard_optimizer once checked
   po::options_description all("mnist_mpi " MNIST_MPI_VERSION

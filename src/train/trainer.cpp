@@ -41,9 +41,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   MNIST_CHECK(!opt_.cuda_graph || device_.cuda, ExitCode::kUsage,
               "--cuda-graph needs a GPU, and --device auto found none on " + comm_.host() + ": drop --cuda-graph");
   const std::int64_t world = comm_.size();
-  MNIST_CHECK(!opt_.exact_sums || !device_.cuda, ExitCode::kUsage,
-              "--exact-sums runs on the CPU backend only so far (the GPU's integer sums are not written yet): "
-              "use --device cpu, or drop --exact-sums");
+  check_exact_sums_options(opt_);  // Options built in code have not been through parse_options
   // --shard-optimizer auto: sharded on the CPU with 2 or more ranks (Note [Sharded optimiser state]
   // in include/mnist_mpi/train/optimizer.hpp); the CUDA path shards only when asked, until NCCL's
   // reduce-scatter and all-gather have run across two GPUs (on one GPU: docs/gpu.md).

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -134,6 +135,77 @@ class DeviceDataSource final : public DataSource {
   DeviceArray<std::int32_t> labels_;     // (batch)
   std::int64_t* staging_ = nullptr;      // (count), pinned: the order on its way
   cudaEvent_t copied_ = nullptr;         // recorded after the last order copy
+};
+
+// --exact-sums's passes on the device (include/mnist_mpi/backend/fixed_point.hpp; the kernels:
+// Note [Fixed point on a GPU] in kernels.cu): the integers, their counters and the tensors' slots
+// in device memory, all on the compute stream; read() copies the counters and the slots into
+// pinned memory with one wait, the step's one synchronisation for its sums.
+class DevicePasses final : public FixedPointPasses {
+ public:
+  DevicePasses(Context& c, std::int64_t count, std::size_t slots)
+      : c_(c),
+        count_(count),
+        slots_(slots),
+        q_(count + 2),
+        maxima_(static_cast<std::int64_t>(std::max<std::size_t>(slots, 1))) {
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_counts_), 2 * sizeof(std::int64_t)));
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_maxima_),
+                              std::max<std::size_t>(slots, 1) * sizeof(std::uint32_t)));
+  }
+  ~DevicePasses() override {
+    if (host_counts_) cudaFreeHost(host_counts_);
+    if (host_maxima_) cudaFreeHost(host_maxima_);
+  }
+  std::span<std::int64_t> integers() override { return {q_.get(), static_cast<std::size_t>(count_ + 2)}; }
+  void zero_counters() override {
+    CUDA_CHECK(cudaMemsetAsync(q_.get() + count_, 0, 2 * sizeof(std::int64_t), c_.stream));
+  }
+  void to_fixed(const float* g, std::int64_t offset, std::int64_t n, double scale, float bound, bool assign) override {
+    check(offset, n);
+    launch_to_fixed(c_.stream, g, q_.get() + offset, n, scale, bound, assign, q_.get() + count_);
+  }
+  void probe(const float* g, std::int64_t n, std::size_t slot) override {
+    launch_max_finite_magnitude(c_.stream, g, n, maxima_.get() + checked(slot));
+  }
+  void from_fixed(std::int64_t offset, float* g, std::int64_t n, double unscale, std::size_t slot) override {
+    check(offset, n);
+    launch_from_fixed(c_.stream, q_.get() + offset, g, n, unscale, maxima_.get() + checked(slot));
+  }
+  void fill_nan(float* g, std::int64_t n) override {
+    if (n > 0) launch_fill(c_.stream, g, std::numeric_limits<float>::quiet_NaN(), n);
+  }
+  FixedPointCounts read(std::span<std::uint32_t> maxima) override {
+    MNIST_CHECK(maxima.empty() || maxima.size() == slots_, ExitCode::kRuntime, "fixed point: one maximum per slot");
+    c_.wait_for_stream();  // polls, with NCCL's error check: the copies then wait for nothing
+    CUDA_CHECK(
+        cudaMemcpyAsync(host_counts_, q_.get() + count_, 2 * sizeof(std::int64_t), cudaMemcpyDeviceToHost, c_.stream));
+    if (!maxima.empty()) {
+      CUDA_CHECK(cudaMemcpyAsync(host_maxima_, maxima_.get(), slots_ * sizeof(std::uint32_t), cudaMemcpyDeviceToHost,
+                                 c_.stream));
+      CUDA_CHECK(cudaMemsetAsync(maxima_.get(), 0, slots_ * sizeof(std::uint32_t), c_.stream));
+    }
+    c_.wait_for_stream();
+    if (!maxima.empty()) std::copy(host_maxima_, host_maxima_ + slots_, maxima.begin());
+    return {host_counts_[0], host_counts_[1]};
+  }
+
+ private:
+  void check(std::int64_t offset, std::int64_t n) const {
+    MNIST_CHECK(offset >= 0 && n >= 0 && offset + n <= count_, ExitCode::kRuntime,
+                "fixed point: a range outside the integers");
+  }
+  std::size_t checked(std::size_t slot) const {
+    MNIST_CHECK(slot < slots_, ExitCode::kRuntime, "fixed point: no slot " + std::to_string(slot));
+    return slot;
+  }
+  Context& c_;
+  std::int64_t count_;
+  std::size_t slots_;
+  DeviceArray<std::int64_t> q_;           // count_ integers, then the two counters
+  DeviceArray<std::uint32_t> maxima_;     // slots_: the largest magnitudes' bits
+  std::int64_t* host_counts_ = nullptr;   // pinned (2)
+  std::uint32_t* host_maxima_ = nullptr;  // pinned (slots_)
 };
 
 class CudaBackend final : public Backend {
@@ -287,6 +359,10 @@ class CudaBackend final : public Backend {
     OptimizerConfig cfg_;
     DeviceArray<DeviceStepState> state_{1};  // zero: t = 0
   };
+  std::unique_ptr<FixedPointPasses> make_fixed_point_passes(std::int64_t count, std::size_t slots) override {
+    return std::make_unique<DevicePasses>(c_, count, slots);
+  }
+  bool host_buffers() const override { return false; }
   std::unique_ptr<OptimizerPass> make_optimizer_pass(const OptimizerConfig& cfg) override {
     return std::make_unique<DeviceOptimizerPass>(*this, cfg);
   }
@@ -407,7 +483,7 @@ class CudaBackend final : public Backend {
   // hook) directly.
   std::unique_ptr<Communicator> make_gradient_communicator(Communicator& world, std::int64_t param_count,
                                                            bool shared_device) override {
-    if (shared_device) return make_staged_communicator(world, *this, param_count);
+    if (shared_device) return make_staged_communicator(world, *this, c_, param_count);
     return make_nccl_communicator(world, c_);
   }
 

@@ -120,7 +120,9 @@ struct TensorDesc {
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Context& c);
 // Ranks sharing a GPU: float collectives of at most `capacity` elements copied to host memory
 // through `backend` and summed by `host`.
-std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, std::int64_t capacity);
+// Its int64 sums (--exact-sums) are staged through c's stream the same way.
+std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, Context& c,
+                                                       std::int64_t capacity);
 
 // Layer factories (one file each).
 std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, int index, const LayerBuffers& b, bool training);
@@ -170,6 +172,16 @@ void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, const DeviceSt
                       const float* g, float* m, float* v, std::int64_t n, const int* guard);
 void launch_add(cudaStream_t s, float* dst, const float* src, std::int64_t n);
 void launch_fill(cudaStream_t s, float* dst, float value, std::int64_t n);
+// --exact-sums (include/mnist_mpi/backend/fixed_point.hpp; Note [Fixed point on a GPU] in
+// kernels.cu): q[i] (assign: =, else +=, wrapping) the fixed point of g[i] * scale; the values with
+// !(|g[i]| < bound) counted in counters[0] (finite) and counters[1] (NaN, inf).
+void launch_to_fixed(cudaStream_t s, const float* g, std::int64_t* q, std::int64_t n, double scale, float bound,
+                     bool assign, std::int64_t* counters);
+// *slot = max(*slot, bits of the largest finite |g[i]|).
+void launch_max_finite_magnitude(cudaStream_t s, const float* g, std::int64_t n, std::uint32_t* slot);
+// g[i] = float(double(q[i]) * unscale); *slot = max(*slot, bits of the largest |g[i]|).
+void launch_from_fixed(cudaStream_t s, const std::int64_t* q, float* g, std::int64_t n, double unscale,
+                       std::uint32_t* slot);
 // Zero padding with (possibly asymmetric) margins: dst (N, C, H + top + bottom, W + left + right)
 // from src (N, C, H, W); crop is its adjoint (the interior back).
 void launch_pad(cudaStream_t s, const float* src, float* dst, int nc, int h, int w, int top, int left, int ph, int pw);

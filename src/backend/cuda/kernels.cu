@@ -1,6 +1,7 @@
 // Our own CUDA kernels, where cuDNN and cuBLAS have nothing: softmax cross-entropy with its
 // gradient, bias gradients and bias addition, the batch gather (uint8 -> [0, 1] floats), the fused
-// optimiser pass, dropout, padding and small elementwise helpers. Each is written to compute the
+// optimiser pass, dropout, padding, --exact-sums's fixed-point conversions and small elementwise
+// helpers. Each is written to compute the
 // same float operations as the CPU code it mirrors; the GPU tests compare them
 // (tests/test_gpu.cpp).
 #include <cuda_bf16.h>
@@ -353,6 +354,93 @@ void launch_from_bf16(cudaStream_t s, const std::uint16_t* x, float* y, std::int
   if (n <= 0) return;
   from_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(reinterpret_cast<const __nv_bfloat16*>(x), y, n);
   CUDA_CHECK_LAUNCH(from_bf16_kernel);
+}
+
+// Note [Fixed point on a GPU]
+// --exact-sums's conversions (include/mnist_mpi/backend/fixed_point.hpp) give the host loops' bits
+// (src/backend/fixed_point.cpp): x * 2^shift is exact in double, and __double2ll_rn rounds it to
+// nearest, ties to even, as the host's addition of 1.5 * 2^52 does for |v| < 2^51 (Note [Fixed
+// point without a conversion instruction] in include/mnist_mpi/exact_sum.hpp); back, __ll2double_rn
+// is the correctly rounded int64 -> double of the host's split conversion, the product with 2^-shift
+// is exact, and __double2float_rn is the host's rounding to float (no flush to zero: the module is
+// built with --ftz=false). The additions wrap around in unsigned arithmetic, as on the host. Each
+// thread counts its values out of range and non-finite and adds its counts with one atomic each
+// (exact: integers); a block's largest magnitude goes to its slot with one atomicMax (of bits,
+// which order like the magnitudes). tests/test_gpu.cpp compares both with the host passes.
+namespace {
+constexpr unsigned kWarps = kThreads / 32;
+
+// The largest of every thread's m into *slot (every thread of the block calls it).
+__device__ void block_max_to(unsigned m, unsigned* slot) {
+  __shared__ unsigned warp_max[kWarps];
+  for (int o = 16; o > 0; o /= 2) m = max(m, __shfl_down_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31u) == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned b = 0;
+    for (unsigned w = 0; w < blockDim.x / 32; ++w) b = max(b, warp_max[w]);
+    if (b != 0) atomicMax(slot, b);
+  }
+}
+
+__global__ void to_fixed_kernel(const float* __restrict__ g, long long* __restrict__ q, std::int64_t n, double scale,
+                                float bound, bool assign, unsigned long long* __restrict__ counters) {
+  unsigned long long beyond = 0, nonfinite = 0;
+  MNIST_GRID_LOOP(i, n) {
+    const float x = g[i];
+    const long long v = __double2ll_rn(__dmul_rn(static_cast<double>(x), scale));
+    q[i] =
+        assign ? v : static_cast<long long>(static_cast<unsigned long long>(q[i]) + static_cast<unsigned long long>(v));
+    const float a = fabsf(x);
+    const bool finite = a <= 3.402823466e38f;  // FLT_MAX; false for NaN
+    beyond += !(a < bound) && finite;
+    nonfinite += !finite;
+  }
+  if (beyond) atomicAdd(counters, beyond);
+  if (nonfinite) atomicAdd(counters + 1, nonfinite);
+}
+
+__global__ void max_finite_magnitude_kernel(const float* __restrict__ g, std::int64_t n, unsigned* __restrict__ slot) {
+  unsigned m = 0;
+  MNIST_GRID_LOOP(i, n) {
+    const unsigned a = __float_as_uint(g[i]) & 0x7fffffffu;
+    m = max(m, a < 0x7f800000u ? a : 0u);  // NaN and inf count as 0
+  }
+  block_max_to(m, slot);
+}
+
+__global__ void from_fixed_kernel(const long long* __restrict__ q, float* __restrict__ g, std::int64_t n,
+                                  double unscale, unsigned* __restrict__ slot) {
+  unsigned m = 0;
+  MNIST_GRID_LOOP(i, n) {
+    const float v = __double2float_rn(__dmul_rn(__ll2double_rn(q[i]), unscale));
+    g[i] = v;
+    m = max(m, __float_as_uint(v) & 0x7fffffffu);
+  }
+  block_max_to(m, slot);
+}
+}  // namespace
+
+void launch_to_fixed(cudaStream_t s, const float* g, std::int64_t* q, std::int64_t n, double scale, float bound,
+                     bool assign, std::int64_t* counters) {
+  if (n <= 0) return;
+  static_assert(sizeof(long long) == sizeof(std::int64_t));
+  to_fixed_kernel<<<blocks_for(n), kThreads, 0, s>>>(g, reinterpret_cast<long long*>(q), n, scale, bound, assign,
+                                                     reinterpret_cast<unsigned long long*>(counters));
+  CUDA_CHECK_LAUNCH(to_fixed_kernel);
+}
+
+void launch_max_finite_magnitude(cudaStream_t s, const float* g, std::int64_t n, std::uint32_t* slot) {
+  if (n <= 0) return;
+  max_finite_magnitude_kernel<<<blocks_for(n), kThreads, 0, s>>>(g, n, slot);
+  CUDA_CHECK_LAUNCH(max_finite_magnitude_kernel);
+}
+
+void launch_from_fixed(cudaStream_t s, const std::int64_t* q, float* g, std::int64_t n, double unscale,
+                       std::uint32_t* slot) {
+  if (n <= 0) return;
+  from_fixed_kernel<<<blocks_for(n), kThreads, 0, s>>>(reinterpret_cast<const long long*>(q), g, n, unscale, slot);
+  CUDA_CHECK_LAUNCH(from_fixed_kernel);
 }
 
 void launch_pad(cudaStream_t s, const float* src, float* dst, int nc, int h, int w, int top, int left, int ph, int pw) {

@@ -3,7 +3,9 @@
 // The CUDA backend makes it (Backend::make_gradient_communicator) and hands it its context.
 // Gradient buckets are summed on a communication stream of their own, ordered against the compute
 // stream with events; asynchronous NCCL errors are polled and end the run with a message.
-// Host collectives (loss sums, replica hashes, agreement) are passed to the MPI communicator.
+// --exact-sums's buckets of integers are summed there too, as ncclInt64 (exact, so NCCL's order
+// changes no bit). Host collectives (loss sums, replica hashes, agreement) are passed to the MPI
+// communicator.
 // When ranks share a GPU (--allow-gpu-sharing; NCCL refuses two ranks on one GPU), the staged
 // communicator below sums device buffers through host memory with MPI instead.
 #include <cuda_runtime.h>
@@ -33,8 +35,6 @@ class HostForwarding : public Communicator {
   bool device_buffers() const override { return true; }
   void allreduce_sum(std::span<double> d) override { host_.allreduce_sum(d); }
   void allreduce_sum(std::span<std::int64_t> d) override { host_.allreduce_sum(d); }
-  CommRequest start_allreduce_sum(std::span<std::int64_t> d) override { return host_.start_allreduce_sum(d); }
-  CommRequest start_reduce_scatter_sum(std::span<std::int64_t> d) override { return host_.start_reduce_scatter_sum(d); }
   void allreduce_max(std::span<std::int64_t> d) override { host_.allreduce_max(d); }
   void allreduce_min(std::span<std::int64_t> d) override { host_.allreduce_min(d); }
   void broadcast(std::span<std::uint8_t> d, int root) override { host_.broadcast(d, root); }
@@ -71,8 +71,6 @@ class NcclCommunicator final : public HostForwarding {
  public:
   using HostForwarding::allreduce_sum;  // the host overloads, next to this class's float ones
   using HostForwarding::broadcast;
-  using HostForwarding::start_allreduce_sum;
-  using HostForwarding::start_reduce_scatter_sum;
   NcclCommunicator(Communicator& host, cuda::Context& c) : HostForwarding(host), c_(c), compute_(c.stream) {
     int lo = 0, hi = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
@@ -113,26 +111,15 @@ class NcclCommunicator final : public HostForwarding {
     wait(r, nullptr);
   }
 
-  CommRequest start_allreduce_sum(std::span<float> d) override {
-    return start(
-        [&] { NCCL_CHECK(ncclAllReduce(d.data(), d.data(), d.size(), ncclFloat, ncclSum, comm_, comm_stream_)); });
-  }
+  CommRequest start_allreduce_sum(std::span<float> d) override { return start_sum(d, ncclFloat); }
+  CommRequest start_allreduce_sum(std::span<std::int64_t> d) override { return start_sum(d, ncclInt64); }
 
   // Note [Shards] (include/mnist_mpi/comm/communicator.hpp): the equal pieces [0, W q) in one
   // in-place ReduceScatter / AllGather (rank r's piece at r * q, where NCCL's in-place forms put
   // it), the remainder reduced to and broadcast from the last rank, in one NCCL group each.
-  CommRequest start_reduce_scatter_sum(std::span<float> d) override {
-    return start([&] {
-      const auto [q, tail] = pieces(d);
-      NCCL_CHECK(ncclGroupStart());
-      if (q > 0)
-        NCCL_CHECK(ncclReduceScatter(d.data(), d.data() + static_cast<std::size_t>(host_.rank()) * q, q, ncclFloat,
-                                     ncclSum, comm_, comm_stream_));
-      if (tail > 0)
-        NCCL_CHECK(ncclReduce(d.data() + (d.size() - tail), d.data() + (d.size() - tail), tail, ncclFloat, ncclSum,
-                              host_.size() - 1, comm_, comm_stream_));
-      NCCL_CHECK(ncclGroupEnd());
-    });
+  CommRequest start_reduce_scatter_sum(std::span<float> d) override { return start_reduce_scatter(d, ncclFloat); }
+  CommRequest start_reduce_scatter_sum(std::span<std::int64_t> d) override {
+    return start_reduce_scatter(d, ncclInt64);
   }
   CommRequest start_allgather_shards(std::span<float> d) override {
     return start([&] {
@@ -201,8 +188,27 @@ class NcclCommunicator final : public HostForwarding {
     s.busy = true;
     return CommRequest{static_cast<std::int64_t>(slot)};
   }
+  template <class T>
+  CommRequest start_sum(std::span<T> d, ncclDataType_t type) {
+    return start([&] { NCCL_CHECK(ncclAllReduce(d.data(), d.data(), d.size(), type, ncclSum, comm_, comm_stream_)); });
+  }
+  template <class T>
+  CommRequest start_reduce_scatter(std::span<T> d, ncclDataType_t type) {
+    return start([&] {
+      const auto [q, tail] = pieces(d);
+      NCCL_CHECK(ncclGroupStart());
+      if (q > 0)
+        NCCL_CHECK(ncclReduceScatter(d.data(), d.data() + static_cast<std::size_t>(host_.rank()) * q, q, type, ncclSum,
+                                     comm_, comm_stream_));
+      if (tail > 0)
+        NCCL_CHECK(ncclReduce(d.data() + (d.size() - tail), d.data() + (d.size() - tail), tail, type, ncclSum,
+                              host_.size() - 1, comm_, comm_stream_));
+      NCCL_CHECK(ncclGroupEnd());
+    });
+  }
   // The equal piece per rank and the remainder (Note [Shards]).
-  std::pair<std::size_t, std::size_t> pieces(std::span<float> d) const {
+  template <class T>
+  std::pair<std::size_t, std::size_t> pieces(std::span<T> d) const {
     const auto w = static_cast<std::size_t>(host_.size());
     return {d.size() / w, d.size() % w};
   }
@@ -239,16 +245,18 @@ class NcclCommunicator final : public HostForwarding {
 
 // Ranks sharing a GPU: each float collective copies the range to host memory (which waits for
 // the compute stream), sums or broadcasts it with the MPI communicator (rank-ordered sums, Note
-// [Sums in rank order]) and copies it back. Slow, but correct and simple; the staging buffer is
-// made at construction.
+// [Sums in rank order]) and copies it back; --exact-sums's int64 sums the same way. Slow, but
+// correct and simple; the staging buffers are made at construction.
 class StagedCommunicator final : public HostForwarding {
  public:
   using HostForwarding::allreduce_sum;  // the host overloads, next to this class's float ones
   using HostForwarding::broadcast;
-  using HostForwarding::start_allreduce_sum;
-  using HostForwarding::start_reduce_scatter_sum;
-  StagedCommunicator(Communicator& host, Backend& backend, std::int64_t capacity)
-      : HostForwarding(host), backend_(backend), staging_(static_cast<std::size_t>(capacity)) {}
+  StagedCommunicator(Communicator& host, Backend& backend, cuda::Context& c, std::int64_t capacity)
+      : HostForwarding(host),
+        backend_(backend),
+        c_(c),
+        staging_(static_cast<std::size_t>(capacity)),
+        integers_(static_cast<std::size_t>(capacity) + 2) {}
 
   std::string progress_mode() const override {
     return "copied to host memory and summed by MPI as each bucket is ready (ranks share GPUs)";
@@ -263,8 +271,18 @@ class StagedCommunicator final : public HostForwarding {
     allreduce_sum(d);  // done at once: the request only records that
     return CommRequest{0};
   }
+  // The integers of --exact-sums: their own staging buffer (the bucket's, and the two counters).
+  CommRequest start_allreduce_sum(std::span<std::int64_t> d) override {
+    MNIST_CHECK(d.size() <= integers_.size(), ExitCode::kRuntime, "staged collective larger than its buffer");
+    std::span<std::int64_t> h(integers_.data(), d.size());
+    copy(h.data(), d.data(), d.size_bytes(), cudaMemcpyDeviceToHost);
+    host_.allreduce_sum(h);
+    copy(d.data(), h.data(), d.size_bytes(), cudaMemcpyHostToDevice);
+    return CommRequest{0};
+  }
   // A reduce-scatter is the whole sum (more than it must do); the allgather stages like the sum.
   CommRequest start_reduce_scatter_sum(std::span<float> d) override { return start_allreduce_sum(d); }
+  CommRequest start_reduce_scatter_sum(std::span<std::int64_t> d) override { return start_allreduce_sum(d); }
   CommRequest start_allgather_shards(std::span<float> d) override {
     std::span<float> h = stage(d);
     CommRequest r = host_.start_allgather_shards(h);
@@ -290,8 +308,17 @@ class StagedCommunicator final : public HostForwarding {
     backend_.download(d.data(), h);
     return h;
   }
+  // As Backend::download / upload: the stream drained by polling first, so that the copy (which may
+  // block the host in a pageable copy) waits for nothing queued before it.
+  void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+    c_.wait_for_stream();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, c_.stream));
+    c_.wait_for_stream();
+  }
   Backend& backend_;
+  cuda::Context& c_;
   std::vector<float> staging_;
+  std::vector<std::int64_t> integers_;
 };
 
 }  // namespace
@@ -302,8 +329,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Context
   return std::make_unique<NcclCommunicator>(host, c);
 }
 
-std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, std::int64_t capacity) {
-  return std::make_unique<StagedCommunicator>(host, backend, capacity);
+std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, Context& c,
+                                                       std::int64_t capacity) {
+  return std::make_unique<StagedCommunicator>(host, backend, c, capacity);
 }
 
 }  // namespace cuda
