@@ -81,6 +81,12 @@ grep -q "exact sums: every layer chunk by chunk (80 chunks a rank" "$work/wide_n
   ok "80 chunks a rank: chunk by chunk; 40: the check decides" ||
   { fail "the plans of 80 and 40 chunks a rank:"; grep -h "exact sums:" "$work"/wide_np[12].out; }
 same "chunk by chunk and the tail" wide_np1 wide_np2
+# Where this CPU's check keeps the 40 chunks chunk by chunk too, the comparison above set chunk by
+# chunk against itself: it still holds, but it proved nothing about the tail, and that is said.
+if ! grep -q "exact sums: layers 6-10 at the rank.s batch" "$work/wide_np2.out"; then
+  echo "SKIP (loud): this CPU's start-up check kept the row-wise tail off ($(grep -o 'exact sums: .*' "$work/wide_np2.out" | head -1));"
+  echo "SKIP (loud): 'chunk by chunk and the tail' compared chunk by chunk with itself, the tail is untested here"
+fi
 
 # Checkpointed on 2 ranks at step 6, resumed on 3 and on 1: the straight run's bits.
 run exact_ck 2 --exact-sums --checkpoint-dir "$work/ck" --checkpoint-every 6

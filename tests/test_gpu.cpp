@@ -857,6 +857,9 @@ TEST_F(Gpu, MeasuredConvolutionAlgorithmsTrainTheSameModel) {
     t.run();
     const std::string layers = t.layer_descriptions();
     EXPECT_NE(layers.find("(measured)"), std::string::npos) << layers;
+    if (std::string(precision) == "bf16") {  // the bf16 kernels ran, not the fp32 ones under a bf16 name
+      EXPECT_NE(layers.find(", bf16 (y, dx and dW widened to float)"), std::string::npos) << layers;
+    }
     if (*model) {
       EXPECT_NE(layers.find("asymmetric 'same'"), std::string::npos) << layers;
     }

@@ -60,8 +60,7 @@ class HostPasses final : public FixedPointPasses {
   std::span<std::int64_t> integers() override { return q_; }
   void zero_counters() override { q_[c()] = q_[c() + 1] = 0; }
 
-  void to_fixed(const float* g, std::int64_t offset, std::int64_t n, double scale, float bound,
-                bool assign) override {
+  void to_fixed(const float* g, std::int64_t offset, std::int64_t n, double scale, float bound, bool assign) override {
     if (to_fixed_loop(g, q_.data() + offset, n, scale, assign) < std::bit_cast<std::uint32_t>(bound)) return;
     for (std::int64_t i = 0; i < n; ++i) {
       const float a = std::fabs(g[i]);

@@ -52,8 +52,9 @@ class Communicator {
   // rank calls it once, after all ranks agreed that local set-up succeeded.
   virtual void connect() {}
   // True when the float collectives (allreduce_sum, start_allreduce_sum, broadcast of floats) and
-  // the started sums of int64 (start_allreduce_sum, start_reduce_scatter_sum) take device memory. Then "complete" means: ordered before the work later queued on the backend's
-  // compute stream; the host does not wait (wait() makes the compute stream wait on the sum).
+  // the started sums of int64 (start_allreduce_sum, start_reduce_scatter_sum) take device memory.
+  // Then "complete" means: ordered before the work later queued on the backend's compute stream;
+  // the host does not wait (wait() makes the compute stream wait on the sum).
   virtual bool device_buffers() const { return false; }
 
   // In place: data becomes the elementwise sum over all ranks, and every rank receives the same

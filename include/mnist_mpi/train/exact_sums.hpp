@@ -119,7 +119,7 @@ class ExactSums final : public FixedPointSink {
   std::vector<std::int64_t> exponent_;        // per tensor: of the probe's or the sums' largest magnitude
   std::vector<char> taken_;                   // per tensor: handed over by a kernel (take)
   bool needs_probe_ = true;
-  bool probing_ = false;                      // between begin_probe and finish_probe
+  bool probing_ = false;  // between begin_probe and finish_probe
   std::int64_t probes_ = 0;
 };
 
