@@ -21,8 +21,11 @@ if [ ! -x "$b/bin/mnist_mpi" ] && ! unpack_bundle; then
   exit 2
 fi
 gpu_env
+# gpu_check's smoke stage writes the GPU count; run alone, ask the driver.
+gpus=$(gpu_count)
+((gpus > 0)) || gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 two=(mpirun -np 2 "$b/bin/mnist_mpi")
-(($(gpu_count) >= 2)) || two+=(--allow-gpu-sharing)
+((gpus >= 2)) || two+=(--allow-gpu-sharing)
 declare -A cmd=(
   [default]="$b/bin/mnist_mpi"
   [exact10]="$b/bin/mnist_mpi --exact-sums"
@@ -31,17 +34,17 @@ declare -A cmd=(
   [exact10_2ranks_sharded]="${two[*]} --exact-sums --shard-optimizer on"
 )
 names=(default exact10 exact50)
-run() {  # NAME ROUND
+run_one() {  # NAME ROUND
   # shellcheck disable=SC2086
   timeout 120 ${cmd[$1]} --config "$b/lenet.ini" --data-dir "$b/data" --device cuda --max-steps "$steps" \
     --log-every 0 --collective-timeout 30 --metrics-file "$work/exact_$1.$2.jsonl" >"$work/exact_$1.$2.txt" 2>&1 ||
     echo "gpu_exact: $1 round $2: exit code $? ($(tail -n 1 "$work/exact_$1.$2.txt"))"
 }
 for ((i = 0; i < rounds; i++)); do
-  for name in "${names[@]}"; do run "$name" "$i"; done
+  for name in "${names[@]}"; do run_one "$name" "$i"; done
 done
-run exact10_2ranks 0
-run exact10_2ranks_sharded 0
+run_one exact10_2ranks 0
+run_one exact10_2ranks_sharded 0
 grep -h "exact sums:" "$work/exact_exact10.0.txt" "$work/exact_exact10_2ranks.0.txt" 2>/dev/null | sort -u
 python3 - "$work" "$rounds" <<'PY' | tee "$out/gpu_exact.txt"
 import json, os, statistics, sys

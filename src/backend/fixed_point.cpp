@@ -61,6 +61,7 @@ class HostPasses final : public FixedPointPasses {
   void zero_counters() override { q_[c()] = q_[c() + 1] = 0; }
 
   void to_fixed(const float* g, std::int64_t offset, std::int64_t n, double scale, float bound, bool assign) override {
+    check(offset, n);
     if (to_fixed_loop(g, q_.data() + offset, n, scale, assign) < std::bit_cast<std::uint32_t>(bound)) return;
     for (std::int64_t i = 0; i < n; ++i) {
       const float a = std::fabs(g[i]);
@@ -83,6 +84,7 @@ class HostPasses final : public FixedPointPasses {
   }
 
   void from_fixed(std::int64_t offset, float* g, std::int64_t n, double unscale, std::size_t slot) override {
+    check(offset, n);
     slots_.at(slot) = std::max(slots_.at(slot), from_fixed_pass(q_.data() + offset, g, n, unscale));
   }
   void fill_nan(float* g, std::int64_t n) override { std::fill(g, g + n, std::numeric_limits<float>::quiet_NaN()); }
@@ -97,6 +99,10 @@ class HostPasses final : public FixedPointPasses {
   }
 
  private:
+  void check(std::int64_t offset, std::int64_t n) const {
+    MNIST_CHECK(offset >= 0 && n >= 0 && offset + n <= count_, ExitCode::kRuntime,
+                "fixed point: a range outside the integers");
+  }
   std::size_t c() const { return static_cast<std::size_t>(count_); }
   std::int64_t count_;
   std::vector<std::int64_t> q_;       // count_ integers, then the two counters

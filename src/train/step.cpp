@@ -28,6 +28,8 @@ Step::Step(const StepParts& parts, const StepShape& shape)
                   p_.data && p_.loss,
               ExitCode::kRuntime, "Step: a part is missing");
   if (shape_.graph) graph_ = p_.backend->make_step_graph();
+  // A graph replays body(), which is not the exact step (the options refuse the pair too).
+  MNIST_CHECK(!shape_.graph || !p_.exact, ExitCode::kUsage, "--cuda-graph with --exact-sums: drop --cuda-graph");
   MNIST_CHECK(!shape_.graph || graph_, ExitCode::kUsage, "--cuda-graph needs the CUDA backend (--device cuda)");
   const ModelSpec& spec = p_.model->spec();
   if (shape_.accumulation > 1) p_.backend->allocate(spec.param_count).swap(accum_);
@@ -209,7 +211,12 @@ void Step::body_exact(std::int64_t step, double lr, bool poison, StepTiming& tim
     }
     const Clock::time_point backward_end = exact_pass(step, false, poison, *loss, timing);
     timing.exposed_comm += p_.reducer->finish();
+    // On a GPU finish() only queued the waits: the sums end here (a no-op on the CPU), so that
+    // their time is not counted as the conversion's.
+    const auto s0 = Clock::now();
+    p_.backend->synchronize();
     const auto c0 = Clock::now();
+    timing.exposed_comm += seconds(c0 - s0);
     // The MAX of the limits waits for the slowest rank: exposed communication, not the optimizer's.
     const ExactSums::Sums sums =
         x.to_float(p_.grads->data(), owned_, p_.reducer->sharded() ? &p_.reducer->communicator() : nullptr);

@@ -162,7 +162,8 @@ int Trainer::set_up_backend(const GpuProbe& gpus) {
   int threads = opt_.threads;
   // --exact-sums: a chunk's gradient must be the same bits on every rank, and the CPU kernels'
   // sums over threads are cut by the number of threads (measured: lenet, 1 and 2 threads, other bits).
-  MNIST_CHECK(!opt_.exact_sums || threads <= 1, ExitCode::kUsage,
+  // (A GPU rank's --threads changes none of its kernels.)
+  MNIST_CHECK(!opt_.exact_sums || threads <= 1 || device_.cuda, ExitCode::kUsage,
               "--exact-sums computes with one thread per rank (the kernels' sums depend on the number of threads); "
               "drop --threads " + std::to_string(threads) + " and start more ranks to use more cores");
   if (opt_.exact_sums) threads = 1;

@@ -149,13 +149,14 @@ class DevicePasses final : public FixedPointPasses {
         slots_(slots),
         q_(count + 2),
         maxima_(static_cast<std::int64_t>(std::max<std::size_t>(slots, 1))) {
-    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_counts_), 2 * sizeof(std::int64_t)));
-    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_maxima_),
-                              std::max<std::size_t>(slots, 1) * sizeof(std::uint32_t)));
+    // One pinned block: the two counters, then the slots (nothing to free if it fails).
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, 2 * sizeof(std::int64_t) + std::max<std::size_t>(slots, 1) * sizeof(std::uint32_t)));
+    host_counts_ = static_cast<std::int64_t*>(p);
+    host_maxima_ = reinterpret_cast<std::uint32_t*>(host_counts_ + 2);
   }
   ~DevicePasses() override {
     if (host_counts_) cudaFreeHost(host_counts_);
-    if (host_maxima_) cudaFreeHost(host_maxima_);
   }
   std::span<std::int64_t> integers() override { return {q_.get(), static_cast<std::size_t>(count_ + 2)}; }
   void zero_counters() override {
@@ -177,7 +178,6 @@ class DevicePasses final : public FixedPointPasses {
   }
   FixedPointCounts read(std::span<std::uint32_t> maxima) override {
     MNIST_CHECK(maxima.empty() || maxima.size() == slots_, ExitCode::kRuntime, "fixed point: one maximum per slot");
-    c_.wait_for_stream();  // polls, with NCCL's error check: the copies then wait for nothing
     CUDA_CHECK(
         cudaMemcpyAsync(host_counts_, q_.get() + count_, 2 * sizeof(std::int64_t), cudaMemcpyDeviceToHost, c_.stream));
     if (!maxima.empty()) {
@@ -185,7 +185,7 @@ class DevicePasses final : public FixedPointPasses {
                                  c_.stream));
       CUDA_CHECK(cudaMemsetAsync(maxima_.get(), 0, slots_ * sizeof(std::uint32_t), c_.stream));
     }
-    c_.wait_for_stream();
+    c_.wait_for_stream();  // the one wait: polls, with NCCL's error check (the copies are to pinned memory)
     if (!maxima.empty()) std::copy(host_maxima_, host_maxima_ + slots_, maxima.begin());
     return {host_counts_[0], host_counts_[1]};
   }
@@ -204,8 +204,8 @@ class DevicePasses final : public FixedPointPasses {
   std::size_t slots_;
   DeviceArray<std::int64_t> q_;           // count_ integers, then the two counters
   DeviceArray<std::uint32_t> maxima_;     // slots_: the largest magnitudes' bits
-  std::int64_t* host_counts_ = nullptr;   // pinned (2)
-  std::uint32_t* host_maxima_ = nullptr;  // pinned (slots_)
+  std::int64_t* host_counts_ = nullptr;   // pinned: 2, then host_maxima_
+  std::uint32_t* host_maxima_ = nullptr;  // (slots_), in host_counts_'s block
 };
 
 class CudaBackend final : public Backend {

@@ -256,7 +256,7 @@ class StagedCommunicator final : public HostForwarding {
         backend_(backend),
         c_(c),
         staging_(static_cast<std::size_t>(capacity)),
-        integers_(static_cast<std::size_t>(capacity) + 2) {}
+        capacity_(capacity) {}
 
   std::string progress_mode() const override {
     return "copied to host memory and summed by MPI as each bucket is ready (ranks share GPUs)";
@@ -273,6 +273,9 @@ class StagedCommunicator final : public HostForwarding {
   }
   // The integers of --exact-sums: their own staging buffer (the bucket's, and the two counters).
   CommRequest start_allreduce_sum(std::span<std::int64_t> d) override {
+    // Made by the first sum of integers (the first step of an --exact-sums run), so that a run
+    // without them does not hold 8 bytes a parameter for nothing.
+    if (integers_.empty()) integers_.resize(static_cast<std::size_t>(capacity_) + 2);
     MNIST_CHECK(d.size() <= integers_.size(), ExitCode::kRuntime, "staged collective larger than its buffer");
     std::span<std::int64_t> h(integers_.data(), d.size());
     copy(h.data(), d.data(), d.size_bytes(), cudaMemcpyDeviceToHost);
@@ -318,7 +321,8 @@ class StagedCommunicator final : public HostForwarding {
   Backend& backend_;
   cuda::Context& c_;
   std::vector<float> staging_;
-  std::vector<std::int64_t> integers_;
+  std::int64_t capacity_;
+  std::vector<std::int64_t> integers_;  // --exact-sums: capacity_ + 2, made by the first sum of integers
 };
 
 }  // namespace
