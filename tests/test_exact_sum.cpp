@@ -274,6 +274,58 @@ TEST(ExactSum, EngineGivesTheSameBitsForAnyGroupingAndCountsWhatItCannotHold) {
   EXPECT_EQ(default_exact_chunk(97), 1);
 }
 
+// The host's passes (include/mnist_mpi/backend/fixed_point.hpp), which the GPU's must equal: the
+// counters tell out-of-range from non-finite, a probe ignores NaN and inf while a conversion back
+// keeps inf, read() hands over the slots and zeroes them (ExactSums relies on that: a probe starts
+// from zero slots), and a range outside the integers is refused.
+TEST(ExactSum, HostPassesCountProbeConvertAndZeroTheirSlots) {
+  const auto passes = make_host_fixed_point_passes(8, 2);
+  ASSERT_EQ(passes->integers().size(), 10u);  // 8, then the two counters
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> g = {0.5f, -0.25f, 1.0f, -3.0f, nan, inf, 0.75f, 0.0f};
+  const int shift = shift_for_limit(0, 4);  // values below 1
+  passes->to_fixed(g.data(), 0, 8, std::ldexp(1.0, shift), 1.0f, true);
+  FixedPointCounts c = passes->read({});
+  EXPECT_EQ(c.out_of_range, 2);  // 1.0 (at the bound) and -3
+  EXPECT_EQ(c.nonfinite, 2);
+  for (const int i : {0, 1, 6, 7})
+    EXPECT_EQ(passes->integers()[static_cast<std::size_t>(i)], to_fixed(g[static_cast<std::size_t>(i)], shift));
+  passes->probe(g.data(), 8, 0);
+  std::vector<std::uint32_t> top(2, 7u);
+  passes->read(top);
+  EXPECT_EQ(top[0], std::bit_cast<std::uint32_t>(3.0f)) << "the largest finite magnitude";
+  EXPECT_EQ(top[1], 0u);
+  passes->read(top);
+  EXPECT_EQ(top[0], 0u) << "read() zeroes the slots";
+  std::vector<float> back(8, -1.0f);
+  passes->from_fixed(6, back.data() + 6, 2, std::ldexp(1.0, -shift), 1);
+  EXPECT_EQ(back[6], 0.75f);
+  EXPECT_EQ(back[7], 0.0f);
+  EXPECT_EQ(back[5], -1.0f) << "outside the range: untouched";
+  passes->from_fixed(0, back.data(), 1, std::ldexp(1.0, 200), 1);  // 0.5 * 2^shift * 2^200: beyond float
+  passes->read(top);
+  EXPECT_EQ(top[1], 0x7f800000u) << "a sum beyond float's range is inf, and its magnitude is inf's";
+  passes->zero_counters();
+  c = passes->read({});
+  EXPECT_EQ(c.out_of_range + c.nonfinite, 0);
+  EXPECT_THROW(passes->to_fixed(g.data(), 5, 4, 1.0, 1.0f, true), Error);
+  EXPECT_THROW(passes->from_fixed(-1, back.data(), 1, 1.0, 0), Error);
+  // The engine on top: a probe after a conversion back takes its limits from the probe alone.
+  ModelSpec spec = parse_model_spec("fc:3", Shape{1, 1, 2}, 3);
+  ExactSums x(spec, 1);
+  x.set_limits(std::vector<std::int32_t>(spec.params.size(), 12));
+  std::vector<float> big(static_cast<std::size_t>(spec.param_count), 1000.0f), out(big.size());
+  x.begin_pass();
+  x.absorb_all(big.data(), true);
+  x.to_float(out.data());  // slots: 1000's magnitude, then zeroed
+  std::vector<float> small(big.size(), 0.1f);
+  x.begin_probe();
+  x.probe_chunk(small.data());
+  const auto comm = make_mpi_communicator();
+  x.finish_probe(*comm);
+  for (const std::int32_t limit : x.limits()) EXPECT_EQ(limit, -3) << "0.1 < 2^-3: the probe's, not the sums'";
+}
+
 // Note [A weight gradient written once as integers] (include/mnist_mpi/backend/layer.hpp): a
 // tensor a kernel hands over in tiles, every chunk's tile in turn, gives the integers and the
 // probed limits of the same chunks absorbed whole; absorb_all and probe_chunk leave it alone (its

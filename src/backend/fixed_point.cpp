@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "mnist_mpi/check.hpp"
@@ -61,7 +62,7 @@ class HostPasses final : public FixedPointPasses {
   void zero_counters() override { q_[c()] = q_[c() + 1] = 0; }
 
   void to_fixed(const float* g, std::int64_t offset, std::int64_t n, double scale, float bound, bool assign) override {
-    check(offset, n);
+    check_range(count_, offset, n);
     if (to_fixed_loop(g, q_.data() + offset, n, scale, assign) < std::bit_cast<std::uint32_t>(bound)) return;
     for (std::int64_t i = 0; i < n; ++i) {
       const float a = std::fabs(g[i]);
@@ -84,7 +85,7 @@ class HostPasses final : public FixedPointPasses {
   }
 
   void from_fixed(std::int64_t offset, float* g, std::int64_t n, double unscale, std::size_t slot) override {
-    check(offset, n);
+    check_range(count_, offset, n);
     slots_.at(slot) = std::max(slots_.at(slot), from_fixed_pass(q_.data() + offset, g, n, unscale));
   }
   void fill_nan(float* g, std::int64_t n) override { std::fill(g, g + n, std::numeric_limits<float>::quiet_NaN()); }
@@ -99,10 +100,6 @@ class HostPasses final : public FixedPointPasses {
   }
 
  private:
-  void check(std::int64_t offset, std::int64_t n) const {
-    MNIST_CHECK(offset >= 0 && n >= 0 && offset + n <= count_, ExitCode::kRuntime,
-                "fixed point: a range outside the integers");
-  }
   std::size_t c() const { return static_cast<std::size_t>(count_); }
   std::int64_t count_;
   std::vector<std::int64_t> q_;       // count_ integers, then the two counters
@@ -110,6 +107,12 @@ class HostPasses final : public FixedPointPasses {
 };
 
 }  // namespace
+
+void FixedPointPasses::check_range(std::int64_t count, std::int64_t offset, std::int64_t n) {
+  MNIST_CHECK(offset >= 0 && n >= 0 && offset <= count - n, ExitCode::kRuntime,
+              "fixed point: [" + std::to_string(offset) + ", +" + std::to_string(n) + ") is outside the " +
+                  std::to_string(count) + " integers");
+}
 
 std::unique_ptr<FixedPointPasses> make_host_fixed_point_passes(std::int64_t count, std::size_t slots) {
   MNIST_CHECK(count >= 0, ExitCode::kRuntime, "fixed point: a negative count");

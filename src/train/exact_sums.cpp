@@ -18,12 +18,13 @@ std::int64_t default_exact_chunk(std::int64_t global_batch) {
   return 1;
 }
 
-ExactSums::ExactSums(const ModelSpec& spec, std::int64_t chunks, std::unique_ptr<FixedPointPasses> passes)
+ExactSums::ExactSums(const ModelSpec& spec, std::int64_t chunks, Backend* backend)
     : tensors_(spec.params),
       layer_tensors_(spec.layers.size()),
       count_(spec.param_count),
       chunks_(chunks),
-      passes_(passes ? std::move(passes) : make_host_fixed_point_passes(spec.param_count, spec.params.size())),
+      passes_(backend ? backend->make_fixed_point_passes(spec.param_count, spec.params.size())
+                      : make_host_fixed_point_passes(spec.param_count, spec.params.size())),
       limit_(spec.params.size(), kUnknown),
       scale_(spec.params.size(), 1.0),
       unscale_(spec.params.size(), 1.0),
@@ -32,8 +33,6 @@ ExactSums::ExactSums(const ModelSpec& spec, std::int64_t chunks, std::unique_ptr
       exponent_(spec.params.size(), 0),
       taken_(spec.params.size(), 0) {
   MNIST_CHECK(chunks >= 1 && chunks <= (std::int64_t{1} << 30), ExitCode::kRuntime, "exact sums: 1 to 2^30 chunks");
-  MNIST_CHECK(static_cast<std::int64_t>(passes_->integers().size()) == count_ + 2, ExitCode::kRuntime,
-              "exact sums: the passes hold another number of integers than the model has parameters");
   for (std::size_t t = 0; t < tensors_.size(); ++t)
     layer_tensors_.at(static_cast<std::size_t>(tensors_[t].layer)).push_back(t);
 }
@@ -62,10 +61,9 @@ void ExactSums::set_limits(std::span<const std::int32_t> limits) {
   }
 }
 
-void ExactSums::begin_probe() {
-  passes_->read(maxima_);  // zeroes the slots
-  probing_ = true;
-}
+// The slots are zero here: made so, and zeroed by every read(), which ends every probe
+// (finish_probe) and every conversion back (to_float), the only passes that write them.
+void ExactSums::begin_probe() { probing_ = true; }
 
 void ExactSums::probe_chunk(const float* grads) {
   for (std::size_t t = 0; t < tensors_.size(); ++t)

@@ -209,8 +209,7 @@ void Trainer::make_training_state() {
   };
   const auto flat = [&](Buffer& b) { return std::span<float>(b.data(), static_cast<std::size_t>(spec_.param_count)); };
   if (opt_.exact_sums) {
-    exact_ = std::make_unique<ExactSums>(spec_, global_batch_ / exact_chunk_,
-                                         backend_->make_fixed_point_passes(spec_.param_count, spec_.params.size()));
+    exact_ = std::make_unique<ExactSums>(spec_, global_batch_ / exact_chunk_, backend_.get());
     scratch_loss_ = backend_->make_loss_meter();
   }
   reducer_ = std::make_unique<Reducer>(
@@ -477,8 +476,7 @@ RunResult Trainer::run() {
     if (step == first_step) clock_.startup_s = seconds_since(start_);
     current_step_ = step;
     watch_set_step(step);  // for the collective watchdog's message (src/comm/watchdog.cpp)
-    if (fault_.armed_for(comm_.rank(), step) && fault_.kind != FaultKind::kNan && fault_.kind != FaultKind::kDiverge)
-      fire_fault(fault_);
+    if (fault_.armed_for(comm_.rank(), step)) fire_fault(fault_);  // nan and diverge: below, the trainer's
     const std::int64_t epoch = step / steps_per_epoch_;
     const double lr = learning_rate(opt_.schedule, step, epoch, total_steps_);
     const bool poison = fault_.kind == FaultKind::kNan && fault_.armed_for(comm_.rank(), step);

@@ -42,6 +42,10 @@ class FixedPointPasses {
   // The counters, and (when maxima is not empty: one per slot) the slots, which are then zeroed
   // for the next pass. On a GPU one synchronisation: the host reads what the queue has computed.
   virtual FixedPointCounts read(std::span<std::uint32_t> maxima) = 0;
+
+ protected:
+  // Every implementation's check of a range of its `count` integers: Error(kRuntime) outside them.
+  static void check_range(std::int64_t count, std::int64_t offset, std::int64_t n);
 };
 
 // The passes on host memory (any backend whose buffers are host memory): count parameters, slots

@@ -34,6 +34,7 @@
 #include <span>
 #include <vector>
 
+#include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/backend/fixed_point.hpp"
 #include "mnist_mpi/backend/layer.hpp"  // FixedPointSink
 #include "mnist_mpi/comm/communicator.hpp"
@@ -51,10 +52,9 @@ class ExactSums final : public FixedPointSink {
   static constexpr int kHeadroomBits = 16;
   static constexpr std::int32_t kUnknown = INT32_MIN;  // no limit yet: the next step is probed
 
-  // chunks: of the global batch (every rank's); the terms of every sum. passes: the backend's
-  // (Backend::make_fixed_point_passes, for spec.param_count integers and one slot per tensor); null:
-  // host memory.
-  ExactSums(const ModelSpec& spec, std::int64_t chunks, std::unique_ptr<FixedPointPasses> passes = nullptr);
+  // chunks: of the global batch (every rank's); the terms of every sum. backend: whose memory
+  // holds the gradients and the integers (Backend::make_fixed_point_passes); null: host memory.
+  ExactSums(const ModelSpec& spec, std::int64_t chunks, Backend* backend = nullptr);
 
   // The integers the reducer sums, in the backend's memory: param_count sums, then the
   // out-of-range and non-finite counts.

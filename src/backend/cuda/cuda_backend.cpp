@@ -163,14 +163,14 @@ class DevicePasses final : public FixedPointPasses {
     CUDA_CHECK(cudaMemsetAsync(q_.get() + count_, 0, 2 * sizeof(std::int64_t), c_.stream));
   }
   void to_fixed(const float* g, std::int64_t offset, std::int64_t n, double scale, float bound, bool assign) override {
-    check(offset, n);
+    check_range(count_, offset, n);
     launch_to_fixed(c_.stream, g, q_.get() + offset, n, scale, bound, assign, q_.get() + count_);
   }
   void probe(const float* g, std::int64_t n, std::size_t slot) override {
     launch_max_finite_magnitude(c_.stream, g, n, maxima_.get() + checked(slot));
   }
   void from_fixed(std::int64_t offset, float* g, std::int64_t n, double unscale, std::size_t slot) override {
-    check(offset, n);
+    check_range(count_, offset, n);
     launch_from_fixed(c_.stream, q_.get() + offset, g, n, unscale, maxima_.get() + checked(slot));
   }
   void fill_nan(float* g, std::int64_t n) override {
@@ -191,10 +191,6 @@ class DevicePasses final : public FixedPointPasses {
   }
 
  private:
-  void check(std::int64_t offset, std::int64_t n) const {
-    MNIST_CHECK(offset >= 0 && n >= 0 && offset + n <= count_, ExitCode::kRuntime,
-                "fixed point: a range outside the integers");
-  }
   std::size_t checked(std::size_t slot) const {
     MNIST_CHECK(slot < slots_, ExitCode::kRuntime, "fixed point: no slot " + std::to_string(slot));
     return slot;
