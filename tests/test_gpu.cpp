@@ -672,7 +672,7 @@ TEST_F(Gpu, GraphedStepsGiveTheUngraphedBits) {
 // holds the same values).
 struct NcclRig {
   NcclRig(int gpu, std::int64_t n) : mpi(make_mpi_communicator(MPI_COMM_WORLD)), be(make_cuda_backend(gpu, GpuPrecision::kFp32)) {
-    nccl = be->make_gradient_communicator(*mpi, n, false);
+    nccl = be->make_gradient_communicator(*mpi, n, false, /*integer_sums=*/true);
     if (!nccl) return;
     nccl->connect();
     host.resize(static_cast<std::size_t>(n));

@@ -37,6 +37,8 @@ std::unique_ptr<HostCopy> Backend::make_host_copy(std::vector<float*> buffers, s
 }
 
 // A host backend's gradients are in host memory, which the world communicator sums itself.
-std::unique_ptr<Communicator> Backend::make_gradient_communicator(Communicator&, std::int64_t, bool) { return nullptr; }
+std::unique_ptr<Communicator> Backend::make_gradient_communicator(Communicator&, std::int64_t, bool, bool) {
+  return nullptr;
+}
 
 }  // namespace mnist_mpi

@@ -175,7 +175,7 @@ int Trainer::set_up_backend(const GpuProbe& gpus) {
   MNIST_CHECK(!opt_.cuda_graph || !shared_gpus_, ExitCode::kUsage,
               "--cuda-graph with ranks sharing a GPU: they sum through host memory, which a CUDA graph cannot capture; "
               "drop --cuda-graph or run one rank per GPU");
-  gpu_comm_ = backend_->make_gradient_communicator(comm_, spec_.param_count, shared_gpus_);
+  gpu_comm_ = backend_->make_gradient_communicator(comm_, spec_.param_count, shared_gpus_, opt_.exact_sums);
   grad_comm_ = gpu_comm_ ? gpu_comm_.get() : &comm_;
   return threads;
 }

@@ -204,8 +204,10 @@ class Backend {
   // host collective; it must be destroyed before this backend. null: sum the gradients with
   // `world` itself (the CPU). The CUDA backend returns NCCL's, or, when ranks share a GPU
   // (shared_device: NCCL needs one GPU per rank), one that sums through host memory with `world`.
+  // integer_sums (--exact-sums): it also sums param_count + 2 int64 (the staged one makes their
+  // buffer then, and only then).
   virtual std::unique_ptr<Communicator> make_gradient_communicator(Communicator& world, std::int64_t param_count,
-                                                                   bool shared_device);
+                                                                   bool shared_device, bool integer_sums);
 };
 
 }  // namespace mnist_mpi

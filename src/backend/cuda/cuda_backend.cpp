@@ -478,8 +478,8 @@ class CudaBackend final : public Backend {
   // Made here, so that the communicator gets this backend's context (its compute stream and wait
   // hook) directly.
   std::unique_ptr<Communicator> make_gradient_communicator(Communicator& world, std::int64_t param_count,
-                                                           bool shared_device) override {
-    if (shared_device) return make_staged_communicator(world, *this, c_, param_count);
+                                                           bool shared_device, bool integer_sums) override {
+    if (shared_device) return make_staged_communicator(world, *this, c_, param_count, integer_sums);
     return make_nccl_communicator(world, c_);
   }
 

@@ -120,9 +120,10 @@ struct TensorDesc {
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Context& c);
 // Ranks sharing a GPU: float collectives of at most `capacity` elements copied to host memory
 // through `backend` and summed by `host`.
-// Its int64 sums (--exact-sums) are staged through c's stream the same way.
+// Its int64 sums (--exact-sums: integer_sums, capacity + 2 of them) are staged through c's stream
+// the same way.
 std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, Context& c,
-                                                       std::int64_t capacity);
+                                                       std::int64_t capacity, bool integer_sums);
 
 // Layer factories (one file each).
 std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, int index, const LayerBuffers& b, bool training);

@@ -251,12 +251,13 @@ class StagedCommunicator final : public HostForwarding {
  public:
   using HostForwarding::allreduce_sum;  // the host overloads, next to this class's float ones
   using HostForwarding::broadcast;
-  StagedCommunicator(Communicator& host, Backend& backend, cuda::Context& c, std::int64_t capacity)
+  StagedCommunicator(Communicator& host, Backend& backend, cuda::Context& c, std::int64_t capacity,
+                     bool integer_sums)
       : HostForwarding(host),
         backend_(backend),
         c_(c),
         staging_(static_cast<std::size_t>(capacity)),
-        capacity_(capacity) {}
+        integers_(integer_sums ? static_cast<std::size_t>(capacity) + 2 : 0) {}
 
   std::string progress_mode() const override {
     return "copied to host memory and summed by MPI as each bucket is ready (ranks share GPUs)";
@@ -273,9 +274,6 @@ class StagedCommunicator final : public HostForwarding {
   }
   // The integers of --exact-sums: their own staging buffer (the bucket's, and the two counters).
   CommRequest start_allreduce_sum(std::span<std::int64_t> d) override {
-    // Made by the first sum of integers (the first step of an --exact-sums run), so that a run
-    // without them does not hold 8 bytes a parameter for nothing.
-    if (integers_.empty()) integers_.resize(static_cast<std::size_t>(capacity_) + 2);
     MNIST_CHECK(d.size() <= integers_.size(), ExitCode::kRuntime, "staged collective larger than its buffer");
     std::span<std::int64_t> h(integers_.data(), d.size());
     copy(h.data(), d.data(), d.size_bytes(), cudaMemcpyDeviceToHost);
@@ -321,8 +319,7 @@ class StagedCommunicator final : public HostForwarding {
   Backend& backend_;
   cuda::Context& c_;
   std::vector<float> staging_;
-  std::int64_t capacity_;
-  std::vector<std::int64_t> integers_;  // --exact-sums: capacity_ + 2, made by the first sum of integers
+  std::vector<std::int64_t> integers_;  // --exact-sums only: capacity + 2
 };
 
 }  // namespace
@@ -334,8 +331,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Context
 }
 
 std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend, Context& c,
-                                                       std::int64_t capacity) {
-  return std::make_unique<StagedCommunicator>(host, backend, c, capacity);
+                                                       std::int64_t capacity, bool integer_sums) {
+  return std::make_unique<StagedCommunicator>(host, backend, c, capacity, integer_sums);
 }
 
 }  // namespace cuda
