@@ -1466,11 +1466,27 @@ TEST(Model, Bf16WeightCopiesAreRefreshedWhereTheParametersChanged) {
   pass(fresh, made, &lf);
   EXPECT_TRUE(same_bits(lk, lf)) << "logits after the refresh";
   EXPECT_TRUE(same_bits(g_kept, g_fresh)) << "gradients after the refresh";
-  // Changed without a refresh: the kept copies are stale, and a pass with copies_current reads them.
-  for (float& v : params) v *= 0.5f;
-  pass(kept, current, &lk);
-  pass(fresh, made, &lf);
-  EXPECT_FALSE(same_bits(lk, lf)) << "copies_current made the copies anyway: this test could not tell";
+  // Changed without a refresh, one kernel's weights at a time: its kept copy is stale, and a pass
+  // with copies_current reads it (a kernel that made its copy anyway would give the fresh logits).
+  for (const std::size_t w : {conv2_w, fc1_w}) {
+    pass(kept, made, &lk);  // every copy current
+    for (std::size_t i = w; i < w + 100; ++i) params[i] *= 0.5f;
+    pass(kept, current, &lk);
+    pass(fresh, made, &lf);
+    EXPECT_FALSE(same_bits(lk, lf)) << (w == conv2_w ? "the second convolution" : "the first fc")
+                                    << " made its copy with copies_current set";
+  }
+  // The fc layers' copies are plain: the optimiser's pass writes them (Step::update), which it can
+  // only do for the ranges the model names, exactly the fc weights.
+  std::vector<std::pair<const float*, const float*>> named, want;
+  for (const LayerKernel::PlainCopy& c : kept.plain_bf16_copies()) named.emplace_back(c.begin, c.end);
+  for (const ParamTensor& t : spec.params)
+    if (!t.is_bias && spec.layers[static_cast<std::size_t>(t.layer)].kind == LayerKind::kFc)
+      want.emplace_back(params.data() + t.offset, params.data() + t.offset + t.size);
+  std::sort(named.begin(), named.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(named, want) << "the plain copies are the fc weights";
+  ASSERT_EQ(want.size(), 2u);
   // A refresh makes again the part it names, not more: the first fc's weights [1000, 2000) changed
   // beside the first range, which alone is refreshed, and the copies are stale.
   pass(kept, made, &lk);  // every copy current again

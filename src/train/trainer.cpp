@@ -490,6 +490,7 @@ RunResult Trainer::run() {
       bits ^= 1u;
       std::memcpy(p, &bits, sizeof bits);
       params_copy_->to_backend();
+      train_model_->refresh_copies(params_->data(), params_->data() + 1);  // Note [Weight copies kept between passes]
     }
 
     monitor_->on_step(step, r.timing, r.end);

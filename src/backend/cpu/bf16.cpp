@@ -170,7 +170,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) i
 // One image x (H, W) fp32 into xp: rows x cols bf16, zero around it.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pad_image(const Geometry& g, const float* x,
                                                                                std::uint16_t* xp) {
-  std::memset(xp, 0, static_cast<std::size_t>(g.rows) * g.cols * sizeof(std::uint16_t));
+  // Only the image is written: the border (the padding) stays the zeros the scratch was made with.
   for (int r = 0; r < g.H; ++r)
     for (int c = 0; c < g.W; c += 16) {
       const __mmask16 m = static_cast<__mmask16>(g.W - c >= 16 ? 0xffff : (1u << (g.W - c)) - 1);
@@ -318,10 +318,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void weight_grad
   const std::int64_t in = static_cast<std::int64_t>(g.H) * g.W, plane = static_cast<std::int64_t>(g.OH) * g.OW * kB,
                      pplane = static_cast<std::int64_t>(g.PH) * g.PW * kB;
   std::fill(partial, partial + static_cast<std::int64_t>(blocks) * KH * KW * kB, 0.0);
-  for (int ob = 0; ob < blocks; ++ob) {
-    double* part = partial + static_cast<std::int64_t>(ob) * KH * KW * kB;
-    for (std::int64_t n = first; n < last; ++n) {
-      pad_image(g, x + n * in, xp);
+  for (std::int64_t n = first; n < last; ++n) {
+    pad_image(g, x + n * in, xp);  // once for every block (each block's sums still take the images in order)
+    for (int ob = 0; ob < blocks; ++ob) {
+      double* part = partial + static_cast<std::int64_t>(ob) * KH * KW * kB;
       __m512 acc[KH * KW];
       for (auto& a : acc) a = _mm512_setzero_ps();
       __m512 bsum = _mm512_setzero_ps();
@@ -362,7 +362,7 @@ FirstConvBf16::FirstConvBf16(const LayerSpec& conv, int threads) : threads_(thre
 void FirstConvBf16::forward(const FirstConvForward& f, int batch, float* y, std::int32_t* arg) {
   const LayerSpec& l = f.l;
   std::uint16_t* wp = packed_.data();
-  pack(l, f.w, wp);
+  pack(l, f.w, wp);  // every pass, unlike the other copies: 400 or 800 weights, less than tracking them
   const Geometry g = geometry(l);
   const std::int64_t in = static_cast<std::int64_t>(l.in.h) * l.in.w, out = l.out.size() / 4;
   // Samples are independent: shared out among the threads in fixed chunks (same bits for any count).

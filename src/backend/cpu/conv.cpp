@@ -670,6 +670,19 @@ class Conv final : public LayerKernel {
       }
       return;
     }
+    // Note [The first convolution's weight gradient in bf16] in src/backend/cpu/bf16.cpp: the
+    // weights' and the bias's gradient in one loop of our own; oneDNN's is not built.
+    if (first && c.fuse.bf16 && b.y_layout == Layout::kBlocked16 && first_conv_weight_grad_bf16_fits(l)) {
+      bf16_grad_.emplace(l, std::max(1, omp_get_max_threads()));
+      if (c.fuse.pool_gradient) {  // a pool after it may hand its gradient over, a ReLU's mask too
+        pooled_ = &c.pooled[b.dy];
+        pooled_->reads_mask = true;
+      }
+      desc_ += ", bwd-weights own bf16 loop with the bias";
+      l_ = l;
+      b_ = b;
+      return;
+    }
     if (b.y_layout != Layout::kPlain) {
       // Note [Bias gradient of a blocked convolution]
       // oneDNN 2.6's jit backward-weights sums the bias gradient in baseline C++ (SSE, perf: ~5 % of
@@ -680,18 +693,7 @@ class Conv final : public LayerKernel {
                                                    strides, pad_l, pad_r),
           user_scratchpad(), c.engine, fwd);
       if (!is_ref(impl(bw_nb))) {
-        // Note [The first convolution's weight gradient in bf16] in src/backend/cpu/bf16.cpp
-        const bool own_bf16 =
-            first && c.fuse.bf16 && b.y_layout == Layout::kBlocked16 && first_conv_weight_grad_bf16_fits(l);
-        if (own_bf16) {
-          bf16_grad_.emplace(l, std::max(1, omp_get_max_threads()));
-          if (c.fuse.pool_gradient) {  // a pool after it may hand its gradient over, a ReLU's mask too
-            pooled_ = &c.pooled[b.dy];
-            pooled_->reads_mask = true;
-          }
-        }
-        desc_ += ", bwd-weights " +
-                 (own_bf16 ? std::string("own bf16 loop with the bias") : impl(bw_nb) + " + own bias sum");
+        desc_ += ", bwd-weights " + impl(bw_nb) + " + own bias sum";
         dw_ = maybe_reorder(c, wrap(c, wei, tag::oihw, b.dw), bw_nb.diff_weights_desc(), false);
         bwd_weights_ = bind<dnnl::convolution_backward_weights>(c, bw_nb,
                                                                 {{DNNL_ARG_SRC, wrap(c, src, src_tag, b.x)},
@@ -732,11 +734,11 @@ class Conv final : public LayerKernel {
     const auto db = [&] {
       return b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w;
     };
+    if (bf16_grad_) {  // the weights' and the bias's gradient
+      bf16_grad_->run(b_.batch, b_.x, b_.dy, pooled_ ? *pooled_ : PooledGradient{}, b_.dw, db());
+      return;
+    }
     if (bwd_weights_) {
-      if (bf16_grad_) {  // the weights' and the bias's gradient
-        bf16_grad_->run(b_.batch, b_.x, b_.dy, pooled_ ? *pooled_ : PooledGradient{}, b_.dw, db());
-        return;
-      }
       bwd_weights_->run(c_);
       dw_.run(c_);
       if (own_bias_ && !pool_wrote_dy) {

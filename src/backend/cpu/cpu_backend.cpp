@@ -358,9 +358,8 @@ class CpuBackend final : public Backend {
 // layer's starting with "bf16".
 bool cpu_has_bf16() {
   unsigned a = 0, b = 0, c = 0, d = 0;
-  const bool avx512_bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5)) != 0;  // CPUID.7.1:EAX[5]
-  const bool amx_bf16 = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) != 0;    // CPUID.7.0:EDX[22]
-  return avx512_bf16 || amx_bf16;
+  const bool amx_bf16 = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) != 0;  // CPUID.7.0:EDX[22]
+  return cpu::cpu_has_avx512_bf16() || amx_bf16;
 }
 
 std::unique_ptr<Backend> make_cpu_backend(int threads, CpuFusions fuse) {

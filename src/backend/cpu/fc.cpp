@@ -124,7 +124,6 @@ class Fc final : public BoundLayer {
   void backward(const StepContext& ctx) override {
     if (dy_to_bf16_) {
       dy_to_bf16_->run(c_);
-      w_bwd_.run(c_);
       BoundLayer::backward(ctx);
       dw_mem_.run(c_);
       return;
@@ -209,10 +208,13 @@ class Fc final : public BoundLayer {
       dnnl::inner_product_backward_data::primitive_desc bd(
           dnnl::inner_product_backward_data::desc(src_f, wei_bf, dst_bf), user_scratchpad(), c_.engine, fwd);
       desc_ += ", bwd-data " + impl(bd);
-      w_bwd_ = weights_for_backward_data(c_, w_fwd_, user_w, bd.weights_desc());
+      // The same plain copy as the forward's, kept as it is (a reorder of its own would be made
+      // again every backward, whatever copies_current says).
+      MNIST_CHECK(bd.weights_desc() == wei_bf, ExitCode::kRuntime,
+                  "bf16 fc: oneDNN asked for other backward-data weights than plain bf16");
       bwd_data_ = bind<dnnl::inner_product_backward_data>(c_, bd,
                                                           {{DNNL_ARG_DIFF_DST, dy_bf},
-                                                           {DNNL_ARG_WEIGHTS, w_bwd_.mem},
+                                                           {DNNL_ARG_WEIGHTS, w_fwd_.mem},
                                                            {DNNL_ARG_DIFF_SRC, wrap(c_, src, tag::nc, b.dx)}});
     }
     dnnl::inner_product_backward_weights::primitive_desc bw(
@@ -227,7 +229,7 @@ class Fc final : public BoundLayer {
          {DNNL_ARG_DIFF_BIAS, wrap(c_, bia, tag::x, b.dw + (bias - b.w))}});
   }
 
-  MaybeReorder w_fwd_, w_bwd_, dw_mem_;          // --precision bf16: W's bf16 copy, dW back to (O, I)
+  MaybeReorder w_fwd_, dw_mem_;                  // --precision bf16: W's bf16 copy, dW back to (O, I)
   const float* w_ = nullptr;                     // --precision bf16: W (O, I) ...
   std::uint16_t* w_bf_ = nullptr;                // ... and its copy, in w_fwd_
   std::optional<Bound> x_to_bf16_, dy_to_bf16_;  // --precision bf16

@@ -308,7 +308,7 @@ class MaxPool final : public LayerKernel {
       relu_ = true;
       // Note [A pool's gradient straight into bf16]
       if (const auto g = c.bf16_gradient.find(dx_);
-          c.fuse.bf16 && plain_y_tiles_ && bx_ == 16 && g != c.bf16_gradient.end() && g->second.dy != nullptr) {
+          c.fuse.bf16 && plain_y_tiles_ && bx_ == 16 && g != c.bf16_gradient.end()) {
         g->second.taken = true;
         bf16_gradient_ = &g->second;
         bias_acc_.assign(static_cast<std::size_t>(threads_) * l.in.c, 0.0);
