@@ -724,6 +724,15 @@ void step_on(Model& m, Backend& be, const std::vector<float>& x, const std::vect
   return ::testing::AssertionSuccess();
 }
 
+// Layer `layer`'s weight (or bias) tensor; Error when it has none.
+const ParamTensor& param_of(const ModelSpec& spec, int layer, bool is_bias) {
+  const auto t = std::find_if(spec.params.begin(), spec.params.end(),
+                              [&](const ParamTensor& p) { return p.layer == layer && p.is_bias == is_bias; });
+  MNIST_CHECK(t != spec.params.end(), ExitCode::kRuntime,
+              "layer " + std::to_string(layer) + " has no " + (is_bias ? "bias" : "weight"));
+  return *t;
+}
+
 TEST(BlockedLayouts, PoolGradientIntoFirstConvIsBitwiseTheSame) {
   struct Case {
     std::string model;
@@ -768,11 +777,9 @@ TEST(BlockedLayouts, PoolGradientIntoFirstConvIsBitwiseTheSame) {
       for (Model* m : {&fused, &apart}) step_on(*m, *fused_be, x, labels, k.batch);
       ASSERT_TRUE(same_bits(g_fused, g_apart)) << "gradients";
       // Not vacuous: the first convolution's weight gradient is not zero.
-      const auto first = std::find_if(spec.params.begin(), spec.params.end(),
-                                      [](const ParamTensor& p) { return p.layer == 0 && !p.is_bias; });
-      ASSERT_NE(first, spec.params.end());
-      const auto w0 = g_fused.begin() + first->offset;
-      EXPECT_TRUE(std::any_of(w0, w0 + first->size, [](float v) { return v != 0.0f; }));
+      const ParamTensor& first = param_of(spec, 0, false);
+      const auto w0 = g_fused.begin() + first.offset;
+      EXPECT_TRUE(std::any_of(w0, w0 + first.size, [](float v) { return v != 0.0f; }));
     }
   }
 }
@@ -874,8 +881,7 @@ TEST(BlockedLayouts, FirstConvReluPoolInBf16) {
     // The first convolution's weights and the image already bf16 (the pass rounds them again, to
     // themselves): the unfused model's fp32 convolution then sums the same products, in another
     // order, and the two differ by fp32 rounding alone, not by bf16's.
-    const ParamTensor& w0 = *std::find_if(spec.params.begin(), spec.params.end(),
-                                          [](const ParamTensor& t) { return t.layer == 0 && !t.is_bias; });
+    const ParamTensor& w0 = param_of(spec, 0, false);
     std::transform(params.begin() + w0.offset, params.begin() + w0.offset + w0.size, params.begin() + w0.offset, bf);
     std::vector<float> g_fused(params.size(), 7.0f), g_apart(params.size(), 3.0f);
     Model fused(spec, k.batch, *fused_be, params.data(), g_fused.data());
@@ -895,11 +901,7 @@ TEST(BlockedLayouts, FirstConvReluPoolInBf16) {
     const LayerSpec& conv = spec.layers[0];
     const Shape pooled = spec.activation(3);
     const std::int64_t taps = static_cast<std::int64_t>(conv.kernel_h) * conv.kernel_w;
-    const auto tensor = [&](bool is_bias) {
-      return params.data() + std::find_if(spec.params.begin(), spec.params.end(), [&](const ParamTensor& t) {
-                               return t.layer == 0 && t.is_bias == is_bias;
-                             })->offset;
-    };
+    const auto tensor = [&](bool is_bias) { return params.data() + param_of(spec, 0, is_bias).offset; };
     const float *w = tensor(false), *bias = tensor(true);
     std::vector<double> want(static_cast<std::size_t>(k.batch) * pooled.size());
     for (int n = 0; n < k.batch; ++n)
@@ -968,8 +970,7 @@ TEST(BlockedLayouts, FirstConvReluPoolInBf16) {
                     d * x[static_cast<std::size_t>((n * k.input.h + ih) * k.input.w + iw)];
               }
           }
-    const ParamTensor& b0 = *std::find_if(spec.params.begin(), spec.params.end(),
-                                          [](const ParamTensor& t) { return t.layer == 0 && t.is_bias; });
+    const ParamTensor& b0 = param_of(spec, 0, true);
     for (const auto& [t, ref_sum] : {std::pair{&w0, &dw_want}, std::pair{&b0, &db_want}}) {
       const std::vector<float> w32(ref_sum->begin(), ref_sum->end());
       const Distance ref = distance(w32.data(), g_apart.data() + t->offset, t->size);
@@ -1003,10 +1004,8 @@ TEST(BlockedLayouts, Bf16FirstConvReadsAPoolWithoutAReLU) {
   const std::vector<std::int32_t> labels{2, 5, 8};
   for (Model* m : {&fused, &apart}) step_on(*m, *fused_be, x, labels, batch);
   EXPECT_TRUE(same_bits(g_fused, g_apart)) << "gradients";
-  const auto w0 = std::find_if(spec.params.begin(), spec.params.end(),
-                               [](const ParamTensor& t) { return t.layer == 0 && !t.is_bias; });
-  ASSERT_NE(w0, spec.params.end());
-  EXPECT_TRUE(std::any_of(g_fused.begin() + w0->offset, g_fused.begin() + w0->offset + w0->size,
+  const ParamTensor& w0 = param_of(spec, 0, false);
+  EXPECT_TRUE(std::any_of(g_fused.begin() + w0.offset, g_fused.begin() + w0.offset + w0.size,
                           [](float v) { return v != 0.0f; }));
 }
 
