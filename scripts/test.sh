@@ -1,49 +1,70 @@
 #!/usr/bin/env bash
 # The whole test suite: set up (packages, build), fetch MNIST (for the real-data test), then CTest:
-# unit tests, multi-rank tests under mpirun with 1, 2 and 3 ranks, and end-to-end tests. Then
-# (issue 8) the suite again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan; all but
-# the slurm, gpu and model_use labels),
-# the rank's threads under ThreadSanitizer (build-tsan), and each libFuzzer target for a bounded
-# time (build-fuzz, clang). MNIST_MPI_SANITIZERS=0 runs only the normal suite. Arguments go to
-# the normal suite's ctest.
+# unit tests, multi-rank tests under mpirun with 1 to 4 ranks, and end-to-end tests. Then the suite
+# again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan; all but the slurm, gpu and
+# model_use labels), the rank's threads under ThreadSanitizer (build-tsan), and each libFuzzer
+# target for a bounded time (build-fuzz, clang). Prints each stage's time at the end.
+# MNIST_MPI_SANITIZERS=0 runs only the normal suite. Arguments go to the normal suite's ctest.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-scripts/setup.sh
+
+times=()
+t0=$(date +%s)
+last=$t0
+stage() {  # closes the stage before (its time) and names the next
+  local now
+  now=$(date +%s)
+  [ -z "${current:-}" ] || times+=("$(printf '  %-58s %4d s' "$current" $((now - last)))")
+  current=$1
+  last=$now
+  [ -z "$1" ] || echo "== $1 ($(date +%T))"
+}
+summary() {
+  stage ""
+  echo "== stage times"
+  printf '%s\n' "${times[@]}"
+  printf '  %-58s %4d s\n' "total" $(($(date +%s) - t0))
+}
+trap summary EXIT
+
+stage "set-up: packages and the build (scripts/setup.sh test)"
+scripts/setup.sh test
+stage "MNIST (scripts/fetch_mnist.sh)"
 scripts/fetch_mnist.sh
+stage "the suite: build/"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Two tests at a time (the whole suite passed so with -j2 here, Slurm tests serialised by RESOURCE_LOCK).
 ctest --test-dir build --output-on-failure --timeout 900 -j"$(nproc)" "$@"
 [ "${MNIST_MPI_SANITIZERS:-1}" = 1 ] || exit 0
 
 jobs=$(nproc)
-stage() { echo "== $1 ($(date +%T))"; }
 supp="$root/tests/sanitizers"
 
-stage "AddressSanitizer + UndefinedBehaviorSanitizer: build-asan, the whole suite"
-(
-  # Full malloc stacks (Open MPI's libraries have no frame pointers) and components kept loaded,
-  # so that the leak suppressions match MPI_Init's frames. Exported for the build too: it runs
-  # unit_tests (MPI_Init) to list the tests.
-  export OMPI_MCA_mca_base_component_disable_dlclose=1
-  export ASAN_OPTIONS="detect_leaks=1:fast_unwind_on_malloc=0:detect_odr_violation=0"
-  export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
-  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp"
-  # CPU code only (nvcc takes no -fsanitize, and nothing runs CUDA here); the Slurm tests exercise
-  # the job scripts, not the program, and the gpu tests only skip here: both stay in the normal run.
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DMNIST_MPI_CUDA=OFF -DMNIST_MPI_SANITIZE=address,undefined >/dev/null
-  cmake --build build-asan -j"$jobs"
-  ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs" -LE "slurm|gpu|model_use"
-)
+# Full malloc stacks (Open MPI's libraries have no frame pointers) and components kept loaded, so
+# that the leak suppressions match MPI_Init's frames. Set for the build too: it runs unit_tests
+# (MPI_Init) to list the tests.
+asan_env=(OMPI_MCA_mca_base_component_disable_dlclose=1
+          ASAN_OPTIONS="detect_leaks=1:fast_unwind_on_malloc=0:detect_odr_violation=0"
+          LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
+          UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp")
+# CPU code only (nvcc takes no -fsanitize, and nothing runs CUDA here); the Slurm tests exercise
+# the job scripts, not the program, and the gpu tests only skip here: both stay in the normal run.
+stage "AddressSanitizer + UndefinedBehaviorSanitizer: build-asan"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DMNIST_MPI_CUDA=OFF -DMNIST_MPI_SANITIZE=address,undefined >/dev/null
+env "${asan_env[@]}" cmake --build build-asan -j"$jobs"
+stage "AddressSanitizer + UndefinedBehaviorSanitizer: the suite"
+env "${asan_env[@]}" ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs" -LE "slurm|gpu|model_use"
 
-stage "ThreadSanitizer: build-tsan, thread_tests on 2 and 3 ranks"
+stage "ThreadSanitizer: build-tsan (thread_tests)"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Release -DMNIST_MPI_CUDA=OFF -DMNIST_MPI_SANITIZE=thread >/dev/null
 cmake --build build-tsan -j"$jobs" --target thread_tests
+stage "ThreadSanitizer: thread_tests on 2 and 3 ranks"
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp" \
   ctest --test-dir build-tsan --output-on-failure --timeout 600 -L threads
 
-stage "libFuzzer: build-fuzz, each target for its bounded time"
+stage "libFuzzer: build-fuzz"
 cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DMNIST_MPI_FUZZ=ON >/dev/null
 cmake --build build-fuzz -j"$jobs"
+stage "libFuzzer: each target for its bounded time"
 ctest --test-dir build-fuzz --output-on-failure -L fuzz
-stage "done"

@@ -4,9 +4,11 @@
 // is written; the file is written to a temporary name and renamed, so it is whole or absent.
 #include "mnist_mpi/export/onnx_export.hpp"
 
+#if MNIST_MPI_HAVE_ONNX
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
+#endif
 
 #include <bit>
 #include <boost/program_options.hpp>
@@ -33,6 +35,7 @@ constexpr const char* kInputName = "image";
 constexpr const char* kLogitsName = "logits";
 constexpr const char* kProbabilitiesName = "probabilities";
 
+#if MNIST_MPI_HAVE_ONNX
 void set_ints(onnx::NodeProto& node, const char* name, std::initializer_list<std::int64_t> values) {
   onnx::AttributeProto* a = node.add_attribute();
   a->set_name(name);
@@ -137,10 +140,14 @@ void vet(onnx::ModelProto& model) {
   }
 }
 
+#endif  // MNIST_MPI_HAVE_ONNX
+
 // Note [Whole or absent] (include/mnist_mpi/io/file_kind.hpp): the model file is whole or absent.
 constexpr const char* kOnnxTempSuffix = ".tmp";
 
 }  // namespace
+
+#if MNIST_MPI_HAVE_ONNX
 
 void check_onnx_exportable(const ModelSpec& spec) {
   std::int64_t bytes = 0;
@@ -254,6 +261,18 @@ OnnxExport export_onnx(const Checkpoint& ck) {
   MNIST_CHECK(model.SerializeToString(&out.bytes), ExitCode::kRuntime, "protobuf could not serialize the ONNX model");
   return out;
 }
+
+#else
+
+void check_onnx_exportable(const ModelSpec&) {}
+
+OnnxExport export_onnx(const Checkpoint&) {
+  throw_error(ExitCode::kUsage,
+              "this mnist_mpi was built without ONNX (libonnx-dev and libprotobuf-dev were missing when it was "
+              "configured): run `bash scripts/setup.sh use`, which installs them and rebuilds, then export again");
+}
+
+#endif  // MNIST_MPI_HAVE_ONNX
 
 int export_onnx_main(int argc, char** argv) {
   std::string checkpoint, onnx_path;

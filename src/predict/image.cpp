@@ -3,7 +3,9 @@
 // look like an MNIST digit is src/predict/mnist_style.cpp.
 #include "mnist_mpi/predict/image.hpp"
 
+#if MNIST_MPI_HAVE_PNG
 #include <png.h>
+#endif
 
 #include <cctype>
 #include <cerrno>
@@ -35,6 +37,7 @@ void check_size(std::int64_t w, std::int64_t h, const char* format) {
               "scale it down first");
 }
 
+#if MNIST_MPI_HAVE_PNG
 // Note [Grey from colour and alpha]
 // Colour becomes grey as ITU-R BT.601 luma (0.299 R + 0.587 G + 0.114 B, what PIL's convert("L")
 // computes) on the sample values as stored: no gamma curve, because MNIST's pixels are plain
@@ -151,6 +154,17 @@ GreyImage decode_png(std::span<const std::uint8_t> bytes) {
   img.format = "PNG " + std::to_string(source_depth) + "-bit " + (color >= 0 && color <= 6 ? kColour[color] : "?");
   return img;
 }
+
+#else
+
+GreyImage decode_png(std::span<const std::uint8_t>) {
+  throw_error(ExitCode::kUsage,
+              "this mnist_mpi was built without libpng (libpng-dev was missing when it was configured), so it "
+              "reads PGM images only: convert the image to PGM, or run `bash scripts/setup.sh use`, which "
+              "installs libpng-dev and rebuilds");
+}
+
+#endif  // MNIST_MPI_HAVE_PNG
 
 // ---- PGM -------------------------------------------------------------------------------------
 
