@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# --precision bf16 against fp32 on this CPU, side by side (issue 29 part 2): for each seed, the
+# --precision bf16 against fp32 on this CPU, side by side: for each seed, the
 # recipe's whole budget in fp32 and then in bf16 (alternating, so both see the same load), and per
 # run the test accuracy, the steady images/s (the final metrics event) and the wall time from start
 # to exit. Then per precision the mean test accuracy and the median wall, and the bf16/fp32 ratio of

@@ -3,7 +3,7 @@
 # and tiny, on N ranks (default 2), alternating REPEAT times; prints the medians of images/s, the
 # ratio to the default mode, the time split of a step (forward, backward with the conversions to
 # fixed point, exposed communication, optimizer with the conversion back) and the params_hash.
-# Issue 28's goals: lenet >= 0.75 and tiny >= 0.9 of the default mode.
+# The targets: lenet >= 0.75 and tiny >= 0.9 of the default mode's images/s.
 #   bench/exact_sums.sh [RANKS] [STEPS] [REPEAT]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

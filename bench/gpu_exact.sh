@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 28's GPU part, prepared to run on the GPU machine in one call, after scripts/gpu_check.sh
+# The cost of --exact-sums on a GPU, in one command on the GPU machine, after scripts/gpu_check.sh
 # (it reuses the bundle that left unpacked, or unpacks .gpu_bundle itself, and gpu_check's
 # environment): lenet on one GPU, 1 rank, the default mode against --exact-sums with chunks of 10
 # and of 50, in turn, ROUNDS times (no --cuda-graph: the exact mode refuses it, so the default runs
 # without it too); then --exact-sums with chunks of 10 on 2 ranks (one GPU each where there are
 # two, else both on the one GPU, summed through host memory), sharded and not. Prints the median
-# images/s of each, the ratio to the default mode (issue 28's goal on a GPU: at least 0.9), the
+# images/s of each, the ratio to the default mode (the target on a GPU: at least 0.9), the
 # step's time split, and every run's params_hash: the exact runs with chunks of 10 must all give
 # the same one. Everything goes to $OUT/gpu_exact.txt too.
 #
@@ -73,5 +73,5 @@ for n, es in runs.items():
 hashes = {e["params_hash"] for n in ("exact10", "exact10_2ranks", "exact10_2ranks_sharded") for e in runs[n]}
 print("exact sums, chunks of 10, on 1 and 2 ranks, sharded and not:",
       "ONE params_hash" if len(hashes) == 1 else f"{len(hashes)} different params_hash values: FAIL")
-print("issue 28's goal on a GPU: --exact-sums at least 0.9 of the default mode's images/s")
+print("target on a GPU: --exact-sums at least 0.9 of the default mode's images/s")
 PY

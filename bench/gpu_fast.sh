@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 29 part 4, prepared to run on the GPU machine in one call, after scripts/gpu_check.sh (it
+# The fast recipe on a GPU, in one command on the GPU machine, after scripts/gpu_check.sh (it
 # reuses the bundle that left unpacked, or unpacks .gpu_bundle itself, and gpu_check's
 # environment): the fast recipe (configs/fast.ini, its whole budget, data resident on the GPU,
 # --cuda-graph) on one GPU in fp32, tf32 and bf16 for each seed, then PyTorch eager on the same
@@ -9,7 +9,7 @@
 # 5,000 images; PyTorch: first step to last, synchronised, which holds cudnn.benchmark's tuning in
 # its first steps: its time from the second step on is in the tsv's note), test accuracy,
 # images/s. Then per implementation and precision: the median training time, the mean test
-# accuracy, and PyTorch's time over ours. Issue 29's goal: training at most 0.25 s and mean test
+# accuracy, and PyTorch's time over ours. The target: training at most 0.25 s and mean test
 # accuracy at least 99 %. Everything goes to $OUT/gpu_fast.tsv and $OUT/gpu_fast.txt too.
 #
 #   bench/gpu_fast.sh [SEEDS]     # default "1 2 3 4 5"; about 3 minutes on an H200 (estimate)
@@ -96,5 +96,5 @@ for prec in ("fp32", "tf32", "bf16"):
     ours, theirs = med.get(("mnist_mpi", prec)), med.get(("pytorch", prec))
     if ours and theirs and ours == ours and theirs == theirs:
         print(f"{prec}: PyTorch eager / mnist_mpi training time = {theirs / ours:.2f}x")
-print("issue 29's goal: mnist_mpi's training at most 0.25 s, mean test accuracy at least 99 %")
+print("target: mnist_mpi's training at most 0.25 s, mean test accuracy at least 99 %")
 PY

@@ -9,7 +9,7 @@
 #                             [--ours-only | --pytorch-only]
 #
 # Run from the repository root. Without --target each run trains the config's whole budget (its
-# epochs) and the figure is the wall time of that run with its test accuracy (issue 29: the fast
+# epochs) and the figure is the wall time of that run with its test accuracy (e.g. the fast
 # recipe, seeds 1-5). With --target both sides stop by one rule: the ranks evaluate the validation
 # split (the last 5000 training images) every N steps and at each epoch's end, and every rank stops
 # when it reaches A; E epochs is the cap. Each round runs ours, then PyTorch. Printed per run and
