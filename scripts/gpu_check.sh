@@ -14,7 +14,7 @@
 #   scripts/gpu_check.sh run    # THERE, in the repo root, with .gpu_bundle carried: the stages below,
 #                               # then a summary.
 #
-# The GPU machine is lent for commands of at most 600 s and a few minutes in all, so `run` keeps
+# The GPU machine takes commands of at most 600 s and a few minutes in all, so `run` keeps
 # to a budget. Each stage has its own timeout (the table), cut to what is left of the total
 # (total_s); a stage with less than min_stage_s left is not started and is reported "not run: out
 # of time". Every stage prints "== stage NAME start (budget N s)" and "== stage NAME end:

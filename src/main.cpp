@@ -23,6 +23,20 @@
 
 using namespace mnist_mpi;
 
+// The commands that run as one process, without MPI; `train` is the rest of main(). Each is listed
+// in kCommandList (include/mnist_mpi/config/options.hpp) for --help: tests/check_commands.sh
+// checks that every name here is there, in --help and in docs/usage.md.
+struct Subcommand {
+  const char* name;
+  int (*main)(int, char**);
+};
+constexpr Subcommand kSubcommands[] = {
+    {"evaluate", evaluate_checkpoint_main},
+    {"export", export_onnx_main},
+    {"predict", predict_main},
+    {"report", report_main},
+};
+
 // Note [Ending every rank]
 // Setup (options, data files, model spec, kernels) does only local work, so each rank can fail on
 // its own (a file missing on one node) without any rank blocking in a collective. At the end of
@@ -48,10 +62,9 @@ int main(int argc, char** argv) {
     --argc;
     ++argv;
   }
-  if (argc >= 2 && std::string(argv[1]) == "evaluate") return evaluate_checkpoint_main(argc - 1, argv + 1);
-  if (argc >= 2 && std::string(argv[1]) == "export") return export_onnx_main(argc - 1, argv + 1);
-  if (argc >= 2 && std::string(argv[1]) == "predict") return predict_main(argc - 1, argv + 1);
-  if (argc >= 2 && std::string(argv[1]) == "report") return report_main(argc - 1, argv + 1);
+  if (argc >= 2)
+    for (const Subcommand& c : kSubcommands)
+      if (std::string(argv[1]) == c.name) return c.main(argc - 1, argv + 1);
   install_preemption_handlers();  // first: a signal during start-up must not kill a rank either
   // A closed pipe on stdout is an output that cannot be written (exit 7), not a reason to die.
   std::signal(SIGPIPE, SIG_IGN);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The HTML report where it is used (issue 30 part 4): headless Chromium (Debian's `chromium`,
+# The HTML report where it is used: headless Chromium (Debian's `chromium`,
 # installed by scripts/setup.sh) lays out the training-time report (--report, 2 ranks, one of them
 # slowed) and a `mnist_mpi report` of two runs, and tests/browser/check_report.html checks what a
 # user sees: every chart there, as wide as the page, each series drawn, tick labels round and not

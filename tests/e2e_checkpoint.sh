@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end tests of checkpoints, resuming and preemption (issue 4), with the program as a user
+# End-to-end tests of checkpoints, resuming and preemption, with the program as a user
 # runs it: exact continuation (tiny, and lenet with dropout: 2N steps straight == N + resume + N,
 # bitwise), resuming on another number of ranks, signals on a rank and on mpirun (exit 75, then
 # --resume auto), every bad checkpoint (exit 4 on every rank, one message naming the file), failed

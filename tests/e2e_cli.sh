@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end tests of the program as a user runs it: --help and --version, a small 2-rank run and
-# its metrics file, and every bad input of issue 2 (bad options, missing / corrupt data, batch
+# its metrics file, and every bad input (bad options, missing / corrupt data, batch
 # sizes): one clear message, the documented exit code on every rank, and no hang (timeouts).
 # Usage: e2e_cli.sh MNIST_MPI MAKE_SYNTHETIC_MNIST REPO_ROOT
 set -uo pipefail
@@ -62,7 +62,7 @@ if grep -qE "cuda[A-Z][A-Za-z]+|CUDA call failed|error [0-9]+" "$work/err"; then
 else passed=$((passed + 1)); echo "ok   cuda_unavailable message is in words: $(grep "mnist_mpi: error" "$work/err")"; fi
 check bad_precision 2 "--precision must be fp32, tf32 or bf16" -- "${run2[@]}" "${base[@]}" --batch-size 10 --precision fp16
 check missing_config 2 "--config '$work/nope.ini' does not exist" -- "${run2[@]}" --config "$work/nope.ini"
-# Issue 13. Class 2: a --config that is a directory was ignored (the run went on with the defaults);
+# Hostile input: a --config that is a directory was ignored (the run went on with the defaults);
 # a FIFO blocked in open(). Class 8: a binary config wrote raw bytes, naming no file or line; a huge
 # value or --model gave a line of its size. Class 7: non-finite option values were accepted.
 mkdir "$work/dir.ini"
@@ -125,7 +125,7 @@ d=$(corrupt mismatch); "$make_data" "$work/other" 500 100; cp "$work/other/train
 check count_mismatch 3 "600.*500|500.*600" -- "${run2[@]}" --data-dir "$d" --batch-size 10
 d=$(corrupt missingfile); rm "$d/t10k-labels-idx1-ubyte"
 check missing_file 3 "t10k-labels-idx1-ubyte.*fetch_mnist.sh" -- "${run2[@]}" --data-dir "$d" --batch-size 10
-# Issue 13, class 2: what is there in place of an MNIST file is said, not "not found ... fetch it".
+# Hostile input: what is there in place of an MNIST file is said, not "not found ... fetch it".
 d=$(corrupt fifo); rm "$d/train-images-idx3-ubyte"; mkfifo "$d/train-images-idx3-ubyte"
 check data_file_is_a_fifo 3 "MNIST file '$d/train-images-idx3-ubyte' is a FIFO \(named pipe\), not a regular file; replace it" -- "${run2[@]}" --data-dir "$d" --batch-size 10
 d=$(corrupt devzero); rm "$d/t10k-images-idx3-ubyte"; ln -s /dev/zero "$d/t10k-images-idx3-ubyte"

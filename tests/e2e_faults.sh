@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the job does when something goes wrong on a cluster (issue 8), end to end on 2 ranks: a
+# What the job does when something goes wrong on a cluster, end to end on 2 ranks: a
 # rank killed, crashed, throwing, stopped (SIGSTOP) or hung at a given step (the MNIST_MPI_FAULT
 # testing hook), ranks started with different options (mpirun's MPMD form), and numerical
 # trouble (an injected NaN, a huge learning rate, --skip-nonfinite-steps). Each case checks the

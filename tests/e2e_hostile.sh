@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hostile cases of issue 13, end to end on 2 ranks: an error right after a thread has started
+# Hostile cases, end to end on 2 ranks: an error right after a thread has started
 # (Note [Threads are joined on every path]), a refused resume while the checkpoint writer runs,
 # FIFOs and directories where a checkpoint is expected (Note [Look before you open]), ranks that
 # disagree before the first collective (Note [Every rank takes part in the set-up agreement]),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Using a trained model (issue 17) on real MNIST: `mnist_mpi export` round trips for both shipped
+# Using a trained model on real MNIST: `mnist_mpi export` round trips for both shipped
 # configs, the blog's network with stride 2, asymmetric SAME and VALID padding, and a spec that
 # puts a conv after an fc, each checked by tests/check_onnx.py against `mnist_mpi evaluate`; then
 # `mnist_mpi predict` on test digits written as images (tests/predict_images.py) and on bad files.

@@ -2,8 +2,8 @@
 # Real MNIST: the blog's tiny network as configs/tiny.ini trains it (2 epochs) on 2 ranks must reach at least
 # 98 % test accuracy (98.2 % measured). It was 1 epoch and 97 %, which runs gave at 96.97-97.03 %:
 # one test image either side of the line, so any change of rounding flipped it.
-# Then the design card's first line of use, literally: `mpirun -np 2 ./mnist_mpi` in the build
-# directory, no options (issue 26): lenet's recipe, one epoch, the source tree's data; at least
+# Then the first run a user types, literally: `mpirun -np 2 ./mnist_mpi` in the build
+# directory, no options: lenet's recipe, one epoch, the source tree's data; at least
 # 97 % (98.4 % measured, 1.4 points of margin).
 # The data comes from scripts/fetch_mnist.sh (the README's test command runs it first).
 # Usage: e2e_real_mnist.sh MNIST_MPI REPO_ROOT

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end tests of issue 9 (seeing training): short runs on synthetic data with --tensorboard-dir,
+# End-to-end tests of seeing training: short runs on synthetic data with --tensorboard-dir,
 # --timeline and --report, checked by tests/check_observability.py against the run's metrics file;
 # the progress output on and off a terminal (a pty from util-linux's `script`); bad paths fail at
 # setup with exit 2; nothing is written that was not asked for; and an output that cannot be written
@@ -123,7 +123,7 @@ check_lost report_on_a_full_disk "the report (--report)" "$work/full" -- "${lost
 lost_stdout=/dev/full check_lost stdout_on_a_full_disk "standard output (progress and summary)" /dev/full -- \
   "$bin" "${base[@]}" --batch-size 25 --max-steps 4 --log-every 2
 
-# 9. Every rank's step times (issue 30; Note [Naming a straggler] in src/report/ranks.cpp): rank 1
+# 9. Every rank's step times (Note [Naming a straggler] in src/report/ranks.cpp): rank 1
 # sleeps 20 ms in every backward (MNIST_MPI_FAULT=1:slow:20) and is named, in the summary, in the
 # final event and in the report's per-rank chart (one bar per rank, its own marked); the "ranks"
 # events come at every log line with both ranks. An even run names none (300 steps: over 40, a
@@ -170,7 +170,7 @@ elif echo "the first even run: $(grep -o 'straggler: .*' "$out/even")" && even_r
   ok "an even run names no straggler (the second run; the first named one, above)"
 else bad "an even run named a straggler twice" "$out/even2"; fi
 
-# 10. `mnist_mpi report` (issue 30 part 3): the straggler run's and an even run's metrics files in one
+# 10. `mnist_mpi report`: the straggler run's and an even run's metrics files in one
 # page, each labelled (they share config and ranks, so the seed tells them apart); one file gives
 # the training-time report's charts. A truncated file, one from another version, one without its
 # final event and a missing --out are refused with one line naming the file and line (exit 3 / 2).

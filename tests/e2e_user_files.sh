@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 26, end to end: nothing the user gave is destroyed, and a first run starts the way the
-# design card says.
+# User files, end to end: nothing the user gave is destroyed, and a first run with no options
+# trains lenet on the data it finds.
 #  1. An output that names an input (or another output), by name, through a link, or named like a
 #     file the checkpointer writes: exit 2 on every rank, both options named, the input untouched
 #     (Note [No output is an input] in include/mnist_mpi/io/file_roles.hpp).

@@ -1,4 +1,4 @@
-// Unit tests of issue 8's small parts: the MNIST_MPI_FAULT parser, the finite-ness check, and
+// Unit tests of the fault handling's small parts: the MNIST_MPI_FAULT parser, the finite-ness check, and
 // which options must agree across ranks. (The faults themselves: tests/e2e_faults.sh.)
 #include <gtest/gtest.h>
 

@@ -395,7 +395,7 @@ TEST_F(IdxTest, LoadMnistValidationSizeBounds) {
               HasSubstr("< the training count 5"));
 }
 
-// ---- issue 13: paths that are not regular files (class 2), sizes from hostile headers (class 4) ----
+// ---- hostile input: paths that are not regular files, sizes from hostile headers ----
 
 // Runs f on a thread and returns its data error message; when f has not returned within 10 s (it
 // blocks in open() of the FIFO at `fifo`), fails the test and opens the FIFO for writing, which

@@ -101,7 +101,7 @@ TEST(Options, OrdinaryMistakesKeepBoostsMessage) {
   EXPECT_NE(msg.find("unrecognised option '--bogus'"), std::string::npos) << msg;
 }
 
-// Class 7 of issue 13: --lr inf, --beta1 nan, --momentum inf were accepted and the run failed at step
+// Hostile input: --lr inf, --beta1 nan, --momentum inf were accepted and the run failed at step
 // 2 naming no option. Every double option is checked for finiteness and range at parse time, on the
 // command line and in a --config file alike (Note [One check for every floating-point option]).
 TEST(Options, NonFiniteOrOutOfRangeRealOptionsAreRefusedNamingTheOption) {
@@ -163,7 +163,7 @@ TEST(Options, NonFiniteOrOutOfRangeRealOptionsAreRefusedNamingTheOption) {
   EXPECT_EQ(parse_within_10s({"--batch-size", "10", "--lr", "0.01", "--lr-min", "0.1"}).first, ExitCode::kOk);
 }
 
-// Class 8 of issue 13: a 10 MB value in a --config line gave a 10 MB error line. The message quotes
+// Hostile input: a 10 MB value in a --config line gave a 10 MB error line. The message quotes
 // at most ~80 characters of it and names the file and the line.
 TEST(Options, AHugeConfigValueGivesAShortMessageNamingFileAndLine) {
   const TempFile ini("batch-size = 10\n\nepochs = " + std::string(10 << 20, '7') + "x\n");
@@ -216,7 +216,7 @@ TEST(Options, HugeOrBinaryCommandLineTextGivesAShortPrintableMessage) {
   EXPECT_TRUE(printable(msg)) << msg.substr(0, 400);
 }
 
-// Class 2 of issue 13 for --config: a directory was read as an empty file and the run went on with
+// Hostile input for --config: a directory was read as an empty file and the run went on with
 // the defaults (exit 0); a FIFO blocked in open() for ever. Both are refused at once, saying what
 // was found.
 TEST(Options, AConfigThatIsNotARegularFileIsRefusedSayingWhatItIs) {

@@ -140,7 +140,7 @@ std::string usage_error(const std::string& spec) {
   return "";
 }
 
-// Class 4 of issue 13: sizes from the spec that do not fit 32 bits. conv:1:3000000 outputs 2.35e9
+// Hostile input: sizes from the spec that do not fit 32 bits. conv:1:3000000 outputs 2.35e9
 // values per image; they were cast to int by flatten and the fc fan-in and init_params segfaulted.
 // Every size is computed in 64 bits, and what the kernels cannot take is refused naming the layer.
 TEST(Spec, SizesThatOverflow32BitsAreRefusedNamingTheLayer) {
@@ -166,7 +166,7 @@ TEST(Spec, SizesThatOverflow32BitsAreRefusedNamingTheLayer) {
   EXPECT_EQ(edge.param_count, 10LL * 2147483647 + 10 + 784LL * 2147483647 + 2147483647);
 }
 
-// Class 8 of issue 13: the spec text and the token were echoed whole (a 10 MB --model gave a 10 MB
+// Hostile input: the spec text and the token were echoed whole (a 10 MB --model gave a 10 MB
 // message) and raw. They are quoted, cut to ~80 characters and escaped.
 TEST(Spec, HugeOrBinarySpecTextGivesAShortEscapedMessage) {
   const std::string huge(1 << 20, 'q');  // 1 MB: 10 MB took 106 s under AddressSanitizer

@@ -140,7 +140,9 @@ int evaluate_checkpoint_main(int argc, char** argv) {
   po::options_description desc(
       "mnist_mpi " MNIST_MPI_VERSION
       " evaluate - accuracy, loss and confusion matrix of a checkpoint.\n"
-      "Usage: mnist_mpi evaluate --checkpoint FILE|DIR [options] (one process, no mpirun)\nOptions");
+      "Usage: mnist_mpi evaluate --checkpoint FILE|DIR [options] (one process, no mpirun)\n"
+      "Exit code: 0 evaluated; 2 bad option; 3 data missing or corrupt; 4 bad checkpoint; 7 standard output or\n"
+      "--logits-file could not be written\nOptions");
   desc.add_options()("help,h", "print this help and exit")(
       "checkpoint", po::value(&checkpoint), "checkpoint file, or a --checkpoint-dir (its newest valid checkpoint)")(
       "data-dir", po::value(&data_dir),

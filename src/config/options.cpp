@@ -385,9 +385,21 @@ void add_option_table(po::options_description& all, Options& o, std::string& sha
 
 // The usage error for `mnist_mpi WORD` where WORD is neither a command nor an option.
 std::string not_a_command(const std::string& word) {
-  return quote_input(word) +
-         " is not a command or an option of mnist_mpi (options start with --); the commands: train (the default), "
-         "evaluate, export, predict (see mnist_mpi --help)";
+  std::string names;
+  for (const CommandInfo& c : kCommandList)
+    names += (names.empty() ? "" : ", ") + std::string(c.name) + (names.empty() ? " (the default)" : "");
+  return quote_input(word) + " is not a command or an option of mnist_mpi (options start with --); the commands: " +
+         names + " (see mnist_mpi --help)";
+}
+
+// --help's list of the commands, one line each.
+std::string commands_help() {
+  std::string text = "Commands:\n";
+  for (const CommandInfo& c : kCommandList) {
+    const std::string name = c.name;
+    text += "  " + name + std::string(name.size() < 10 ? 10 - name.size() : 1, ' ') + c.summary + "\n";
+  }
+  return text;
 }
 
 // The command-line pass (Note [Messages built from what the user wrote]): the first word, where a
@@ -586,14 +598,17 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   po::options_description all("mnist_mpi " MNIST_MPI_VERSION
                               " - data-parallel CNN training on MNIST.\n"
                               "Usage: mpirun -np N mnist_mpi [train] [--config FILE] [options]\n"
-                              "       mnist_mpi evaluate|export|predict [options] (one process; COMMAND --help)\n" +
-                              std::string(kCommands) + "Options");
+                              "       mnist_mpi evaluate|export|predict|report [options] (one process; COMMAND --help)\n" +
+                              commands_help() + "Options");
   add_option_table(all, o, sharding);
   po::variables_map vm;
   store_command_line(argc, argv, all, vm);
   if (vm.count("help")) {
     std::ostringstream os;
-    os << all;
+    os << all
+       << "\nExit code (every rank): 0 trained; 1 an error while training; 2 bad option; 3 data missing, corrupt or\n"
+          "differing; 4 bad checkpoint; 5 non-finite loss or gradient; 6 no usable GPU; 7 trained, but an output\n"
+          "could not be written; 75 stopped by a signal after a checkpoint (rerun with --resume auto). docs/faults.md\n";
     text = os.str();
     return ParseOutcome::kExitOk;
   }

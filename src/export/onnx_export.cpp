@@ -280,7 +280,9 @@ int export_onnx_main(int argc, char** argv) {
       "mnist_mpi " MNIST_MPI_VERSION
       " export - write a checkpoint's model as ONNX (opset 13) for inference elsewhere.\n"
       "Usage: mnist_mpi export --checkpoint FILE|DIR --onnx model.onnx (one process, no mpirun)\n"
-      "The graph, its metadata and the input scaling: docs/model_use.md\nOptions");
+      "The graph, its metadata and the input scaling: docs/model_use.md\n"
+      "Exit code: 0 written; 2 bad option (or a model too large for ONNX, or a build without ONNX);\n"
+      "4 bad checkpoint; 7 the ONNX file or standard output could not be written\nOptions");
   desc.add_options()("help,h", "print this help and exit")(
       "checkpoint", po::value(&checkpoint), "checkpoint file, or a --checkpoint-dir (its newest valid checkpoint)")(
       "onnx", po::value(&onnx_path), "the ONNX file to write (replaced whole, or left as it was on an error)");

@@ -166,7 +166,8 @@ int predict_main(int argc, char** argv) {
       "Each image is made to look like an MNIST digit first (docs/model_use.md). Output: one line per image,\n"
       "  FILE: DIGIT PROBABILITY  top3 D:P D:P D:P  INK\n"
       "Exit code: 0 every image classified; 3 an image could not be read (the others are still classified);\n"
-      "2 bad option; 4 bad checkpoint; 6 no usable GPU for --device cuda\nOptions");
+      "2 bad option; 4 bad checkpoint; 6 no usable GPU for --device cuda; 7 an output (--save-prepared or\n"
+      "standard output) could not be written\nOptions");
   desc.add_options()("help,h", "print this help and exit")(
       "checkpoint", po::value(&checkpoint), "checkpoint file, or a --checkpoint-dir (its newest valid checkpoint)")(
       "invert", "the images are dark ink on light paper: invert them (default: guessed from each image's border)")(

@@ -238,7 +238,10 @@ int report_main(int argc, char** argv) {
       "mnist_mpi " MNIST_MPI_VERSION
       " report - draw one or several runs' metrics files (written with --metrics-file) into one HTML page.\n"
       "Usage: mnist_mpi report RUN.jsonl [RUN2.jsonl ...] --out FILE.html (one process, no mpirun)\n"
-      "One run as the training-time --report draws it; several overlaid, labelled by config and options\nOptions");
+      "One run as the training-time --report draws it; several overlaid, labelled by config and options\n"
+      "Exit code: 0 written; 2 bad option (no metrics file, no --out, an --out that names a metrics file);\n"
+      "3 a metrics file missing, damaged or without its final event; 7 --out or standard output could not be written\n"
+      "Options");
   desc.add_options()("help,h", "print this help and exit")(
       "out", po::value(&out_path), "the HTML file to write (replaced whole, or left as it was on an error)")(
       "run", po::value(&files), "metrics files (positional)");

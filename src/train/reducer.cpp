@@ -116,7 +116,7 @@ double Reducer::wait_bucket(std::size_t k) {
   MNIST_CHECK(k < buckets_.size(), ExitCode::kRuntime, "wait_bucket: no bucket " + std::to_string(k));
   if (!requests_[k].active()) return 0.0;  // --no-overlap: already summed
   const auto t0 = std::chrono::steady_clock::now();
-  watch_set_bucket(static_cast<std::int64_t>(k));  // named by the collective watchdog (issue 8)
+  watch_set_bucket(static_cast<std::int64_t>(k));  // named by the collective watchdog
   comm_.wait(requests_[k], &timings_[k].end);
   if (counters_.active() && k + 1 == buckets_.size()) comm_.wait(counters_);
   watch_set_bucket(-1);

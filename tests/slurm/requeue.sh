@@ -37,7 +37,7 @@ export MNIST_MPI=$bin MNIST_MPI_ROOT=$root
 train=(--config "$root/configs/tiny.ini" --data-dir "$root/data/mnist" --train-limit 6000 --validation-size 500
        --batch-size 50 --max-steps 120 --log-every 5 --checkpoint-every 10
        # lenet's layers: a step of ~50 ms keeps the run long enough for two signals to land mid-run
-       # (tiny's 120 steps take under a second with the blocked kernels of issue 7)
+       # (tiny's 120 steps take under a second with the blocked kernels)
        --model conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10)
 
 # The job that is preempted twice; sbatch --wait returns when the job has really ended.

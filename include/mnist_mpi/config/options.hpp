@@ -68,7 +68,7 @@ struct Options {
   bool cuda_graph = false;               // the training step as one CUDA graph (Note [A step as one CUDA graph])
   bool allow_gpu_sharing = false;        // more ranks on a node than GPUs
   int threads = 0;                       // 0: auto
-  // fault tolerance (issue 8)
+  // fault tolerance
   double collective_timeout = 300.0;  // seconds one collective may take before the job is ended (0 = never)
   bool skip_nonfinite_steps = false;  // skip (and count) a step whose gradient is not finite, instead of stopping
   // reporting
@@ -91,13 +91,21 @@ struct Options {
 // --global-batch-size is given: `mpirun -np 2 ./mnist_mpi` alone trains lenet as the README does.
 inline constexpr std::int64_t kDefaultGlobalBatch = 100;
 
-// The program's commands, one line each, for --help.
-inline constexpr const char* kCommands =
-    "Commands:\n"
-    "  train     (the default) train a model on MNIST, on as many ranks as mpirun or srun starts\n"
-    "  evaluate  accuracy, loss and confusion matrix of a checkpoint\n"
-    "  export    write a checkpoint's model as ONNX\n"
-    "  predict   classify digit images (PNG or PGM) with a checkpoint's model\n";
+// The program's commands: the first word of the command line picks one (src/main.cpp dispatches
+// each; `train` is also the default). --help lists them from here, and so does the message for a
+// word that is none of them; tests/check_commands.sh checks that every command main.cpp
+// dispatches is here, in --help and in docs/usage.md.
+struct CommandInfo {
+  const char* name;
+  const char* summary;
+};
+inline constexpr CommandInfo kCommandList[] = {
+    {"train", "(the default) train a model on MNIST, on as many ranks as mpirun or srun starts"},
+    {"evaluate", "accuracy, loss and confusion matrix of a checkpoint"},
+    {"export", "write a checkpoint's model as ONNX"},
+    {"predict", "classify digit images (PNG or PGM) with a checkpoint's model"},
+    {"report", "draw one or several runs' metrics files into one HTML page"},
+};
 
 enum class ParseOutcome { kRun, kExitOk };
 

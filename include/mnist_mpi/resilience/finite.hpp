@@ -1,6 +1,6 @@
 // Finite-ness checks over flat float buffers: one vectorisable pass over the exponent bits, no
 // branches per element. The trainer checks the reduced gradient of every step with all_finite();
-// the checkpoint writer must check params_are_finite() before it writes (issue 8: no checkpoint
+// the checkpoint writer must check params_are_finite() before it writes (no checkpoint
 // with non-finite parameters).
 #pragma once
 
