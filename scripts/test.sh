@@ -67,4 +67,4 @@ stage "libFuzzer: build-fuzz"
 cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DMNIST_MPI_FUZZ=ON >/dev/null
 cmake --build build-fuzz -j"$jobs"
 stage "libFuzzer: each target for its bounded time"
-ctest --test-dir build-fuzz --output-on-failure -L fuzz
+ctest --test-dir build-fuzz --output-on-failure -j"$jobs" -L fuzz  # one core each
