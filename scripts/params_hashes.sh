@@ -16,12 +16,13 @@ cd "$root"
 run() {  # NAME RANKS ARGS...
   local name=$1 np=$2 hash
   shift 2
-  local out
-  if out=$(mpirun -np "$np" --oversubscribe "$bin" --data-dir data/mnist --log-every 0 --max-steps 40 \
-             --eval-every 0 --checkpoint-dir none "$@" 2>&1); then
+  local out rc=0
+  out=$(mpirun -np "$np" --oversubscribe "$bin" --data-dir data/mnist --log-every 0 --max-steps 40 \
+             --eval-every 0 --checkpoint-dir none "$@" 2>&1) || rc=$?
+  if [ "$rc" -eq 0 ]; then
     hash=$(sed -n 's/^params_hash //p' <<<"$out")
   else
-    hash="FAILED: $(grep -m1 'error' <<<"$out" || echo "exit $?")"
+    hash="FAILED (exit $rc): $(grep -m1 'error' <<<"$out")"
   fi
   printf '%-36s %s\n' "$name" "${hash:-FAILED: no params_hash line}"
 }

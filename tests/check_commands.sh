@@ -30,6 +30,8 @@ check() {
       local out
       out=$("$bin" "$c" --help 2>&1) || { echo "$c: mnist_mpi $c --help exits non-zero"; bad=1; }
       grep -q "^Usage: mnist_mpi $c" <<<"$out" || { echo "$c: its --help has no usage line"; bad=1; }
+      grep -qE "^ +mnist_mpi ([a-z]+\|)*$c(\|[a-z]+)* \[options\] \(one process" <<<"$help" ||
+        { echo "$c: not in mnist_mpi --help's usage lines"; bad=1; }
       grep -q "Exit code" <<<"$out" || { echo "$c: its --help lists no exit codes"; bad=1; }
     else
       grep -q "Exit code" <<<"$help" || { echo "train: mnist_mpi --help lists no exit codes"; bad=1; }

@@ -392,9 +392,13 @@ std::string not_a_command(const std::string& word) {
          names + " (see mnist_mpi --help)";
 }
 
-// --help's list of the commands, one line each.
+// --help's usage lines and list of the commands, one line each, from kCommandList.
 std::string commands_help() {
-  std::string text = "Commands:\n";
+  std::string one_process;  // every command but train
+  for (const CommandInfo& c : kCommandList)
+    if (&c != &kCommandList[0]) one_process += (one_process.empty() ? "" : "|") + std::string(c.name);
+  std::string text = "Usage: mpirun -np N mnist_mpi [train] [--config FILE] [options]\n       mnist_mpi " + one_process +
+                     " [options] (one process; COMMAND --help)\nCommands:\n";
   for (const CommandInfo& c : kCommandList) {
     const std::string name = c.name;
     text += "  " + name + std::string(name.size() < 10 ? 10 - name.size() : 1, ' ') + c.summary + "\n";
@@ -596,9 +600,7 @@ void check_exact_sums_options(const Options& o) {
 ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::string& text) {
   std::string sharding = "auto";  // --shard-optimizer as given; o.shard_optimizer once checked
   po::options_description all("mnist_mpi " MNIST_MPI_VERSION
-                              " - data-parallel CNN training on MNIST.\n"
-                              "Usage: mpirun -np N mnist_mpi [train] [--config FILE] [options]\n"
-                              "       mnist_mpi evaluate|export|predict|report [options] (one process; COMMAND --help)\n" +
+                              " - data-parallel CNN training on MNIST.\n" +
                               commands_help() + "Options");
   add_option_table(all, o, sharding);
   po::variables_map vm;

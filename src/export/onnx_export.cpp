@@ -264,8 +264,6 @@ OnnxExport export_onnx(const Checkpoint& ck) {
 
 #else
 
-void check_onnx_exportable(const ModelSpec&) {}
-
 OnnxExport export_onnx(const Checkpoint&) {
   throw_error(ExitCode::kUsage,
               "this mnist_mpi was built without ONNX (libonnx-dev and libprotobuf-dev were missing when it was "

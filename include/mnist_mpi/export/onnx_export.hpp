@@ -20,7 +20,7 @@ inline constexpr std::int64_t kOnnxMaxBytes = (std::int64_t{1} << 31) - (std::in
 
 // Throws Error(kUsage) naming the first layer the ONNX file cannot hold. Every layer kind of the
 // spec language maps to ONNX operators; what can fail is the size of one protobuf file.
-void check_onnx_exportable(const ModelSpec& spec);
+void check_onnx_exportable(const ModelSpec& spec);  // defined in builds with ONNX only
 
 struct OnnxExport {
   std::string bytes;                 // the serialized ModelProto
