@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: set up (packages, build), fetch MNIST (for the real-data test), then CTest:
 # unit tests, multi-rank tests under mpirun with 1 to 4 ranks, and end-to-end tests. Then the suite
-# again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan; all but the slurm, gpu and
-# model_use labels), the rank's threads under ThreadSanitizer (build-tsan), and each libFuzzer
+# again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan; all but the slurm, gpu,
+# model_use and real_data labels), the rank's threads under ThreadSanitizer (build-tsan), and each libFuzzer
 # target for a bounded time (build-fuzz, clang). Prints each stage's time at the end.
 # MNIST_MPI_SANITIZERS=0 runs only the normal suite. Arguments go to the normal suite's ctest.
 set -euo pipefail
@@ -54,7 +54,7 @@ stage "AddressSanitizer + UndefinedBehaviorSanitizer: build-asan"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DMNIST_MPI_CUDA=OFF -DMNIST_MPI_SANITIZE=address,undefined >/dev/null
 env "${asan_env[@]}" cmake --build build-asan -j"$jobs"
 stage "AddressSanitizer + UndefinedBehaviorSanitizer: the suite"
-env "${asan_env[@]}" ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs" -LE "slurm|gpu|model_use"
+env "${asan_env[@]}" ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs" -LE "slurm|gpu|model_use|real_data"
 
 stage "ThreadSanitizer: build-tsan (thread_tests)"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Release -DMNIST_MPI_CUDA=OFF -DMNIST_MPI_SANITIZE=thread >/dev/null
