@@ -160,12 +160,8 @@ if MNIST_MPI_FAULT=1:slow:20 timeout 120 mpirun -np 2 --oversubscribe -x MNIST_M
 else bad "straggler not named under --exact-sums" "$out/exact"; fi
 # A time measured on a shared 2-core machine can still be off once (the ASan build's even run named
 # rank 1 once in 4, forward 19 % slower): a second run decides, and a real fault names one in both.
-# Not bound to cores (--bind-to none): the full suite's even run twice named rank 1, bound to the
-# second core, 22 and 29 % slower (2026-12-06; alone it passed; what took that core's time was
-# not found). Left to the
-# scheduler, both ranks share both cores' time alike.
 even_run() {
-  timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$bin" "${base[@]}" --batch-size 100 --max-steps 300 --log-every 100 \
+  timeout 120 mpirun -np 2 --oversubscribe "$bin" "${base[@]}" --batch-size 100 --max-steps 300 --log-every 100 \
     >"$out/even$1" 2>&1 && grep -q "straggler: none" "$out/even$1"
 }
 if even_run ""; then
