@@ -18,7 +18,7 @@ run() {  # NAME RANKS ARGS...
   shift 2
   local out rc=0
   out=$(mpirun -np "$np" --oversubscribe "$bin" --data-dir data/mnist --log-every 0 --max-steps 40 \
-             --eval-every 0 --checkpoint-dir none "$@" 2>&1) || rc=$?
+             --eval-every 0 "$@" 2>&1) || rc=$?
   if [ "$rc" -eq 0 ]; then
     hash=$(sed -n 's/^params_hash //p' <<<"$out")
   else
