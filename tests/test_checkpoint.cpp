@@ -358,7 +358,7 @@ TEST(Checkpoint, ReadRegularFileReadsWholeFilesAndRefusesTheRest) {
 
 // Saving m, v and t and restoring them into a fresh optimiser continues bitwise.
 TEST(Checkpoint, OptimizerContinuesBitwiseFromItsState) {
-  for (const char* kind : {"adam", "sgd"}) {
+  for (const OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kSgd}) {
     OptimizerConfig cfg;
     cfg.kind = kind;
     cfg.momentum = 0.9;
@@ -378,7 +378,7 @@ TEST(Checkpoint, OptimizerContinuesBitwiseFromItsState) {
       a.step(p.data(), g.data(), 0.01);
       b.step(q.data(), g.data(), 0.01);
     }
-    EXPECT_EQ(std::memcmp(p.data(), q.data(), n * sizeof(float)), 0) << kind;
+    EXPECT_EQ(std::memcmp(p.data(), q.data(), n * sizeof(float)), 0) << name_of(kind);
   }
 }
 
@@ -413,7 +413,7 @@ TEST(Checkpointer, ChecksTheStateThatTheSourceJustBroughtToHost) {
   o.checkpoint_dir = dir.string();
   o.checkpoint_async = false;
   o.quiet = true;
-  o.optimizer.kind = "sgd";
+  o.optimizer.kind = OptimizerKind::kSgd;
   Checkpointer ck(o, *comm, CheckpointRun{&spec, 10, 100, 10, 30});
   Optimizer opt(o.optimizer, spec.param_count);
   DeviceLikeSource source(static_cast<std::size_t>(spec.param_count), opt);

@@ -227,7 +227,7 @@ TEST(Distributed, TrajectoryDoesNotDependOnTheNumberOfRanks) {
   // 100 divides by 1, 2 and 4 ranks but not by 3 (34, 33, 33: Note [Uneven slices]); registered
   // for up to 4 ranks.
   Options o = base_options(kLenet, 100, 5);
-  o.optimizer.kind = "sgd";  // Note [How close is "the same trajectory"]
+  o.optimizer.kind = OptimizerKind::kSgd;  // Note [How close is "the same trajectory"]
   o.schedule.base_lr = 0.01;
   std::vector<std::vector<float>> finals;
   ModelSpec spec;
@@ -497,7 +497,7 @@ TEST(Sharding, ParametersAreBitwiseTheUnshardedOnes) {
     if (variant == 1) o.bucket_mb = o.first_bucket_mb = 0.0001;  // 26 elements
     if (variant == 2) o.accumulation_steps = 2;
     if (variant == 3) {
-      o.optimizer.kind = "sgd";
+      o.optimizer.kind = OptimizerKind::kSgd;
       o.optimizer.momentum = 0.9;
       o.optimizer.nesterov = true;
       o.no_overlap = true;

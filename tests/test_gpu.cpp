@@ -346,7 +346,7 @@ TEST_F(Gpu, DataGatherAndLossMatchCpu) {
 // weight decay) and of SGD with Nesterov momentum give the CPU's bits.
 TEST_F(Gpu, OptimizerEqualsCpuBitForBit) {
   const std::int64_t n = 5000;
-  for (const char* kind : {"adam", "sgd"}) {
+  for (const OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kSgd}) {
     OptimizerConfig cfg;
     cfg.kind = kind;
     cfg.weight_decay = 1e-3;
@@ -371,8 +371,8 @@ TEST_F(Gpu, OptimizerEqualsCpuBitForBit) {
       be.download(p->data(), out[side]);
       be.download(opt.first_moment().data(), mom[side]);
     }
-    expect_bitwise(std::string(kind) + " params after 3 steps", out[1], out[0]);
-    expect_bitwise(std::string(kind) + " first moment after 3 steps", mom[1], mom[0]);
+    expect_bitwise(std::string(name_of(kind)) + " params after 3 steps", out[1], out[0]);
+    expect_bitwise(std::string(name_of(kind)) + " first moment after 3 steps", mom[1], mom[0]);
   }
 }
 
@@ -531,7 +531,7 @@ Options options(const std::string& device, std::int64_t global_batch, std::int64
   o.allow_gpu_sharing = true;
   // SGD: a step moves each parameter by lr * its gradient, so float differences stay float-sized
   // (Adam's first steps are ~lr * sign(g), which a tiny gradient's rounding can flip).
-  o.optimizer.kind = "sgd";
+  o.optimizer.kind = OptimizerKind::kSgd;
   o.optimizer.momentum = 0.9;
   o.schedule.base_lr = 0.05;
   return o;
@@ -592,8 +592,8 @@ TEST_F(Gpu, NonFiniteStepStopsTheRunAndNothingReachesTheParameters) {
 TEST_F(Gpu, SkippedNonFiniteStepMatchesTheCpu) {
   MPI_Comm self = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank(), 0, &self);
-  for (const char* kind : {"sgd", "adam"}) {
-    SCOPED_TRACE(kind);
+  for (const OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam}) {
+    SCOPED_TRACE(name_of(kind));
     std::vector<float> out[2];
     std::int64_t skipped[2] = {0, 0}, steps[2] = {0, 0};
     const char* devices[2] = {"cpu", "cuda"};
@@ -606,7 +606,7 @@ TEST_F(Gpu, SkippedNonFiniteStepMatchesTheCpu) {
       // first GPU run: 181 of 13242 parameters, worst 0.30 against 0.15). With eps = 1 the update is
       // about lr * m / (1 - beta1^t), smooth in g, and still depends on the step count t that the
       // skipped step must not advance (one step too many: 13 % off at t = 5).
-      if (o.optimizer.kind == "adam") o.optimizer.eps = 1.0;
+      if (o.optimizer.kind == OptimizerKind::kAdam) o.optimizer.eps = 1.0;
       setenv("MNIST_MPI_FAULT", "0:3:nan", 1);
       auto c = make_mpi_communicator(self);
       Trainer t(o, *c);
@@ -635,9 +635,9 @@ TEST_F(Gpu, GraphedStepsGiveTheUngraphedBits) {
   // bf16 too (Note [bf16 on the GPU]): its copies of the weights are made inside the graph, so a
   // replay must see each step's new weights.
   for (const char* precision : {"fp32", "bf16"})
-  for (const char* kind : {"sgd", "adam"}) {
+  for (const OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam}) {
     for (bool poisoned : {false, true}) {
-      SCOPED_TRACE(std::string(precision) + ", " + kind + (poisoned ? ", step 12 poisoned" : ""));
+      SCOPED_TRACE(std::string(precision) + ", " + name_of(kind) + (poisoned ? ", step 12 poisoned" : ""));
       std::vector<float> out[2];
       std::int64_t steps[2] = {0, 0}, replays[2] = {0, 0};
       for (int graph = 0; graph < 2; ++graph) {

@@ -2,6 +2,7 @@
 // predictions, and that it is not a per-class sigmoid / binary cross-entropy), of the Adam and SGD
 // updates against PyTorch's formulas evaluated by hand in double, and of the learning-rate
 // schedules (constant, step with a floor, cosine with linear warm-up).
+#include <set>
 #include <gtest/gtest.h>
 #include <bit>
 
@@ -134,7 +135,7 @@ std::unique_ptr<Optimizer> run_two_steps(const OptimizerConfig& cfg, double lr, 
 
 TEST(Adam, TwoStepsMatchPyTorch) {
   OptimizerConfig cfg;
-  cfg.kind = "adam";
+  cfg.kind = OptimizerKind::kAdam;
   std::vector<float> p;
   const auto opt = run_two_steps(cfg, 1e-2, &p);
   std::vector<double> m;
@@ -155,7 +156,7 @@ TEST(Adam, TwoStepsMatchPyTorch) {
 
 TEST(Adam, WeightDecayIsAddedToTheGradient) {
   OptimizerConfig cfg;
-  cfg.kind = "adam";
+  cfg.kind = OptimizerKind::kAdam;
   cfg.weight_decay = 0.1;
   std::vector<float> p;
   run_two_steps(cfg, 1e-2, &p);
@@ -193,7 +194,7 @@ TEST(Sgd, PlainMomentumNesterovWeightDecay) {
                         Case{0.9, true, 0.1}}) {
     SCOPED_TRACE(testing::Message() << "momentum " << c.mu << " nesterov " << c.nesterov << " wd " << c.wd);
     OptimizerConfig cfg;
-    cfg.kind = "sgd";
+    cfg.kind = OptimizerKind::kSgd;
     cfg.momentum = c.mu;
     cfg.nesterov = c.nesterov;
     cfg.weight_decay = c.wd;
@@ -216,8 +217,8 @@ TEST(Sgd, PlainMomentumNesterovWeightDecay) {
 // update writes each new parameter's bf16 (bf16_bits) in the same pass, and the parameters are those
 // of the update without one; sgd (with momentum and nesterov) and adam, over a range cut in two.
 TEST(Optimizer, Bf16CopyIsTheUpdatedParametersInBf16) {
-  for (const std::string kind : {"adam", "sgd"}) {
-    SCOPED_TRACE(kind);
+  for (const OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kSgd}) {
+    SCOPED_TRACE(name_of(kind));
     OptimizerConfig cfg;
     cfg.kind = kind;
     cfg.momentum = 0.9;
@@ -265,16 +266,24 @@ TEST(Bf16, TheRoundingIsTheInstructions) {
   for (std::size_t i = 0; i < f.size(); ++i) ASSERT_EQ(cpu::bf16_bits(f[i]), hw[i]) << std::hex << "bits 0x" << bits[i];
 }
 
-TEST(Optimizer, UnknownKindThrows) {
-  OptimizerConfig cfg;
-  cfg.kind = "rmsprop";
-  try {
-    Optimizer o(cfg, 3);
-    FAIL() << "no throw";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("rmsprop"), std::string::npos) << e.what();
+// One row per kind, each with its own name and checkpoint code (a code reused would make an old
+// checkpoint name another optimiser), found back from both.
+TEST(Optimizer, EveryKindHasOneRowFoundByNameAndCode) {
+  std::set<std::string> names;
+  std::set<std::uint32_t> codes;
+  for (const OptimizerTraits& t : kOptimizerTraits) {
+    EXPECT_TRUE(names.insert(t.name).second) << t.name;
+    EXPECT_TRUE(codes.insert(t.checkpoint_code).second) << t.name;
+    EXPECT_EQ(&traits(t.kind), &t);
+    EXPECT_EQ(optimizer_kind_named(t.name), t.kind);
+    EXPECT_EQ(optimizer_kind_of_code(t.checkpoint_code), t.kind);
+    EXPECT_TRUE(t.moments == 1 || t.moments == 2) << t.name;
   }
+  EXPECT_EQ(traits(OptimizerKind::kAdam).checkpoint_code, 0u);  // the format's codes (docs/checkpoint.md)
+  EXPECT_EQ(traits(OptimizerKind::kSgd).checkpoint_code, 1u);
+  EXPECT_EQ(optimizer_kind_named("rmsprop"), std::nullopt);
+  EXPECT_EQ(optimizer_kind_of_code(7), std::nullopt);
+  EXPECT_EQ(optimizer_names(), "adam | sgd");
 }
 
 // ---- learning-rate schedules ----

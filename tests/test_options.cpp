@@ -270,6 +270,28 @@ TEST(Options, ShardOptimizerIsAutoOnOrOff) {
   EXPECT_NE(msg.find("--shard-optimizer must be auto, on or off, got 'sometimes'"), std::string::npos) << msg;
 }
 
+// --optimizer names one of the kinds of include/mnist_mpi/optimizer_kind.hpp, from the command
+// line or a config file; any other name is refused at parse time, listing the names.
+TEST(Options, OptimizerIsOneOfTheKnownKinds) {
+  for (const OptimizerTraits& t : kOptimizerTraits) {
+    const TempFile ini(std::string("optimizer = ") + t.name + "\n");
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"mnist_mpi", "--batch-size", "8", "--optimizer", t.name},
+          std::vector<std::string>{"mnist_mpi", "--batch-size", "8", "--config", ini.str()}}) {
+      std::vector<const char*> argv;
+      for (const std::string& a : args) argv.push_back(a.c_str());
+      Options o;
+      std::string text;
+      ASSERT_EQ(parse_options(static_cast<int>(argv.size()), argv.data(), o, text), ParseOutcome::kRun);
+      EXPECT_EQ(o.optimizer.kind, t.kind) << t.name;
+      EXPECT_NE(o.resolved.find(std::string("optimizer = ") + t.name + "\n"), std::string::npos) << o.resolved;
+    }
+  }
+  const auto [code, msg] = parse_within_10s({"--batch-size", "8", "--optimizer", "rmsprop"});
+  EXPECT_EQ(code, ExitCode::kUsage);
+  EXPECT_NE(msg.find("--optimizer must be adam or sgd, got 'rmsprop'"), std::string::npos) << msg;
+}
+
 // The INI forms Boost's parser took still parse the same: comments, blank lines, CRLF line ends,
 // and the command line wins over the file. The resolved text (it goes into checkpoints and is
 // compared on resume) is unchanged for configs/tiny.ini: the expected text below was printed by
@@ -300,7 +322,7 @@ TEST(Options, ConfigFilesParseAsBeforeAndTheCommandLineWins) {
   EXPECT_EQ(o.batch_size, 128);
   EXPECT_EQ(o.schedule.gamma, 0.7);
   EXPECT_EQ(o.bias_init, "zeros");
-  EXPECT_EQ(o.optimizer.kind, "adam");
+  EXPECT_EQ(o.optimizer.kind, OptimizerKind::kAdam);
   EXPECT_EQ(o.resolved,
             "accumulation-steps = 1\nallow-gpu-sharing = false\nbatch-size = 128\nbeta1 = 0.9\nbeta2 = "
             "0.999\nbias-init = zeros\n"

@@ -184,16 +184,16 @@ TEST(Spec, HugeOrBinarySpecTextGivesAShortEscapedMessage) {
 // Note [Will the model fit?]: the estimate adds up the buffers a rank allocates.
 TEST(Spec, MemoryEstimateCountsStateAndActivations) {
   const ModelSpec s = parse_model_spec("flatten,fc:10", {1, 2, 2}, 10);  // 4 * 10 + 10 = 50 parameters
-  MemoryEstimate e = estimate_model_memory(s, 3, 5, /*adam=*/true, /*evaluates=*/true);
+  MemoryEstimate e = estimate_model_memory(s, 3, 5, OptimizerKind::kAdam, /*evaluates=*/true);
   EXPECT_FALSE(e.overflow);
   EXPECT_EQ(e.state_bytes, 50 * 4 * 4);                                   // params, grads, two moments
   EXPECT_EQ(e.activation_bytes, (3 + 5) * 4 * 4 + (2 * 3 + 5) * 10 * 4);  // input; fc output and its gradient
   EXPECT_EQ(e.total_bytes, 800 + 128 + 440);
   EXPECT_EQ(e.largest_layer, 1);
   EXPECT_EQ(e.largest_layer_bytes, 800 + 440);
-  e = estimate_model_memory(s, 3, 5, /*adam=*/false, /*evaluates=*/false);
+  e = estimate_model_memory(s, 3, 5, OptimizerKind::kSgd, /*evaluates=*/false);
   EXPECT_EQ(e.total_bytes, 50 * 3 * 4 + 3 * 4 * 4 + 2 * 3 * 10 * 4);
-  e = estimate_model_memory(s, std::int64_t{1} << 62, 5, true, true);
+  e = estimate_model_memory(s, std::int64_t{1} << 62, 5, OptimizerKind::kAdam, true);
   EXPECT_TRUE(e.overflow);
 }
 
@@ -201,11 +201,11 @@ TEST(Spec, MemoryEstimateCountsStateAndActivations) {
 // naming the total and the largest layer; lenet for a normal batch fits.
 TEST(Spec, AModelLargerThanMemoryIsRefusedNamingTheLargestLayer) {
   EXPECT_GT(physical_memory_bytes(), 0);
-  check_model_fits_memory(parse_model_spec(kLenet, {1, 28, 28}, 10), 100, 250, true, true);  // no throw
+  check_model_fits_memory(parse_model_spec(kLenet, {1, 28, 28}, 10), 100, 250, OptimizerKind::kAdam, true);  // no throw
   // 1.6e12 parameters: 25 TB with gradients and adam's moments.
   const ModelSpec huge = parse_model_spec("flatten,fc:2000000000,fc:10", {1, 28, 28}, 10);
   try {
-    check_model_fits_memory(huge, 32, 250, true, true);
+    check_model_fits_memory(huge, 32, 250, OptimizerKind::kAdam, true);
     ADD_FAILURE() << "no throw";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ExitCode::kUsage);
@@ -217,7 +217,7 @@ TEST(Spec, AModelLargerThanMemoryIsRefusedNamingTheLargestLayer) {
   }
   // A batch whose activations overflow int64.
   try {
-    check_model_fits_memory(parse_model_spec(kTiny, {1, 28, 28}, 10), std::int64_t{1} << 60, 250, false, false);
+    check_model_fits_memory(parse_model_spec(kTiny, {1, 28, 28}, 10), std::int64_t{1} << 60, 250, OptimizerKind::kSgd, false);
     ADD_FAILURE() << "no throw";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("needs more than 8 EiB"));

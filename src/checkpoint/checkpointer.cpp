@@ -184,7 +184,7 @@ Checkpointer::Checkpointer(const Options& options, Communicator& comm, const Che
     fs::remove(fs::path(dir_) / probe, ec);
     encoder_ = std::make_unique<CheckpointEncoder>(
         *run_.spec, config_for_checkpoint(opt_.resolved, run_.global_batch, per_rank_batch()),
-        opt_.optimizer.kind == "adam", run_.exact_chunk);
+        traits(opt_.optimizer.kind).moments == 2, run_.exact_chunk);
     stats_.bytes = static_cast<double>(encoder_->size());
   }
   if (!opt_.resume.empty()) find_resume_checkpoint();  // may refuse: no thread runs yet
@@ -244,10 +244,9 @@ std::string Checkpointer::check_compatible(const Checkpoint& ck, const std::stri
       ck.tensors != checkpoint_tensors(spec))
     throw_error(ExitCode::kCheckpoint, "checkpoint '" + path + "' holds another model: its spec is '" + ck.spec +
                                            "', this run's --model is '" + spec.text + "'" + fix);
-  const std::uint32_t kind = opt_.optimizer.kind == "adam" ? 0u : 1u;
-  if (m.optimizer_kind != kind)
-    throw_error(ExitCode::kCheckpoint, "checkpoint '" + path + "' holds " + (m.optimizer_kind == 0 ? "adam" : "sgd") +
-                                           " state, this run's --optimizer is " + opt_.optimizer.kind + fix);
+  if (m.optimizer_kind != traits(opt_.optimizer.kind).checkpoint_code)
+    throw_error(ExitCode::kCheckpoint, "checkpoint '" + path + "' holds " + name_of(checkpoint_optimizer(m)) +
+                                           " state, this run's --optimizer is " + name_of(opt_.optimizer.kind) + fix);
   if (m.global_batch != run_.global_batch)
     throw_error(ExitCode::kCheckpoint,
                 "checkpoint '" + path + "' was trained with a global batch of " + std::to_string(m.global_batch) +
@@ -353,7 +352,7 @@ void Checkpointer::write(const StepEnd& s, const std::function<TrainingState()>&
   m.param_count = run_.spec->param_count;
   m.optimizer_steps = state.optimizer_steps;
   const OptimizerConfig& oc = *state.optimizer;
-  m.optimizer_kind = oc.kind == "adam" ? 0u : 1u;
+  m.optimizer_kind = traits(oc.kind).checkpoint_code;
   m.nesterov = oc.nesterov ? 1u : 0u;
   m.beta1 = oc.beta1;
   m.beta2 = oc.beta2;

@@ -181,7 +181,7 @@ int evaluate_checkpoint_main(int argc, char** argv) {
               "global batch %lld, seed %llu, %lld ranks, optimizer %s (%lld steps), next lr %.6g, "
               "validation accuracy %.4f\noptions of the run that wrote it:\n%s",
               static_cast<long long>(m.global_batch), static_cast<unsigned long long>(m.seed),
-              static_cast<long long>(m.world_size), m.optimizer_kind == 0 ? "adam" : "sgd",
+              static_cast<long long>(m.world_size), name_of(checkpoint_optimizer(m)),
               static_cast<long long>(m.optimizer_steps), m.next_lr, m.validation_accuracy, ck.config.c_str());
           return 0;
         }

@@ -28,6 +28,12 @@ namespace po = boost::program_options;
 namespace mnist_mpi {
 namespace {
 
+// The options whose text is checked and turned into a value after parsing (check_choices).
+struct ChoiceTexts {
+  std::string sharding = "auto";  // --shard-optimizer
+  std::string optimizer = name_of(OptimizerConfig{}.kind);
+};
+
 // Note [Messages built from what the user wrote]
 // Boost.ProgramOptions puts the user's text verbatim into what(): a 10 MB value gave a 10 MB line, a
 // binary --config file wrote raw control bytes to the terminal with no file name or line number,
@@ -250,8 +256,8 @@ namespace {
 
 // Long on purpose (Note [Why a function is long] in docs/style.md): the option table, one
 // add_options() entry per option with its help text, which reads best as one list in the order
-// --help prints it. Values are stored into `o` (and --shard-optimizer's text into `sharding`).
-void add_option_table(po::options_description& all, Options& o, std::string& sharding) {
+// --help prints it. Values are stored into `o` (and the texts of the choices checked later into `choice`).
+void add_option_table(po::options_description& all, Options& o, ChoiceTexts& choice) {
   Options d;  // defaults
   po::options_description general("General");
   general.add_options()("help,h", "print this help and exit")("version", "print the version and exit")(
@@ -284,7 +290,7 @@ void add_option_table(po::options_description& all, Options& o, std::string& sha
       "fraction: stop once the validation accuracy, checked every --eval-every steps and at each epoch's end, "
       "reaches it; the test split is then evaluated once (0 = off)")("seed", po::value(&o.seed)->default_value(d.seed),
                                                                      "seed of initialisation, sampling and dropout")(
-      "optimizer", po::value(&o.optimizer.kind)->default_value(d.optimizer.kind), "adam | sgd")(
+      "optimizer", po::value(&choice.optimizer)->default_value(choice.optimizer), optimizer_names().c_str())(
       "lr", po::value(&o.schedule.base_lr)->default_value(d.schedule.base_lr), "base learning rate")(
       "momentum", po::value(&o.optimizer.momentum)->default_value(d.optimizer.momentum), "sgd momentum")(
       "nesterov", po::value(&o.optimizer.nesterov)->default_value(d.optimizer.nesterov),
@@ -319,7 +325,7 @@ void add_option_table(po::options_description& all, Options& o, std::string& sha
       "one blocking sum of all gradients after backward (sharded: one blocking reduce-scatter per bucket), "
       "no overlap (for comparison)")(
       "shard-optimizer",
-      po::value(&sharding)->default_value(sharding)->implicit_value("on"),
+      po::value(&choice.sharding)->default_value(choice.sharding)->implicit_value("on"),
       "on: each rank keeps and updates only its 1/N shard of the optimizer state (like ZeRO stage 1): gradients "
       "reduce-scattered, updated parameters all-gathered; the same bits as without it (docs/reduction.md). "
       "auto: on for the CPU with 2 or more ranks, off on a GPU; off: every rank updates everything");
@@ -499,7 +505,8 @@ void check_counts(const Options& o) {
   positive(o.keep_checkpoints, "keep-checkpoints", true);
 }
 
-void check_choices(Options& o, const std::string& sharding) {
+void check_choices(Options& o, const ChoiceTexts& choice) {
+  const std::string& sharding = choice.sharding;
   if (o.checkpoint_dir.empty() && o.resume == "auto")
     throw_error(ExitCode::kUsage,
                 "--resume auto looks in --checkpoint-dir: give --checkpoint-dir DIR (or --resume FILE)");
@@ -525,6 +532,10 @@ void check_choices(Options& o, const std::string& sharding) {
     o.shard_optimizer = Options::Sharding::kOff;
   else
     throw_error(ExitCode::kUsage, "--shard-optimizer must be auto, on or off, got " + quote_input(sharding));
+  if (const auto kind = optimizer_kind_named(choice.optimizer))
+    o.optimizer.kind = *kind;
+  else
+    throw_error(ExitCode::kUsage, "--optimizer must be " + optimizer_names(" or ") + ", got " + quote_input(choice.optimizer));
   if (o.precision != "fp32" && o.precision != "tf32" && o.precision != "bf16")
     throw_error(ExitCode::kUsage, "--precision must be fp32, tf32 or bf16, got " + quote_input(o.precision));
   check_exact_sums_options(o);
@@ -598,11 +609,11 @@ void check_exact_sums_options(const Options& o) {
 }
 
 ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::string& text) {
-  std::string sharding = "auto";  // --shard-optimizer as given; o.shard_optimizer once checked
+  ChoiceTexts choice;  // --shard-optimizer and --optimizer as given; into o once checked
   po::options_description all("mnist_mpi " MNIST_MPI_VERSION
                               " - data-parallel CNN training on MNIST.\n" +
                               commands_help() + "Options");
-  add_option_table(all, o, sharding);
+  add_option_table(all, o, choice);
   po::variables_map vm;
   store_command_line(argc, argv, all, vm);
   if (vm.count("help")) {
@@ -625,7 +636,7 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
     throw_error(ExitCode::kUsage, option_error_message(e, argc, argv) + " (see --help)");
   }
   check_counts(o);
-  check_choices(o, sharding);
+  check_choices(o, choice);
   o.resolved = resolved_text(vm, o);
   return ParseOutcome::kRun;
 }

@@ -302,7 +302,7 @@ std::string bytes_text(std::int64_t bytes) {
 }  // namespace
 
 MemoryEstimate estimate_model_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch,
-                                     bool adam, bool evaluates) {
+                                     OptimizerKind optimizer, bool evaluates) {
   MemoryEstimate e;
   const std::int64_t f = sizeof(float);
   // checked a * b * c (nullopt on overflow)
@@ -318,7 +318,7 @@ MemoryEstimate estimate_model_memory(const ModelSpec& spec, std::int64_t train_b
       to = *sum;
     return sum.has_value();
   };
-  const std::int64_t state_copies = 2 + (adam ? 2 : 1);  // parameters, gradients, moments
+  const std::int64_t state_copies = 2 + traits(optimizer).moments;  // parameters, gradients, moments
   const std::int64_t eval = evaluates ? eval_batch : 0;
   std::vector<std::int64_t> per_layer(spec.layers.size(), 0);
   // The input batch (no gradient), then each layer's output; flatten's output aliases its input.
@@ -358,17 +358,17 @@ std::int64_t physical_memory_bytes() {
   return checked_mul(pages, page).value_or(std::numeric_limits<std::int64_t>::max());
 }
 
-void check_model_fits_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch, bool adam,
-                             bool evaluates) {
+void check_model_fits_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch,
+                             OptimizerKind optimizer, bool evaluates) {
   const std::int64_t physical = physical_memory_bytes();
-  const MemoryEstimate e = estimate_model_memory(spec, train_batch, eval_batch, adam, evaluates);
+  const MemoryEstimate e = estimate_model_memory(spec, train_batch, eval_batch, optimizer, evaluates);
   if (physical <= 0 || (!e.overflow && e.total_bytes <= physical)) return;
   const auto amount = [&](std::int64_t b) {
     return e.overflow ? std::string("more than 8 EiB") : "about " + bytes_text(b);
   };
   std::string msg = "the model needs " + amount(e.total_bytes) + " of memory on this rank (" +
                     std::to_string(spec.param_count) + " parameters with their gradients and " +
-                    (adam ? "adam" : "sgd") + " state";
+                    name_of(optimizer) + " state";
   if (!e.overflow) msg += ": " + bytes_text(e.state_bytes);
   msg += "; activations for a batch of " + std::to_string(train_batch) +
          (evaluates ? " and an evaluation batch of " + std::to_string(eval_batch) : std::string()) +

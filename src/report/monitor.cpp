@@ -19,6 +19,7 @@
 #include "mnist_mpi/json.hpp"
 #include "mnist_mpi/report/ranks.hpp"
 #include "mnist_mpi/report/report_command.hpp"  // kMetricsFormat
+#include "mnist_mpi/report/run_summary.hpp"
 
 namespace mnist_mpi {
 namespace {
@@ -147,7 +148,7 @@ void Monitor::on_start(const StartFacts& f) {
                {"model", opt_.model},
                {"precision", opt_.precision},
                {"exact_sums", opt_.exact_sums},
-               {"optimizer", opt_.optimizer.kind},
+               {"optimizer", name_of(opt_.optimizer.kind)},
                {"lr", json_number(opt_.schedule.base_lr)},
                {"seed", opt_.seed},
                {"steps_per_epoch", setup_.steps_per_epoch},
@@ -259,23 +260,6 @@ void Monitor::on_log(std::int64_t step, double loss, double lr, double images_pe
              {"images_per_s", json_number(images_per_s)}});
 }
 
-namespace {
-// A step's parts in ms: the final event's "step_ms", and each rank's.
-Json step_ms_json(const StepTiming& t) {
-  return Json{{"data", json_number(1e3 * t.data)},
-              {"forward", json_number(1e3 * t.forward)},
-              {"backward", json_number(1e3 * t.backward)},
-              {"exposed_comm", json_number(1e3 * t.exposed_comm)},
-              {"optimizer", json_number(1e3 * t.optimizer)}};
-}
-Json rank_json(const RankTimes& r) {
-  return Json{{"rank", r.rank},
-              {"host", r.host},
-              {"compute_ms", json_number(1e3 * r.compute())},
-              {"wait_ms", json_number(1e3 * r.per_step.exposed_comm)},
-              {"step_ms", step_ms_json(r.per_step)}};
-}
-}  // namespace
 
 void Monitor::on_ranks(std::int64_t step, const std::vector<RankTimes>& window) {
   if (!rank0_) return;
@@ -344,15 +328,48 @@ void Monitor::on_preempted(const PreemptedFacts& f) {
   }
 }
 
+Monitor::~Monitor() = default;
+
+RunSummary Monitor::summarise(const FinalFacts& f) const {
+  RunSummary s;
+  s.config = opt_.config_file;
+  s.model = opt_.model;
+  s.precision = opt_.precision;
+  s.optimizer = name_of(opt_.optimizer.kind);
+  s.exact_sums = opt_.exact_sums;
+  s.seed = opt_.seed;
+  s.world_size = setup_.world;
+  s.global_batch = setup_.global_batch;
+  s.steps_per_epoch = setup_.steps_per_epoch;
+  s.end = f;
+  s.buckets = static_cast<std::int64_t>(setup_.buckets);
+  s.process_s = std::chrono::duration<double>(Clock::now() - setup_.process_start).count();
+  const StepTiming& t = total_;  // sums over every step, not the steady means
+  s.time = {{"start-up", f.startup_s},
+            {"data", t.data},
+            {"forward", t.forward},
+            {"backward", t.backward},
+            {"exposed communication", t.exposed_comm},
+            {"optimizer", t.optimizer},
+            {"evaluation", eval_s_}};
+  double known = 0;
+  for (const TimeShare& share : s.time) known += share.seconds;
+  s.time.push_back({"other", std::max(0.0, s.process_s - known)});
+  return s;
+}
+
 // Long on purpose (Note [Why a function is long] in docs/style.md): the final report, one line
-// after another in the order they are printed, then the "final" event with the same figures.
-void Monitor::on_final(const FinalFacts& f) {
+// after another in the order they are printed, then the "final" event with the same figures: both
+// from the run's one summary (include/mnist_mpi/report/run_summary.hpp).
+void Monitor::on_final(const FinalFacts& facts) {
   if (!rank0_) return;
+  summary_ = std::make_unique<RunSummary>(summarise(facts));
+  const FinalFacts& f = summary_->end;
   const StepTiming& t = f.per_step;
   const CheckpointStats& c = f.checkpoints;
   OutputFile& out = OutputFile::standard_output();
   // One text for the summary, the report and its facts ("none (one rank)" for a single rank).
-  const std::string straggler = straggler_text(f.ranks, f.straggler);
+  const std::string straggler = summary_->straggler_line();
   if (!opt_.quiet) {
     out.print("test accuracy %.4f loss %.4f after %lld steps (%.2f epochs)\n", f.test_accuracy, f.test_loss,
               static_cast<long long>(f.steps), f.epochs);
@@ -365,7 +382,7 @@ void Monitor::on_final(const FinalFacts& f) {
         t.reduced_bytes / 1048576.0);
     if (c.written > 0) {
       const double n = static_cast<double>(c.written);
-      const double state = static_cast<double>(f.params) * sizeof(float) * (opt_.optimizer.kind == "adam" ? 3.0 : 2.0);
+      const double state = static_cast<double>(f.params) * sizeof(float) * (1.0 + traits(opt_.optimizer.kind).moments);
       out.print(
           "checkpoints: %lld written, %.2f MB each (parameters and optimizer state %.2f MB + %.1f KB); "
           "rank 0 copied the state in %.2f ms, wrote it in %.1f ms (%s); the other ranks waited %.2f ms "
@@ -402,54 +419,7 @@ void Monitor::on_final(const FinalFacts& f) {
   report_.straggler_rank = f.straggler.rank;
   out.flush();
   if (!metrics_file_) return;
-  Json rss = Json::array();
-  for (const std::uint64_t kib : f.peak_rss_kib) rss.push_back(json_number(static_cast<double>(kib) / 1024.0));
-  const double written = static_cast<double>(c.written);
-  Json event{{"event", "final"},
-             {"test_accuracy", json_number(f.test_accuracy)},
-             {"test_loss", json_number(f.test_loss)},
-             {"steps", f.steps},
-             {"epochs", json_number(f.epochs)},
-             {"world_size", setup_.world},
-             {"global_batch", setup_.global_batch},
-             {"wall_s", json_number(f.wall_s)},
-             {"images_per_s", json_number(f.images_per_s)},
-             {"startup_s", json_number(f.startup_s)},
-             {"peak_rss_mb", std::move(rss)},
-             {"step_ms", step_ms_json(t)},
-             {"reduced_bytes_per_step", json_number(t.reduced_bytes)},
-             {"buckets", setup_.buckets},
-             {"skipped_steps", f.skipped_steps},
-             {"exact_chunk", f.exact_chunk},
-             {"exact_sum_probes", f.exact_sum_probes},
-             {"params_hash", f.params_hash},
-             {"checkpoints",
-              {{"written", c.written},
-               {"bytes", json_number(c.bytes)},
-               {"capture_ms", json_number(c.written ? c.capture_ms / written : 0.0)},
-               {"write_ms", json_number(c.written ? c.write_ms / written : 0.0)},
-               {"others_wait_ms", json_number(c.others_wait_ms)},
-               {"others_wait_baseline_ms", json_number(c.others_wait_baseline_ms)}}}};
-  Json ranks = Json::array();
-  for (const RankTimes& r : f.ranks) ranks.push_back(rank_json(r));
-  event["ranks"] = std::move(ranks);
-  const Straggler& s = f.straggler;
-  event["straggler"] = s.rank < 0 ? Json(nullptr)
-                                  : Json{{"rank", s.rank},
-                                         {"host", s.host},
-                                         {"phase", s.phase},
-                                         {"slower", json_number(s.slower)},
-                                         {"phase_slower", json_number(s.phase_slower)},
-                                         {"others_waited_s", json_number(s.others_waited_s)}};
-  if (f.target.accuracy > 0) {
-    const TargetFacts& g = f.target;
-    event["target"] =
-        Json{{"accuracy", json_number(g.accuracy)},
-             {"reached", g.reached},
-             {"step", g.reached ? Json(g.step) : Json(nullptr)},
-             {"validation_accuracy", g.reached ? json_number(g.validation_accuracy) : Json(nullptr)},
-             {"time_from_process_start_s", g.reached ? json_number(g.time_from_process_start_s) : Json(nullptr)}};
-  }
+  Json event = summary_->final_event();
   launch_.add_json_fields(event);
   metrics(event);
 }
@@ -458,24 +428,13 @@ void Monitor::finish(Communicator& comm, const FinalFacts& f) {
   if (timeline_) timeline_->gather_and_write(comm, timeline_file_.get(), setup_.host);
   if (rank0_) {
     OutputFile& out = OutputFile::standard_output();
-    const double all_s = std::chrono::duration<double>(Clock::now() - setup_.process_start).count();
-    const StepTiming& t = total_;
-    std::vector<TimeShare>& time = report_.time;
-    time = {{"start-up", f.startup_s},
-            {"data", t.data},
-            {"forward", t.forward},
-            {"backward", t.backward},
-            {"exposed communication", t.exposed_comm},
-            {"optimizer", t.optimizer},
-            {"evaluation", eval_s_}};
-    double known = 0;
-    for (const TimeShare& s : time) known += s.seconds;
-    time.push_back({"other", std::max(0.0, all_s - known)});
-
+    const RunSummary& summary = summary_ ? *summary_ : summarise(f);  // on_final made it
+    const double all_s = summary.process_s;
+    report_.time = summary.time;
     out.print("where the time went (rank 0, %lld steps, %.2f s from process start):\n", static_cast<long long>(f.steps),
               all_s);
     out.print("  %-22s %9s %7s %14s\n", "phase", "seconds", "share", "ms/step (all)");
-    for (const TimeShare& s : time) {
+    for (const TimeShare& s : report_.time) {
       const bool per_step = s.name != "start-up" && s.name != "evaluation" && s.name != "other";
       out.print("  %-22s %9.3f %6.1f%% %14s\n", s.name.c_str(), s.seconds, all_s > 0 ? 100.0 * s.seconds / all_s : 0.0,
                 per_step && f.steps > 0 ? fmt("%.3f", 1e3 * s.seconds / static_cast<double>(f.steps)).c_str() : "");
@@ -488,16 +447,7 @@ void Monitor::finish(Communicator& comm, const FinalFacts& f) {
     out.flush();
 
     if (report_file_) {
-      report_.facts = {{"model", f.model},
-                       {"ranks", std::to_string(setup_.world)},
-                       {"global batch", std::to_string(setup_.global_batch)},
-                       {"steps", std::to_string(f.steps) + " (" + fmt("%.2f", f.epochs) + " epochs)"},
-                       {"test accuracy", fmt("%.4f", f.test_accuracy)},
-                       {"test loss", fmt("%.4f", f.test_loss)},
-                       {"images/s (steady)", fmt("%.0f", f.images_per_s)},
-                       {"straggler", report_.straggler},
-                       {"wall time", fmt("%.2f s", all_s)},
-                       {"params_hash", f.params_hash}};
+      report_.facts = summary.facts();
       if (write_html_report(*report_file_, report_)) out.print("report: %s\n", opt_.report_file.c_str());
     }
     if (metrics_file_) metrics_file_->close();

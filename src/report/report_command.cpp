@@ -16,6 +16,7 @@
 #include "mnist_mpi/json.hpp"
 #include "mnist_mpi/report/output.hpp"
 #include "mnist_mpi/report/ranks.hpp"
+#include "mnist_mpi/report/run_summary.hpp"
 
 namespace mnist_mpi {
 namespace po = boost::program_options;
@@ -23,52 +24,6 @@ namespace {
 
 constexpr const char* kTempSuffix = ".tmp";               // Note [Whole or absent]
 constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 32;  // a metrics file of 4 GB is not one
-
-double number(const Json& j, const char* key) {
-  const auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->get<double>() : std::numeric_limits<double>::quiet_NaN();
-}
-
-// A whole-number field (missing: dflt). nlohmann's value() would cast a float such as 1e27 to an
-// integer, undefined behaviour out of range (found by fuzz_metrics): refused here instead.
-std::int64_t whole(const Json& j, const char* key, std::int64_t dflt) {
-  const auto it = j.find(key);
-  if (it == j.end()) return dflt;
-  if (it->is_number_unsigned()) {
-    const std::uint64_t u = it->get<std::uint64_t>();
-    if (u <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return static_cast<std::int64_t>(u);
-  } else if (it->is_number_integer()) {
-    return it->get<std::int64_t>();
-  } else if (it->is_number_float()) {
-    const double d = it->get<double>();
-    if (d == std::floor(d) && std::fabs(d) < 9.2e18) return static_cast<std::int64_t>(d);
-  }
-  throw_error(ExitCode::kData, std::string("the field \"") + key + "\" is not a whole number of 64 bits");
-}
-
-StepTiming step_ms(const Json& j) {
-  const auto it = j.find("step_ms");
-  if (it == j.end() || !it->is_object()) return {};
-  return StepTiming{.data = number(*it, "data") / 1e3,
-                    .forward = number(*it, "forward") / 1e3,
-                    .backward = number(*it, "backward") / 1e3,
-                    .exposed_comm = number(*it, "exposed_comm") / 1e3,
-                    .optimizer = number(*it, "optimizer") / 1e3};
-}
-
-std::vector<RankTimes> ranks_of(const Json& event) {
-  std::vector<RankTimes> out;
-  const auto it = event.find("ranks");
-  if (it == event.end() || !it->is_array()) return out;
-  for (const Json& r : *it) {
-    RankTimes t;
-    t.rank = static_cast<int>(whole(r, "rank", 0));
-    t.host = r.value("host", std::string());
-    t.per_step = step_ms(r);
-    out.push_back(t);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -124,7 +79,7 @@ LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
     const std::string kind = e["event"];
     if (n == 1) {
       MNIST_CHECK(kind == "start", ExitCode::kData, where + ": the first event is " + quote_input(kind) + ", not 'start'");
-      const std::int64_t format = whole(e, "format", 0);
+      const std::int64_t format = json_field_whole(e, "format", 0);
       MNIST_CHECK(format == kMetricsFormat, ExitCode::kData,
                   where + ": a metrics file of " +
                       (format == 0 ? std::string("an earlier version (no format number)")
@@ -136,14 +91,14 @@ LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
       continue;
     }
     if (kind == "step") {
-      d.train.push_back(TrainPoint{whole(e, "step", 0), number(e, "loss"), number(e, "lr"),
-                                   number(e, "images_per_s")});
+      d.train.push_back(TrainPoint{json_field_whole(e, "step", 0), json_field_number(e, "loss"),
+                                   json_field_number(e, "lr"), json_field_number(e, "images_per_s")});
     } else if (kind == "eval") {
       const std::string split = e.value("split", std::string());
-      d.evals.push_back(EvalPoint{split == "validation" ? "validation" : "test", whole(e, "step", 0),
-                                  number(e, "accuracy"), number(e, "loss")});
+      d.evals.push_back(EvalPoint{split == "validation" ? "validation" : "test", json_field_whole(e, "step", 0),
+                                  json_field_number(e, "accuracy"), json_field_number(e, "loss")});
     } else if (kind == "ranks") {
-      RankPoint p{whole(e, "step", 0), {}, {}};
+      RankPoint p{json_field_whole(e, "step", 0), {}, {}};
       for (const RankTimes& r : ranks_of(e)) {
         p.compute_ms.push_back(1e3 * r.compute());
         p.wait_ms.push_back(1e3 * r.per_step.exposed_comm);
@@ -157,47 +112,20 @@ LabelledRun read_metrics(const std::string& path, std::int64_t& n) {
   MNIST_CHECK(!final_event.is_null(), ExitCode::kData,
               path + ": ends at line " + std::to_string(n) +
                   " without the run's final event (a run still going or stopped, or a truncated file)");
-  const Json& f = final_event;
-  d.steps_per_epoch = whole(start, "steps_per_epoch", 0);
-  d.ranks = ranks_of(f);
-  Straggler s;
-  if (const auto it = f.find("straggler"); it != f.end() && it->is_object()) {
-    s.rank = static_cast<int>(whole(*it, "rank", -1));
-    s.host = it->value("host", std::string());
-    s.phase = it->value("phase", std::string());
-    s.slower = number(*it, "slower");
-    s.phase_slower = number(*it, "phase_slower");
-    s.others_waited_s = number(*it, "others_waited_s");
-  }
-  d.straggler = straggler_text(d.ranks, s);  // "none (one rank)" for one
-  d.straggler_rank = s.rank;
-  const std::string config = start.value("config", std::string());
-  const StepTiming t = step_ms(f);
-  const double steps = number(f, "steps");
-  d.facts = {{"file", path},
-             {"config", config.empty() ? "(none)" : config},
-             {"model", start.value("model", std::string())},
-             {"ranks", std::to_string(whole(start, "world_size", 0))},
-             {"global batch", std::to_string(whole(start, "global_batch", 0))},
-             {"precision", start.value("precision", std::string())},
-             {"exact sums", start.value("exact_sums", false) ? "on" : "off"},
-             {"seed", std::to_string(whole(start, "seed", 0))},
-             {"steps", fmt("%.0f", steps) + " (" + fmt("%.2f", number(f, "epochs")) + " epochs)"},
-             {"test accuracy", fmt("%.4f", number(f, "test_accuracy"))},
-             {"test loss", fmt("%.4f", number(f, "test_loss"))},
-             {"images/s (steady)", fmt("%.0f", number(f, "images_per_s"))},
-             {"wall time of training", fmt("%.2f s", number(f, "wall_s"))},
-             {"straggler", d.straggler},
-             {"params_hash", f.value("params_hash", std::string())}};
-  d.time = {{"start-up", number(f, "startup_s")},
-            {"data", t.data * steps},
-            {"forward", t.forward * steps},
-            {"backward", t.backward * steps},
-            {"exposed communication", t.exposed_comm * steps},
-            {"optimizer", t.optimizer * steps}};
-  run.label = config.empty() ? start.value("model", std::string("run")) : config.substr(config.rfind('/') + 1);
-  run.label += ", " + std::to_string(whole(start, "world_size", 0)) + " rank" +
-               (whole(start, "world_size", 0) == 1 ? "" : "s");
+  // The run's summary, as the monitor made it at the end of training (Note in
+  // include/mnist_mpi/report/run_summary.hpp): the same facts and time, the file's name first.
+  const RunSummary summary = RunSummary::from_events(start, final_event);
+  d.steps_per_epoch = summary.steps_per_epoch;
+  d.ranks = summary.end.ranks;
+  d.straggler = summary.straggler_line();  // "none (one rank)" for one
+  d.straggler_rank = summary.end.straggler.rank;
+  d.facts = summary.facts();
+  d.facts.insert(d.facts.begin(), {"file", path});
+  d.time = summary.time;
+  const std::string& config = summary.config;
+  run.label = config.empty() ? (summary.model.empty() ? std::string("run") : summary.model)
+                             : config.substr(config.rfind('/') + 1);
+  run.label += ", " + std::to_string(summary.world_size) + " rank" + (summary.world_size == 1 ? "" : "s");
   return run;
 }
 

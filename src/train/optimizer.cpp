@@ -12,13 +12,6 @@
 
 namespace mnist_mpi {
 
-namespace {
-void check_kind(const OptimizerConfig& cfg) {
-  MNIST_CHECK(cfg.kind == "adam" || cfg.kind == "sgd", ExitCode::kUsage,
-              "--optimizer: unknown optimizer '" + cfg.kind + "' (adam or sgd)");
-}
-}  // namespace
-
 Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count)
     : cfg_(cfg),
       count_(count),
@@ -26,9 +19,8 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count)
       owned_offset_{0},
       state_size_(count),
       pass_(make_host_optimizer_pass(cfg)) {
-  check_kind(cfg);
   host_m_.assign(static_cast<std::size_t>(count), 0.0f);
-  if (cfg.kind == "adam") host_v_.assign(static_cast<std::size_t>(count), 0.0f);
+  if (moments() == 2) host_v_.assign(static_cast<std::size_t>(count), 0.0f);
   m_ = host_m_;
   v_ = host_v_;
 }
@@ -46,7 +38,6 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& ba
       every_rank_(std::move(every_rank)),
       backend_(&backend),
       pass_(backend.make_optimizer_pass(cfg)) {
-  check_kind(cfg);
   std::int64_t prev_end = 0;
   for (const ParamRange& r : owned_) {  // Note [Sharded optimiser state]
     MNIST_CHECK(prev_end <= r.begin && r.begin < r.end && r.end <= count, ExitCode::kRuntime,
@@ -59,7 +50,7 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& ba
   const std::int64_t n = std::max<std::int64_t>(state_size_, 1);
   buf_m_ = backend.allocate(n);  // zero-filled
   m_ = std::span<float>(buf_m_->data(), static_cast<std::size_t>(state_size_));
-  if (cfg.kind == "adam") {
+  if (moments() == 2) {
     buf_v_ = backend.allocate(n);
     v_ = std::span<float>(buf_v_->data(), static_cast<std::size_t>(state_size_));
   }
@@ -77,7 +68,7 @@ void Optimizer::restore(const float* m, const float* v, std::int64_t steps_taken
       const auto n = static_cast<std::size_t>(owned_[i].end - owned_[i].begin);
       const std::int64_t at = owned_offset_[i];
       backend_->upload(std::span<const float>(m + owned_[i].begin, n), m_.data() + at);
-      if (cfg_.kind == "adam") backend_->upload(std::span<const float>(v + owned_[i].begin, n), v_.data() + at);
+      if (moments() == 2) backend_->upload(std::span<const float>(v + owned_[i].begin, n), v_.data() + at);
     }
   } else {
     std::copy(m, m + count_, m_.begin());
@@ -128,7 +119,7 @@ void Optimizer::gather_state(Communicator& comm) {
   if (every_rank_.empty()) return;  // unsharded: checkpoint_moments() reads the moments themselves
   host_state_->to_host();
   const std::size_t mine = static_cast<std::size_t>(state_size_) * sizeof(float);
-  for (std::size_t i = 0; i < (cfg_.kind == "adam" ? 2u : 1u); ++i) {
+  for (int i = 0; i < moments(); ++i) {
     comm.gather(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(host_state_->host(i)), mine),
                 gathered_, gathered_counts_, 0);
     if (comm.rank() != 0) continue;
@@ -146,11 +137,11 @@ void Optimizer::gather_state(Communicator& comm) {
 }
 
 Optimizer::Moments Optimizer::checkpoint_moments() {
-  const bool adam = cfg_.kind == "adam";
-  if (!every_rank_.empty()) return {full_[0].data(), adam ? full_[1].data() : nullptr};  // gather_state()'s
-  if (!host_state_) return {m_.data(), adam ? v_.data() : nullptr};                     // in host memory already
+  const bool two = moments() == 2;
+  if (!every_rank_.empty()) return {full_[0].data(), two ? full_[1].data() : nullptr};  // gather_state()'s
+  if (!host_state_) return {m_.data(), two ? v_.data() : nullptr};                     // in host memory already
   host_state_->to_host();
-  return {host_state_->host(0), adam ? host_state_->host(1) : nullptr};
+  return {host_state_->host(0), two ? host_state_->host(1) : nullptr};
 }
 
 double learning_rate(const ScheduleConfig& s, std::int64_t step, std::int64_t epoch, std::int64_t total_steps) {

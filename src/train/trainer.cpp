@@ -186,7 +186,7 @@ void Trainer::make_training_state() {
   const InitSpec wi = parse_init_spec(opt_.weight_init), bi = parse_init_spec(opt_.bias_init);
   {  // before anything is allocated (Note [Will the model fit?])
     const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
-    backend_->check_model_fits(spec_, batch_, std::min(opt_.eval_batch_size, largest), opt_.optimizer.kind == "adam",
+    backend_->check_model_fits(spec_, batch_, std::min(opt_.eval_batch_size, largest), opt_.optimizer.kind,
                                /*evaluates=*/true);  // every rank (Note [Every rank evaluates a share])
   }
   params_ = backend_->allocate(spec_.param_count);
@@ -246,7 +246,7 @@ void Trainer::make_evaluation() {
 
 // What the banner says (Monitor::on_start).
 StartFacts Trainer::start_facts(int threads, const GpuProbe& gpus) const {
-  const std::int64_t moments = opt_.optimizer.kind == "adam" ? 2 : 1;
+  const std::int64_t moments = traits(opt_.optimizer.kind).moments;
   std::int64_t largest_state = 0;  // elements of one moment on the rank that holds the most
   for (int r = 0; r < comm_.size(); ++r) {
     std::int64_t n = 0;

@@ -157,9 +157,9 @@ class Backend {
   // Refuses (Error kResources) a model whose training would not fit this backend's memory, before
   // anything is allocated (Note [Will the model fit?]); a backend that reports its own
   // out-of-memory errors keeps the default, which accepts.
-  virtual void check_model_fits(const ModelSpec& spec, std::int64_t batch, std::int64_t eval_batch, bool adam,
-                                bool evaluates) const {
-    (void)spec, (void)batch, (void)eval_batch, (void)adam, (void)evaluates;
+  virtual void check_model_fits(const ModelSpec& spec, std::int64_t batch, std::int64_t eval_batch,
+                                OptimizerKind optimizer, bool evaluates) const {
+    (void)spec, (void)batch, (void)eval_batch, (void)optimizer, (void)evaluates;
   }
   // ---- Hooks that only a GPU backend fills in; the CPU keeps these defaults, so that the trainer
   // ---- calls them on any backend and has no device branch.

@@ -38,7 +38,7 @@ struct CheckpointMeta {
   std::int64_t dropout_step = 0;   // RNG counter of dropout: the next step's masks use this step
   std::int64_t param_count = 0;
   std::int64_t optimizer_steps = 0;  // Adam's t (bias correction), SGD's step count
-  std::uint32_t optimizer_kind = 0;  // 0 adam, 1 sgd
+  std::uint32_t optimizer_kind = 0;  // OptimizerTraits::checkpoint_code: 0 adam, 1 sgd
   std::uint32_t nesterov = 0;
   double beta1 = 0, beta2 = 0, eps = 0, momentum = 0, weight_decay = 0;
   std::uint32_t schedule_kind = 0;  // 0 constant, 1 step, 2 cosine
@@ -60,6 +60,11 @@ struct CheckpointTensor {
   std::int64_t size = 0;
   bool operator==(const CheckpointTensor&) const = default;
 };
+
+// The optimiser of a decoded checkpoint (decode_checkpoint refuses a code that names none).
+inline OptimizerKind checkpoint_optimizer(const CheckpointMeta& m) {
+  return optimizer_kind_of_code(m.optimizer_kind).value_or(OptimizerKind::kAdam);
+}
 
 // Everything a file holds, decoded.
 struct Checkpoint {

@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <string>
 
+#include "mnist_mpi/optimizer_kind.hpp"
+
 namespace mnist_mpi {
 
 struct OptimizerConfig {
-  std::string kind = "adam";                      // adam | sgd
+  OptimizerKind kind = OptimizerKind::kAdam;
   double momentum = 0.0;                          // sgd
   bool nesterov = false;                          // sgd
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "mnist_mpi/optimizer_kind.hpp"
+
 namespace mnist_mpi {
 
 enum class LayerKind { kConv, kMaxPool, kRelu, kFlatten, kFc, kDropout };
@@ -80,14 +82,14 @@ struct MemoryEstimate {
 // evaluates: the rank also holds an evaluation model of eval_batch images (every rank does in
 // training: Note [Every rank evaluates a share] in src/train/trainer.cpp).
 MemoryEstimate estimate_model_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch,
-                                     bool adam, bool evaluates);
+                                     OptimizerKind optimizer, bool evaluates);
 // This machine's physical memory in bytes (sysconf), or 0 when it cannot be told.
 std::int64_t physical_memory_bytes();
 // Throws Error(kUsage) naming the estimate, the machine's memory and the largest layer when the
 // estimate exceeds physical_memory_bytes(): a clear message instead of std::bad_alloc or the
 // kernel's OOM killer in the middle of set-up.
-void check_model_fits_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch, bool adam,
-                             bool evaluates);
+void check_model_fits_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch,
+                             OptimizerKind optimizer, bool evaluates);
 // Fills params (size spec.param_count) from the initialisers, deterministically from seed.
 void init_params(const ModelSpec& spec, const InitSpec& weight_init, const InitSpec& bias_init, std::uint64_t seed,
                  float* params);

@@ -32,6 +32,8 @@
 
 namespace mnist_mpi {
 
+struct RunSummary;  // include/mnist_mpi/report/run_summary.hpp
+
 
 struct MonitorSetup {
   int rank = 0, world = 1;
@@ -71,6 +73,7 @@ class Monitor {
  public:
   using Clock = std::chrono::steady_clock;
   Monitor(const Options& options, MonitorSetup setup);
+  ~Monitor();
   // The files a run with these options writes (Note [No output is an input] in
   // include/mnist_mpi/io/file_roles.hpp): the metrics file, the timeline and the report with
   // their temporaries, and the TensorBoard event files.
@@ -113,6 +116,8 @@ class Monitor {
   std::vector<std::string> lost_outputs() const;
 
  private:
+  // The run's summary from the trainer's facts, the options and the time totals (rank 0).
+  RunSummary summarise(const FinalFacts& facts) const;
   // The micro-batches a rank runs in one step, at most: --accumulation-steps, or its chunks.
   std::int64_t micro_batches_per_step() const;
   void check_replaced_output(const char* option, const std::string& path) const;
@@ -135,6 +140,7 @@ class Monitor {
   Clock::time_point last_end_{};
   double eval_s_ = 0;
   ReportData report_;
+  std::unique_ptr<RunSummary> summary_;  // rank 0, from on_final
   std::vector<std::pair<std::string_view, double>> scalars_;  // reused for TensorBoard events
 };
 

@@ -66,6 +66,7 @@ class Optimizer {
   std::span<float> first_moment() { return m_; }
   std::span<float> second_moment() { return v_; }
   const OptimizerConfig& config() const { return cfg_; }
+  int moments() const { return traits(cfg_.kind).moments; }  // 1 (first only) or 2
   std::int64_t count() const { return count_; }
   std::int64_t state_size() const { return state_size_; }
   // Puts back a checkpoint's state from host memory: m and v of count() elements, in flat order

@@ -294,9 +294,9 @@ class CpuBackend final : public Backend {
   std::unique_ptr<HostCopy> make_host_copy(std::vector<float*> buffers, std::int64_t) override {
     return std::make_unique<SameMemory>(std::move(buffers));
   }
-  void check_model_fits(const ModelSpec& spec, std::int64_t batch, std::int64_t eval_batch, bool adam,
+  void check_model_fits(const ModelSpec& spec, std::int64_t batch, std::int64_t eval_batch, OptimizerKind optimizer,
                         bool evaluates) const override {
-    check_model_fits_memory(spec, batch, eval_batch, adam, evaluates);
+    check_model_fits_memory(spec, batch, eval_batch, optimizer, evaluates);
   }
   void upload(std::span<const float> host, float* dst) override {
     if (host.data() != dst) std::copy(host.begin(), host.end(), dst);

@@ -51,7 +51,7 @@ void adam_pass_copy(const AdamScalars& a, float* __restrict p, const float* __re
 void host_pass(const OptimizerConfig& cfg, const OptimizerScalars& s, float* __restrict p, const float* __restrict g,
                float* __restrict m, float* __restrict v, std::uint16_t* __restrict copy, std::int64_t n) {
   const float wd = static_cast<float>(cfg.weight_decay);
-  if (cfg.kind == "adam") {
+  if (cfg.kind == OptimizerKind::kAdam) {
     const AdamScalars a{wd,
                         static_cast<float>(cfg.beta1),
                         static_cast<float>(cfg.beta2),

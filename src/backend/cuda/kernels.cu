@@ -296,7 +296,7 @@ void launch_count_step(cudaStream_t s, DeviceStepState* state, const int* guard,
 void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, const DeviceStepState* state, float* p,
                       const float* g, float* m, float* v, std::int64_t n, const int* guard) {
   const float wd = static_cast<float>(cfg.weight_decay);  // as the CPU pass computes them
-  if (cfg.kind == "adam") {
+  if (cfg.kind == OptimizerKind::kAdam) {
     const float b1 = static_cast<float>(cfg.beta1), b2 = static_cast<float>(cfg.beta2);
     const float eps = static_cast<float>(cfg.eps);
     adam_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, wd, b1, 1.0f - b1, b2, 1.0f - b2, state, eps, guard);
