@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/config/combinations.hpp"
 #include "mnist_mpi/config/options.hpp"
 
 namespace mnist_mpi {
@@ -290,6 +291,51 @@ TEST(Options, OptimizerIsOneOfTheKnownKinds) {
   const auto [code, msg] = parse_within_10s({"--batch-size", "8", "--optimizer", "rmsprop"});
   EXPECT_EQ(code, ExitCode::kUsage);
   EXPECT_NE(msg.find("--optimizer must be adam or sgd, got 'rmsprop'"), std::string::npos) << msg;
+}
+
+// One table of the pairs of options (src/config/combinations.cpp): the parser refuses the pairs of
+// options alone, naming both and the fix; the rows about the machine wait for the trainer's place,
+// and refuse there what the parser let through.
+TEST(Combinations, ThePairsAreRefusedOnceAndTheMachineRowsWaitForThePlace) {
+  for (const auto& [args, want] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--exact-sums", "--precision", "bf16"}, "--precision bf16 with --exact-sums"},
+           {{"--exact-sums", "--cuda-graph", "--device", "cuda"}, "--exact-sums with --cuda-graph"},
+           {{"--cuda-graph", "--device", "cpu"}, "--cuda-graph needs --device cuda"},
+           {{"--batch-size", "8", "--global-batch-size", "16"}, "give one of --batch-size (per rank) and --global-batch-size"},
+           {{"--checkpoint-every", "5"}, "--checkpoint-every needs --checkpoint-dir DIR"},
+           {{"--conv-algos", "measured", "--device", "cpu"}, "--device cpu has none"}}) {
+    const auto [code, msg] = parse_within_10s(args);
+    EXPECT_EQ(code, ExitCode::kUsage) << want;
+    EXPECT_NE(msg.find(want), std::string::npos) << msg;
+  }
+  Options o;
+  o.exact_sums = true;
+  o.threads = 2;
+  check_combinations(o);  // threads are a question for the machine: not refused without it
+  const RunPlace cpu{false, false, "node7"}, gpu{true, false, "node7"}, shared{true, true, "node7"};
+  check_combinations(o, &gpu);  // a GPU rank's threads change none of its kernels
+  try {
+    check_combinations(o, &cpu);
+    ADD_FAILURE() << "--exact-sums --threads 2 on a CPU rank was let through";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("drop --threads 2"), std::string::npos) << e.what();
+  }
+  Options g;
+  g.device = "auto";  // --device cpu with --cuda-graph is refused by the options alone
+  g.cuda_graph = true;
+  check_combinations(g);
+  check_combinations(g, &gpu);
+  for (const RunPlace* p : {&cpu, &shared}) {
+    try {
+      check_combinations(g, p);
+      ADD_FAILURE() << "--cuda-graph let through on a place with cuda " << p->cuda << ", shared " << p->shared_gpus;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kUsage);
+      EXPECT_NE(std::string(e.what()).find(p->cuda ? "ranks sharing a GPU" : "found none on node7"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // The INI forms Boost's parser took still parse the same: comments, blank lines, CRLF line ends,

@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/config/combinations.hpp"
 #include "mnist_mpi/io/file_kind.hpp"
 #include "mnist_mpi/io/standard_streams.hpp"
 
@@ -507,16 +508,9 @@ void check_counts(const Options& o) {
 
 void check_choices(Options& o, const ChoiceTexts& choice) {
   const std::string& sharding = choice.sharding;
-  if (o.checkpoint_dir.empty() && o.resume == "auto")
-    throw_error(ExitCode::kUsage,
-                "--resume auto looks in --checkpoint-dir: give --checkpoint-dir DIR (or --resume FILE)");
-  if (o.checkpoint_dir.empty() && o.checkpoint_every > 0)
-    throw_error(ExitCode::kUsage, "--checkpoint-every needs --checkpoint-dir DIR to write into");
   if (o.progress != "auto" && o.progress != "bar" && o.progress != "lines")
     throw_error(ExitCode::kUsage, "--progress must be auto, bar or lines, got " + quote_input(o.progress));
   if (o.threads < 0) throw_error(ExitCode::kUsage, "--threads must be >= 0");
-  if (o.batch_size != 0 && o.global_batch_size != 0)
-    throw_error(ExitCode::kUsage, "give one of --batch-size (per rank) and --global-batch-size, not both");
   if (o.batch_size == 0 && o.global_batch_size == 0) o.global_batch_size = kDefaultGlobalBatch;
   check_real_options(o);  // Note [One check for every floating-point option]
   if (o.device != "cpu" && o.device != "auto" && o.device != "cuda")
@@ -538,23 +532,9 @@ void check_choices(Options& o, const ChoiceTexts& choice) {
     throw_error(ExitCode::kUsage, "--optimizer must be " + optimizer_names(" or ") + ", got " + quote_input(choice.optimizer));
   if (o.precision != "fp32" && o.precision != "tf32" && o.precision != "bf16")
     throw_error(ExitCode::kUsage, "--precision must be fp32, tf32 or bf16, got " + quote_input(o.precision));
-  check_exact_sums_options(o);
   if (o.conv_algos != "heuristic" && o.conv_algos != "measured")
     throw_error(ExitCode::kUsage, "--conv-algos must be heuristic or measured, got " + quote_input(o.conv_algos));
-  if (o.conv_algos == "measured" && o.device == "cpu")
-    throw_error(ExitCode::kUsage,
-                "--conv-algos measured times cuDNN's algorithms, and --device cpu has none (oneDNN chooses its own): "
-                "drop it, or use --device cuda");
-  if (o.cuda_graph && o.device == "cpu")
-    throw_error(ExitCode::kUsage, "--cuda-graph needs --device cuda (or auto on a machine with GPUs)");
-  if (o.cuda_graph && !o.timeline_file.empty())
-    throw_error(ExitCode::kUsage,
-                "--timeline records each layer's host times, which a replayed CUDA graph does not have; drop "
-                "--timeline or --cuda-graph");
-  if (o.cuda_graph && o.allow_gpu_sharing)
-    throw_error(ExitCode::kUsage,
-                "--cuda-graph with --allow-gpu-sharing: ranks that share a GPU sum through host memory, which a "
-                "CUDA graph cannot capture; drop one of them");
+  check_combinations(o);  // the pairs of options: include/mnist_mpi/config/combinations.hpp
 }
 
 // Options::resolved: "key = value" for every option but the output paths and --help, --version,
@@ -592,22 +572,6 @@ std::string resolved_text(const po::variables_map& vm, const Options& o) {
 // --exact-sums on a GPU (docs/reduction.md): the step reads its sums' counters on the host and may
 // compute itself again, which a replayed graph cannot; and algorithms chosen by timing would make
 // the bits depend on it.
-void check_exact_sums_options(const Options& o) {
-  if (!o.exact_sums) return;
-  if (o.precision == "bf16")
-    throw_error(ExitCode::kUsage,
-                "--precision bf16 with --exact-sums: the exact sums run the fp32 kernels only; drop one of them");
-  if (o.cuda_graph)
-    throw_error(ExitCode::kUsage,
-                "--exact-sums with --cuda-graph: an exact step reads its sums' counters on the host and may compute "
-                "the step again, which a CUDA graph cannot replay; drop --cuda-graph");
-  if (o.conv_algos == "measured")
-    throw_error(ExitCode::kUsage,
-                "--exact-sums with --conv-algos measured: algorithms chosen by timing could differ from run to run, "
-                "and the bits with them; drop --conv-algos measured (cuDNN's heuristics, the default, choose the "
-                "same deterministic ones every run)");
-}
-
 ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::string& text) {
   ChoiceTexts choice;  // --shard-optimizer and --optimizer as given; into o once checked
   po::options_description all("mnist_mpi " MNIST_MPI_VERSION

@@ -28,9 +28,10 @@ Step::Step(const StepParts& parts, const StepShape& shape)
                   p_.data && p_.loss,
               ExitCode::kRuntime, "Step: a part is missing");
   if (shape_.graph) graph_ = p_.backend->make_step_graph();
-  // A graph replays body(), which is not the exact step (the options refuse the pair too).
-  MNIST_CHECK(!shape_.graph || !p_.exact, ExitCode::kUsage, "--cuda-graph with --exact-sums: drop --cuda-graph");
-  MNIST_CHECK(!shape_.graph || graph_, ExitCode::kUsage, "--cuda-graph needs the CUDA backend (--device cuda)");
+  // A graph replays body(), which is not the exact step. The options' table refuses both pairs with
+  // the fix (src/config/combinations.cpp); a Step made in code that has them is a program error.
+  MNIST_CHECK(!shape_.graph || !p_.exact, ExitCode::kRuntime, "Step: a CUDA graph of the exact step");
+  MNIST_CHECK(!shape_.graph || graph_, ExitCode::kRuntime, "Step: a CUDA graph on a backend that has none");
   const ModelSpec& spec = p_.model->spec();
   if (shape_.accumulation > 1) p_.backend->allocate(spec.param_count).swap(accum_);
   if (shape_.global_batch % (shape_.world * shape_.accumulation) != 0)  // Note [Uneven slices]

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/config/combinations.hpp"
 #include "mnist_mpi/comm/consistency.hpp"
 #include "mnist_mpi/comm/watchdog.hpp"
 #include "mnist_mpi/crc32c.hpp"
@@ -38,10 +39,11 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   const GpuProbe gpus = opt_.device == "cpu" ? GpuProbe{} : probe_gpus();
   device_ = choose_device(opt_.device, cuda_built(), gpus, comm_.local_rank(), comm_.local_size(),
                           opt_.allow_gpu_sharing, comm_.host());
-  MNIST_CHECK(!opt_.cuda_graph || device_.cuda, ExitCode::kUsage,
-              "--cuda-graph needs a GPU, and --device auto found none on " + comm_.host() + ": drop --cuda-graph");
+  shared_gpus_ = device_.cuda && comm_.local_size() > gpus.count;  // allowed by --allow-gpu-sharing
+  // Every pair of options, now with what the run found (Options built in code come through here too).
+  const RunPlace place{device_.cuda, shared_gpus_, comm_.host()};
+  check_combinations(opt_, &place);
   const std::int64_t world = comm_.size();
-  check_exact_sums_options(opt_);  // Options built in code have not been through parse_options
   // --shard-optimizer auto: sharded on the CPU with 2 or more ranks (Note [Sharded optimiser state]
   // in include/mnist_mpi/train/optimizer.hpp); the CUDA path shards only when asked, until NCCL's
   // reduce-scatter and all-gather have run across two GPUs (on one GPU: docs/gpu.md).
@@ -65,7 +67,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
               "--epochs " + std::to_string(opt_.epochs) + " is too large to train (it overflows a 64-bit count)");
   learning_rate(opt_.schedule, 0, 0, total_steps_);  // validates the schedule's name
 
-  const int threads = set_up_backend(gpus);
+  const int threads = set_up_backend();
   make_training_state();
   make_evaluation();
   replica_hashes_.resize(static_cast<std::size_t>(comm_.size()));
@@ -158,23 +160,13 @@ void Trainer::resolve_batch_sizes(std::int64_t train_count) {
 
 // The backend of the chosen device, and the communicator that sums its gradients. Returns the
 // threads per rank (CPU).
-int Trainer::set_up_backend(const GpuProbe& gpus) {
+int Trainer::set_up_backend() {
   int threads = opt_.threads;
-  // --exact-sums: a chunk's gradient must be the same bits on every rank, and the CPU kernels'
-  // sums over threads are cut by the number of threads (measured: lenet, 1 and 2 threads, other bits).
-  // (A GPU rank's --threads changes none of its kernels.)
-  MNIST_CHECK(!opt_.exact_sums || threads <= 1 || device_.cuda, ExitCode::kUsage,
-              "--exact-sums computes with one thread per rank (the kernels' sums depend on the number of threads); "
-              "drop --threads " + std::to_string(threads) + " and start more ranks to use more cores");
-  if (opt_.exact_sums) threads = 1;
+  if (opt_.exact_sums) threads = 1;  // one thread per rank: more are refused (config/combinations.cpp)
   if (threads == 0)
     threads = comm_.local_size() > 1 ? 1 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   backend_ = make_backend(device_, threads, opt_.precision);
   backend_->set_wait_timeout(opt_.collective_timeout);             // Note [Device waits have a deadline]
-  shared_gpus_ = device_.cuda && comm_.local_size() > gpus.count;  // allowed by --allow-gpu-sharing
-  MNIST_CHECK(!opt_.cuda_graph || !shared_gpus_, ExitCode::kUsage,
-              "--cuda-graph with ranks sharing a GPU: they sum through host memory, which a CUDA graph cannot capture; "
-              "drop --cuda-graph or run one rank per GPU");
   gpu_comm_ = backend_->make_gradient_communicator(comm_, spec_.param_count, shared_gpus_, opt_.exact_sums);
   grad_comm_ = gpu_comm_ ? gpu_comm_.get() : &comm_;
   return threads;

@@ -112,10 +112,6 @@ enum class ParseOutcome { kRun, kExitOk };
 // Parses argv. On --help / --version writes the text into `text` and returns kExitOk.
 ParseOutcome parse_options(int argc, const char* const* argv, Options& out, std::string& text);
 
-// Throws Error(kUsage) for what --exact-sums cannot run with: --precision bf16, --cuda-graph and
-// --conv-algos measured. parse_options checks it, and the trainer again (Options built in code).
-void check_exact_sums_options(const Options& o);
-
 // "key = value" lines (the form of Options::resolved, of a checkpoint's CONF and of the job
 // description the ranks compare) to key -> value; a line without " = " is its own key, value empty.
 std::map<std::string, std::string> key_value_lines(const std::string& text);

@@ -114,7 +114,7 @@ class Trainer final : private CheckpointSource {
   // Set-up (the constructor's steps).
   void check_file_roles() const;
   void resolve_batch_sizes(std::int64_t train_count);
-  int set_up_backend(const GpuProbe& gpus);  // the backend and its gradient communicator; returns the threads per rank
+  int set_up_backend();  // the backend and its gradient communicator; returns the threads per rank
   void make_training_state();
   void make_evaluation();
   StartFacts start_facts(int threads, const GpuProbe& gpus) const;
