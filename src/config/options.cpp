@@ -569,9 +569,6 @@ std::string resolved_text(const po::variables_map& vm, const Options& o) {
 }  // namespace
 
 // Options: the table, the command line, the --config file (the command line wins), the checks.
-// --exact-sums on a GPU (docs/reduction.md): the step reads its sums' counters on the host and may
-// compute itself again, which a replayed graph cannot; and algorithms chosen by timing would make
-// the bits depend on it.
 ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::string& text) {
   ChoiceTexts choice;  // --shard-optimizer and --optimizer as given; into o once checked
   po::options_description all("mnist_mpi " MNIST_MPI_VERSION

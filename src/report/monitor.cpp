@@ -344,14 +344,8 @@ RunSummary Monitor::summarise(const FinalFacts& f) const {
   s.end = f;
   s.buckets = static_cast<std::int64_t>(setup_.buckets);
   s.process_s = std::chrono::duration<double>(Clock::now() - setup_.process_start).count();
-  const StepTiming& t = total_;  // sums over every step, not the steady means
-  s.time = {{"start-up", f.startup_s},
-            {"data", t.data},
-            {"forward", t.forward},
-            {"backward", t.backward},
-            {"exposed communication", t.exposed_comm},
-            {"optimizer", t.optimizer},
-            {"evaluation", eval_s_}};
+  s.time = time_shares(f.startup_s, total_);  // sums over every step, not the steady means
+  s.time.push_back({"evaluation", eval_s_});
   double known = 0;
   for (const TimeShare& share : s.time) known += share.seconds;
   s.time.push_back({"other", std::max(0.0, s.process_s - known)});
@@ -428,7 +422,8 @@ void Monitor::finish(Communicator& comm, const FinalFacts& f) {
   if (timeline_) timeline_->gather_and_write(comm, timeline_file_.get(), setup_.host);
   if (rank0_) {
     OutputFile& out = OutputFile::standard_output();
-    const RunSummary& summary = summary_ ? *summary_ : summarise(f);  // on_final made it
+    if (!summary_) summary_ = std::make_unique<RunSummary>(summarise(f));  // on_final made it, when called
+    const RunSummary& summary = *summary_;
     const double all_s = summary.process_s;
     report_.time = summary.time;
     out.print("where the time went (rank 0, %lld steps, %.2f s from process start):\n", static_cast<long long>(f.steps),

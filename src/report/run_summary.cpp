@@ -34,6 +34,12 @@ std::int64_t json_field_whole(const Json& j, const char* key, std::int64_t dflt)
   throw_error(ExitCode::kData, std::string("the field \"") + key + "\" is not a whole number of 64 bits");
 }
 
+std::vector<TimeShare> time_shares(double startup_s, const StepTiming& t) {
+  return {{"start-up", startup_s},    {"data", t.data},
+          {"forward", t.forward},     {"backward", t.backward},
+          {"exposed communication", t.exposed_comm}, {"optimizer", t.optimizer}};
+}
+
 Json step_ms_json(const StepTiming& t) {
   return Json{{"data", json_number(1e3 * t.data)},
               {"forward", json_number(1e3 * t.forward)},
@@ -202,9 +208,8 @@ RunSummary RunSummary::from_events(const Json& start, const Json& f) {
   } else {  // an earlier version's file: the phases from the means per step
     const StepTiming& t = e.per_step;
     const double n = static_cast<double>(e.steps);
-    s.time = {{"start-up", e.startup_s},        {"data", t.data * n},
-              {"forward", t.forward * n},       {"backward", t.backward * n},
-              {"exposed communication", t.exposed_comm * n}, {"optimizer", t.optimizer * n}};
+    s.time = time_shares(e.startup_s, StepTiming{.data = t.data * n, .forward = t.forward * n, .backward = t.backward * n,
+                                                 .exposed_comm = t.exposed_comm * n, .optimizer = t.optimizer * n});
   }
   return s;
 }

@@ -44,6 +44,10 @@ struct RunSummary {
   std::string straggler_line() const;
 };
 
+// Where a run's time went, in the order every report lists it: start-up, then the step's phases
+// (`totals`: seconds over every step); the monitor adds evaluation and the rest ("other").
+std::vector<TimeShare> time_shares(double startup_s, const StepTiming& totals);
+
 // The step's phases in ms as the metrics file holds them ("step_ms": data, forward, backward,
 // exposed_comm, optimizer), and back.
 Json step_ms_json(const StepTiming& t);
