@@ -10,21 +10,25 @@
 
 namespace mnist_mpi {
 
-enum class OptimizerKind : std::uint8_t { kAdam, kSgd };
+enum class OptimizerKind : std::uint8_t { kAdam, kSgd, kLamb };
 
 // A kind's row: its name (the --optimizer value and the text in messages), how many moment
-// buffers of the parameters' size it keeps (state and checkpoint bytes), and its code in the
-// checkpoint format (docs/checkpoint.md: never reused, so an old file names the same optimiser).
+// buffers of the parameters' size it keeps (state and checkpoint bytes), its code in the
+// checkpoint format (docs/checkpoint.md: never reused, so an old file names the same optimiser),
+// and whether its update needs every bucket's gradients before it may change a parameter (LAMB's
+// per-tensor norms: Note [LAMB in two phases] in include/mnist_mpi/train/optimizer.hpp).
 struct OptimizerTraits {
   OptimizerKind kind;
   const char* name;
-  int moments;                   // float buffers of the parameter count: sgd's momentum; adam's m and v
+  int moments;  // float buffers of the parameter count: sgd's momentum; adam's and lamb's m and v
   std::uint32_t checkpoint_code;
+  bool two_phase;
 };
 
 inline constexpr OptimizerTraits kOptimizerTraits[] = {
-    {OptimizerKind::kAdam, "adam", 2, 0},
-    {OptimizerKind::kSgd, "sgd", 1, 1},
+    {OptimizerKind::kAdam, "adam", 2, 0, false},
+    {OptimizerKind::kSgd, "sgd", 1, 1, false},
+    {OptimizerKind::kLamb, "lamb", 2, 2, true},
 };
 
 constexpr const OptimizerTraits& traits(OptimizerKind k) {
@@ -45,7 +49,7 @@ inline std::optional<OptimizerKind> optimizer_kind_of_code(std::uint32_t code) {
     if (code == t.checkpoint_code) return t.kind;
   return std::nullopt;
 }
-// "adam | sgd": the names, for --help and messages.
+// "adam | sgd | lamb": the names, for --help and messages.
 inline std::string optimizer_names(const char* separator = " | ") {
   std::string s;
   for (const OptimizerTraits& t : kOptimizerTraits) s += (s.empty() ? "" : separator) + std::string(t.name);

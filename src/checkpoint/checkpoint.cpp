@@ -342,7 +342,7 @@ void check_parts_agree(const Checkpoint& ck, std::size_t parm_bytes, std::size_t
   const std::optional<OptimizerKind> kind = optimizer_kind_of_code(m.optimizer_kind);
   if (!kind) corrupt(name, "unknown optimizer kind " + std::to_string(m.optimizer_kind));
   if (mom2_bytes != (traits(*kind).moments == 2 ? parm_bytes : 0))
-    corrupt(name, "MOM2 does not fit the optimizer (Adam: the size of PARM; SGD: empty)");
+    corrupt(name, "MOM2 does not fit the optimizer (Adam, LAMB: the size of PARM; SGD: empty)");
   if (m.schedule_kind > 2) corrupt(name, "unknown learning-rate schedule kind " + std::to_string(m.schedule_kind));
   // Every field is a file's word, so the products are taken with overflow checks (a fuzzed
   // steps_per_epoch * global_batch overflowed int64 here, which is undefined behaviour).

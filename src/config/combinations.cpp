@@ -36,6 +36,12 @@ constexpr Combination kCombinations[] = {
        return "--exact-sums with --cuda-graph: an exact step reads its sums' counters on the host and may compute "
               "the step again, which a CUDA graph cannot replay; drop --cuda-graph";
      }},
+    {false, [](const Options& o, const RunPlace&) { return traits(o.optimizer.kind).two_phase && o.cuda_graph; },
+     [](const Options& o, const RunPlace&) -> std::string {
+       return std::string("--optimizer ") + name_of(o.optimizer.kind) +
+              " with --cuda-graph: its per-tensor norms are summed and turned into rates on the host between the "
+              "two phases of the update, which a CUDA graph cannot replay; drop --cuda-graph";
+     }},
     {false, [](const Options& o, const RunPlace&) { return o.exact_sums && o.conv_algos == "measured"; },
      [](const Options&, const RunPlace&) -> std::string {
        return "--exact-sums with --conv-algos measured: algorithms chosen by timing could differ from run to run, "

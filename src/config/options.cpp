@@ -284,24 +284,26 @@ void add_option_table(po::options_description& all, Options& o, ChoiceTexts& cho
       "images per rank per step (per micro-batch with --accumulation-steps; or give --global-batch-size)")(
       "global-batch-size", po::value(&o.global_batch_size)->default_value(d.global_batch_size),
       "images per step over all ranks, split as evenly as it goes (100 on 8 ranks: 13 or 12 each); at least the number "
-      "of ranks. 100 (lenet's recipe) when neither this nor --batch-size is given")("epochs", po::value(&o.epochs)->default_value(d.epochs), "passes over the training split")(
+      "of ranks. 100 (lenet's recipe) when neither this nor --batch-size is given")(
+      "epochs", po::value(&o.epochs)->default_value(d.epochs), "passes over the training split")(
       "max-steps", po::value(&o.max_steps)->default_value(d.max_steps),
       "global steps in the whole run (0 = epochs decide)")(
       "target-accuracy", po::value(&o.target_accuracy)->default_value(d.target_accuracy),
       "fraction: stop once the validation accuracy, checked every --eval-every steps and at each epoch's end, "
       "reaches it; the test split is then evaluated once (0 = off)")("seed", po::value(&o.seed)->default_value(d.seed),
                                                                      "seed of initialisation, sampling and dropout")(
-      "optimizer", po::value(&choice.optimizer)->default_value(choice.optimizer), optimizer_names().c_str())(
+      "optimizer", po::value(&choice.optimizer)->default_value(choice.optimizer),
+      (optimizer_names() + " (lamb: Adam's direction scaled per weight tensor by ||w|| / ||direction||)").c_str())(
       "lr", po::value(&o.schedule.base_lr)->default_value(d.schedule.base_lr), "base learning rate")(
       "momentum", po::value(&o.optimizer.momentum)->default_value(d.optimizer.momentum), "sgd momentum")(
       "nesterov", po::value(&o.optimizer.nesterov)->default_value(d.optimizer.nesterov),
       "sgd: Nesterov momentum (true|false)")("beta1", po::value(&o.optimizer.beta1)->default_value(d.optimizer.beta1),
-                                             "adam beta1")(
-      "beta2", po::value(&o.optimizer.beta2)->default_value(d.optimizer.beta2), "adam beta2")(
-      "eps", po::value(&o.optimizer.eps)->default_value(d.optimizer.eps), "adam epsilon")(
+                                             "adam and lamb beta1")(
+      "beta2", po::value(&o.optimizer.beta2)->default_value(d.optimizer.beta2), "adam and lamb beta2")(
+      "eps", po::value(&o.optimizer.eps)->default_value(d.optimizer.eps), "adam and lamb epsilon")(
       "weight-decay", po::value(&o.optimizer.weight_decay)->default_value(d.optimizer.weight_decay),
-      "L2 penalty added to the gradient")("lr-schedule", po::value(&o.schedule.kind)->default_value(d.schedule.kind),
-                                          "constant | step | cosine")(
+      "adam, sgd: L2 penalty added to the gradient; lamb: decoupled, added to the update direction")(
+      "lr-schedule", po::value(&o.schedule.kind)->default_value(d.schedule.kind), "constant | step | cosine")(
       "lr-gamma", po::value(&o.schedule.gamma)->default_value(d.schedule.gamma),
       "step: factor applied every --lr-step-epochs epochs")(
       "lr-step-epochs", po::value(&o.schedule.step_epochs)->default_value(d.schedule.step_epochs),

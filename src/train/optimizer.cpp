@@ -3,12 +3,14 @@
 #include "mnist_mpi/train/optimizer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/exact_norm.hpp"
 
 namespace mnist_mpi {
 
@@ -23,6 +25,7 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count)
   if (moments() == 2) host_v_.assign(static_cast<std::size_t>(count), 0.0f);
   m_ = host_m_;
   v_ = host_v_;
+  set_tensors({{0, count, true}});
 }
 
 Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend)
@@ -57,6 +60,7 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& ba
   std::vector<float*> moments{buf_m_->data()};
   if (buf_v_) moments.push_back(buf_v_->data());
   host_state_ = backend.make_host_copy(std::move(moments), n);  // Note [Host copies]
+  set_tensors({{0, count, true}});
 }
 
 Optimizer::~Optimizer() = default;
@@ -76,6 +80,7 @@ void Optimizer::restore(const float* m, const float* v, std::int64_t steps_taken
   }
   pass_->set(steps_taken);
   begun_ = 0;
+  phase_ = 0;
 }
 
 std::int64_t Optimizer::steps_taken() const { return pass_->read(); }
@@ -83,11 +88,28 @@ std::int64_t Optimizer::steps_taken() const { return pass_->read(); }
 void Optimizer::begin_step(double lr) {
   pass_->begin_step(lr);
   ++begun_;
+  lr_ = lr;
+  phase_ = 1;
 }
 
 void Optimizer::step(float* params, const float* grads, double lr) {
   begin_step(lr);
-  update(params, grads, 0, count_);
+  if (!two_phase()) {
+    update(params, const_cast<float*>(grads), 0, count_);  // a one-pass kind does not write grads
+    return;
+  }
+  float* u = nullptr;
+  if (backend_) {
+    if (!direction_) direction_ = backend_->allocate(count_);
+    u = direction_->data();
+    backend_->copy(u, grads, count_);
+  } else {
+    host_direction_.assign(grads, grads + count_);
+    u = host_direction_.data();
+  }
+  update(params, u, 0, count_);
+  finish_first_phase(nullptr);
+  update_second(params, u, 0, count_);
 }
 
 std::int64_t Optimizer::state_offset(std::int64_t begin, std::int64_t end) const {
@@ -100,15 +122,100 @@ std::int64_t Optimizer::state_offset(std::int64_t begin, std::int64_t end) const
   return owned_offset_[static_cast<std::size_t>(it - owned_.begin())] + (begin - it->begin);
 }
 
-void Optimizer::update(float* params, const float* grads, std::int64_t begin, std::int64_t end,
-                       std::uint16_t* bf16_copy) {
+void Optimizer::update(float* params, float* grads, std::int64_t begin, std::int64_t end, std::uint16_t* bf16_copy) {
   MNIST_CHECK(begun_ > 0 && 0 <= begin && begin <= end && end <= count_, ExitCode::kRuntime,
               "Optimizer::update: range outside the buffer or no begin_step()");
   if (begin == end) return;
   const std::int64_t at = state_offset(begin, end);
   float* m = m_.data() + at;
   float* v = v_.empty() ? nullptr : v_.data() + at;  // sgd has no second moment
-  pass_->update(params + begin, grads + begin, m, v, end - begin, bf16_copy);
+  if (!two_phase()) {
+    pass_->update(params + begin, grads + begin, m, v, end - begin, bf16_copy);
+    return;
+  }
+  // Note [LAMB in two phases]: the first phase, tensor by tensor (each piece to its tensor's norms).
+  MNIST_CHECK(phase_ == 1 && bf16_copy == nullptr, ExitCode::kRuntime,
+              "Optimizer::update: the first phase after the step's norms, or with a bf16 copy");
+  for_tensor_parts(begin, end, [&](std::size_t t, std::int64_t lo, std::int64_t hi) {
+    pass_->direction(params + lo, grads + lo, m + (lo - begin), v + (lo - begin), hi - lo, slot_[t]);
+  });
+}
+
+template <typename F>
+void Optimizer::for_tensor_parts(std::int64_t begin, std::int64_t end, F&& f) const {
+  auto it = std::upper_bound(tensors_.begin(), tensors_.end(), begin,
+                             [](std::int64_t b, const OptimizerTensor& t) { return b < t.end; });
+  for (std::int64_t at = begin; at < end; ++it) {
+    const std::int64_t hi = std::min(end, it->end);
+    f(static_cast<std::size_t>(it - tensors_.begin()), at, hi);
+    at = hi;
+  }
+}
+
+void Optimizer::set_tensors(std::vector<OptimizerTensor> tensors) {
+  std::int64_t expect = 0;
+  for (const OptimizerTensor& t : tensors) {
+    MNIST_CHECK(t.begin == expect && t.begin < t.end, ExitCode::kRuntime,
+                "Optimizer::set_tensors: the tensors must be non-empty and follow each other from 0");
+    expect = t.end;
+  }
+  MNIST_CHECK(expect == count_, ExitCode::kRuntime, "Optimizer::set_tensors: the tensors do not cover the buffer");
+  tensors_ = std::move(tensors);
+  slot_.assign(tensors_.size(), -1);
+  slots_ = 0;
+  for (std::size_t t = 0; t < tensors_.size(); ++t)
+    if (tensors_[t].trust_ratio) slot_[t] = slots_++;
+  norm_sums_.assign(static_cast<std::size_t>(slots_ * 2 * kNormWords), 0);
+  ratios_.assign(tensors_.size(), 1.0);
+  rates_.assign(tensors_.size(), 0.0f);
+  if (two_phase()) pass_->set_norm_slots(slots_);
+}
+
+std::span<std::int64_t> Optimizer::take_norm_sums() {
+  MNIST_CHECK(two_phase() && phase_ == 1, ExitCode::kRuntime,
+              "Optimizer::take_norm_sums: not the first phase of a two-phase optimizer");
+  std::fill(norm_sums_.begin(), norm_sums_.end(), 0);
+  pass_->take_norms(norm_sums_);
+  return norm_sums_;
+}
+
+void Optimizer::finish_first_phase(std::span<const std::int64_t> summed) {
+  MNIST_CHECK(two_phase() && phase_ == 1 && summed.size() == norm_sums_.size(), ExitCode::kRuntime,
+              "Optimizer::finish_first_phase: not the first phase, or norms of another size");
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    double r = 1.0;
+    if (slot_[t] >= 0) {
+      const auto at = static_cast<std::size_t>(slot_[t] * 2 * kNormWords);
+      r = trust_ratio(squared_norm_of_limbs(summed.subspan(at, kNormWords)),
+                      squared_norm_of_limbs(summed.subspan(at + kNormWords, kNormWords)));
+    }
+    ratios_[t] = r;
+    rates_[t] = static_cast<float>(lr_ * r);
+  }
+  phase_ = 2;
+}
+
+double Optimizer::finish_first_phase(Communicator* comm) {
+  const std::span<std::int64_t> sums = take_norm_sums();
+  double waited = 0.0;
+  if (comm) {
+    const auto t0 = std::chrono::steady_clock::now();
+    comm->allreduce_sum(sums);  // Note [Exact squared norms]: exact, in any order
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  finish_first_phase(std::span<const std::int64_t>(sums));
+  return waited;
+}
+
+void Optimizer::update_second(float* params, const float* u, std::int64_t begin, std::int64_t end,
+                              std::uint16_t* bf16_copy) {
+  MNIST_CHECK(phase_ == 2 && 0 <= begin && begin <= end && end <= count_, ExitCode::kRuntime,
+              "Optimizer::update_second: range outside the buffer or before finish_first_phase()");
+  if (begin == end) return;
+  state_offset(begin, end);  // checks that the range is this rank's
+  for_tensor_parts(begin, end, [&](std::size_t t, std::int64_t lo, std::int64_t hi) {
+    pass_->apply_direction(params + lo, u + lo, hi - lo, rates_[t], bf16_copy ? bf16_copy + (lo - begin) : nullptr);
+  });
 }
 
 // Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp): every rank's packed

@@ -499,10 +499,18 @@ Clock::time_point Step::exact_pass_tail(std::int64_t step, bool probe, bool pois
 // bf16 copies by the optimiser's own pass, the others (small, a convolution's) by the next pass.
 void Step::update(std::int64_t begin, std::int64_t end) {
   float* p = p_.params->data();
-  const float* g = p_.grads->data();
+  float* g = p_.grads->data();
+  Optimizer& opt = *p_.optimizer;
+  const bool second = opt.two_phase();
+  const auto pass = [&](std::int64_t lo, std::int64_t hi, std::uint16_t* copy) {
+    if (second)
+      opt.update_second(p, g, lo, hi, copy);
+    else
+      opt.update(p, g, lo, hi, copy);
+  };
   const auto rest = [&](std::int64_t lo, std::int64_t hi) {  // a range outside every plain copy
     if (lo >= hi) return;
-    p_.optimizer->update(p, g, lo, hi);
+    pass(lo, hi, nullptr);
     p_.model->refresh_copies(p + lo, p + hi);
   };
   std::int64_t at = begin;
@@ -511,7 +519,7 @@ void Step::update(std::int64_t begin, std::int64_t end) {
     const std::int64_t lo = std::max(at, c0), hi = std::min(end, c1);
     if (lo >= hi) continue;
     rest(at, lo);
-    p_.optimizer->update(p, g, lo, hi, c.copy + (lo - c0));
+    pass(lo, hi, c.copy + (lo - c0));
     at = hi;
   }
   rest(at, end);
@@ -547,6 +555,8 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
     if (sharded) finite = p_.guard->agree(reducer.communicator()) && finite;
   }
   std::size_t gathered = 0;  // sharded: buckets whose gathers have started
+  const bool two_phase =
+      p_.optimizer->two_phase();  // Note [LAMB in two phases] in include/mnist_mpi/train/optimizer.hpp
   if (finite) {
     p_.optimizer->begin_step(lr);
     auto waited_from = backward_end;  // for the timeline: when the wait for bucket k began
@@ -561,15 +571,20 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
       }
       const auto o0 = Clock::now();
       const ParamRange mine = reducer.shard(k);
-      update(mine.begin, mine.end);
+      if (two_phase)  // the first phase: the parameters are written after the last bucket
+        p_.optimizer->update(p_.params->data(), p_.grads->data(), mine.begin, mine.end);
+      else
+        update(mine.begin, mine.end);
       const auto o1 = Clock::now();
       t.optimizer += seconds(o1 - o0);
-      if (sharded) reducer.start_gather(gathered++);
+      if (sharded && !two_phase) reducer.start_gather(gathered++);
       if (p_.timeline) p_.timeline->bucket_updated(step, k, waited_from, o0, o1);
       waited_from = o1;
     }
   }
   for (; waited < buckets.size(); ++waited) t.exposed_comm += reducer.wait_bucket(waited);  // none left in flight
+  bool agreed = check_all_first;
+  if (two_phase) gathered = second_phase(finite, agreed, t);
   if (!sharded) return;
   for (; gathered < buckets.size(); ++gathered) reducer.start_gather(gathered);  // not updated: the same bits
   // The gathers first: on the CPU the caller then sleeps in wait() while the communication thread
@@ -583,7 +598,31 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
     p_.model->refresh_copies(p + mine.end, p + buckets[k].end);
   }
   t.optimizer += seconds(Clock::now() - r0);
-  if (!check_all_first) p_.guard->agree(reducer.communicator());
+  if (!agreed) p_.guard->agree(reducer.communicator());
+}
+
+// Note [LAMB in two phases] (include/mnist_mpi/train/optimizer.hpp). Sharded, the norms are one
+// allreduce, so the ranks first agree on the guard's verdicts (each checked its own shards): a
+// rank that stopped at a refused bucket must not leave the others waiting in it.
+std::size_t Step::second_phase(bool finite, bool& agreed, StepTiming& t) {
+  Reducer& reducer = *p_.reducer;
+  const bool sharded = reducer.sharded();
+  if (sharded && !agreed) {
+    finite = p_.guard->agree(reducer.communicator()) && finite;
+    agreed = true;
+  }
+  if (!finite) return 0;
+  const auto o0 = Clock::now();
+  const double waited = p_.optimizer->finish_first_phase(sharded ? &reducer.communicator() : nullptr);
+  std::size_t gathered = 0;
+  for (std::size_t k = 0; k < reducer.buckets().size(); ++k) {
+    const ParamRange mine = reducer.shard(k);
+    update(mine.begin, mine.end);
+    if (sharded) reducer.start_gather(gathered++);
+  }
+  t.exposed_comm += waited;
+  t.optimizer += seconds(Clock::now() - o0) - waited;
+  return gathered;
 }
 
 }  // namespace mnist_mpi

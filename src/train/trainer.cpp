@@ -217,6 +217,10 @@ void Trainer::make_training_state() {
   } else {
     optimizer_ = std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_);
   }
+  std::vector<OptimizerTensor> tensors;  // Note [LAMB in two phases]: weights take a trust ratio, biases not
+  for (const ParamTensor& t : spec_.params) tensors.push_back({t.offset, t.offset + t.size, !t.is_bias});
+  std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  optimizer_->set_tensors(std::move(tensors));
   train_data_ = backend_->make_data_source(data_.train, static_cast<int>(batch_));
   train_loss_ = backend_->make_loss_meter();
   guard_ = backend_->make_step_guard(!opt_.skip_nonfinite_steps);

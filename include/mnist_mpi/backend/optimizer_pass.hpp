@@ -1,5 +1,6 @@
 // The optimiser as a backend runs it: one fused pass over a range of the flat buffers (SGD with
-// momentum / Nesterov, Adam with PyTorch's bias correction, L2 weight decay) and the step count t
+// momentum / Nesterov, Adam with PyTorch's bias correction, L2 weight decay; LAMB's two phases,
+// Note [LAMB in two phases]) and the step count t
 // it depends on, behind one interface each backend implements beside its kernels (the CPU's in
 // src/backend/cpu/optimizer.cpp, the GPU's in src/backend/cuda/), and the per-step scalars (Adam's
 // step size and bias correction, SGD's rate) computed from t and the learning rate by the same
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "mnist_mpi/config/optimizer_config.hpp"
 
@@ -26,7 +28,8 @@ namespace mnist_mpi {
 
 struct OptimizerScalars {
   float step_size = 0.0f;     // Adam: lr / (1 - beta1^t)
-  float inv_sqrt_bc2 = 0.0f;  // Adam: 1 / sqrt(1 - beta2^t)
+  float inv_sqrt_bc2 = 0.0f;  // Adam, LAMB: 1 / sqrt(1 - beta2^t)
+  float inv_bc1 = 0.0f;       // LAMB: 1 / (1 - beta1^t) (its rate is applied in the second phase)
   float lr = 0.0f;            // SGD
 };
 
@@ -71,6 +74,7 @@ MNIST_HOST_DEVICE inline OptimizerScalars optimizer_scalars(double beta1, double
   const double bc1 = 1.0 - beta_power(beta1, t), bc2 = 1.0 - beta_power(beta2, t);
   s.step_size = static_cast<float>(scalars_detail::div(lr, bc1));
   s.inv_sqrt_bc2 = static_cast<float>(scalars_detail::div(1.0, scalars_detail::sqrt_rn(bc2)));
+  s.inv_bc1 = static_cast<float>(scalars_detail::div(1.0, bc1));
   s.lr = static_cast<float>(lr);
   return s;
 }
@@ -98,6 +102,22 @@ class OptimizerPass {
   // src/backend/cpu/bf16.cpp); only the CPU's pass takes one.
   virtual void update(float* params, const float* grads, float* m, float* v, std::int64_t n,
                       std::uint16_t* bf16_copy) = 0;
+
+  // LAMB's two phases (Note [LAMB in two phases] in include/mnist_mpi/train/optimizer.hpp); the
+  // optimiser calls these instead of update() for a kind whose traits say two_phase.
+  // Room for `slots` tensors' squared norms (each: ||w||^2 and ||u||^2), all zero.
+  virtual void set_norm_slots(std::int64_t slots) = 0;
+  // The first phase over n elements at the begun step: the moments m and v, and the direction
+  // u = m_hat / (sqrt(v_hat) + eps) + weight_decay * w written over grads; with slot >= 0, the
+  // squares of the n parameters and of the n directions added to that slot's sums (Note [Exact
+  // squared norms] in include/mnist_mpi/exact_norm.hpp). The parameters are not changed.
+  virtual void direction(const float* params, float* grads, float* m, float* v, std::int64_t n, std::int64_t slot) = 0;
+  // Adds every slot's sums since the last call to limbs (slots x {w, u} x kNormWords int64, in
+  // host memory) and sets them to zero. A synchronisation on a device.
+  virtual void take_norms(std::span<std::int64_t> limbs) = 0;
+  // The second phase: params -= rate * u over n elements (rate = lr * the tensor's trust ratio,
+  // the same float on every backend); bf16_copy as for update().
+  virtual void apply_direction(float* params, const float* u, std::int64_t n, float rate, std::uint16_t* bf16_copy) = 0;
 };
 
 #ifndef __CUDACC__

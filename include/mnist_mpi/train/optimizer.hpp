@@ -25,6 +25,40 @@ struct ParamRange {
   std::int64_t begin = 0, end = 0;
 };
 
+// One parameter tensor of the flat buffer, as LAMB sees it (Note [LAMB in two phases]): its range,
+// and whether its step is scaled by its trust ratio (weights) or not (biases).
+struct OptimizerTensor {
+  std::int64_t begin = 0, end = 0;
+  bool trust_ratio = true;
+};
+
+// Note [LAMB in two phases]
+// LAMB (You et al. 2019) moves each parameter tensor by lr * r * u, where u is Adam's direction
+// with PyTorch's bias correction plus the decoupled weight decay, u = m_hat / (sqrt(v_hat) + eps)
+// + weight_decay * w, and r = ||w|| / ||u|| is the tensor's trust ratio (1 when either norm is 0).
+// r needs the whole tensor's u, hence every bucket's sum (a bucket may cut a tensor, and a shard
+// may hold any part of one: Note [Shards] in include/mnist_mpi/comm/communicator.hpp), so the
+// update is two passes where Adam's is one (traits' two_phase; the step asks two_phase() and
+// nothing else of the kind):
+//   1. update(), per bucket as its sum arrives: the moments, u written over the gradient (its
+//      range is not read again in the step), and ||w||^2 and ||u||^2 of the range added, exactly,
+//      to its tensor's sums (Note [Exact squared norms] in include/mnist_mpi/exact_norm.hpp);
+//   2. finish_first_phase() after the last bucket: sharded, the ranks' sums are added with one
+//      int64 allreduce (exact, so in any order); then each tensor's rate lr * r, in double,
+//      rounded to float once;
+//   3. update_second() over the same ranges: params -= rate * u, with the bf16 copies, and then
+//      (sharded) the parameters' gathers.
+// The sums are integers, so a tensor's norms, hence its rate and its new parameters, are the same
+// bits whatever the buckets, the shards and the number of ranks: sharded and unsharded runs agree
+// bit for bit, and with --exact-sums (the same gradients on any number of ranks) so do runs on
+// 1, 2 or 3 ranks.
+// Biases take no trust ratio (r = 1: a plain Adam-like step of lr * u). They start at zero, where
+// r = ||w|| / ||u|| = 0 would leave them there but for the r = 1 rule, and then at ||w|| of about
+// lr * ||u|| the ratio would shrink their steps to about lr^2: they would barely learn. The LAMB
+// of the BERT recipe (and TensorFlow Addons' exclude_from_layer_adaptation) leaves biases out of
+// the layer adaptation for the same reason. The weight decay applies to every tensor, as with
+// --weight-decay for adam and sgd.
+
 // Note [Sharded optimiser state]
 // With --shard-optimizer each rank updates only its shard of every bucket (Note [Shards] in
 // include/mnist_mpi/comm/communicator.hpp) and holds the moments of those elements alone: the
@@ -52,13 +86,37 @@ class Optimizer {
   // the backend given at construction (host memory without one). The same as begin_step(lr)
   // followed by update() over [0, count) in any number of pieces (elementwise: the bits do not
   // depend on the pieces), which lets the trainer update each bucket as soon as its sum has arrived.
+  // A two-phase kind (lamb) takes a copy of grads to write its direction over (update() writes it
+  // over the gradients themselves).
   void step(float* params, const float* grads, double lr);
   // Counts the step (on a device: unless the guard refused it, Note [The optimiser's step count]).
   void begin_step(double lr);
   // [begin, end) must lie inside one owned range.
   // bf16_copy (may be null): where the new params[begin, end) also go as bf16, in the same pass.
-  void update(float* params, const float* grads, std::int64_t begin, std::int64_t end,
-              std::uint16_t* bf16_copy = nullptr);
+  // For a two-phase kind this is the first phase (Note [LAMB in two phases]): the parameters are
+  // not changed (bf16_copy must be null), grads[begin, end) becomes the direction.
+  void update(float* params, float* grads, std::int64_t begin, std::int64_t end, std::uint16_t* bf16_copy = nullptr);
+
+  // Note [LAMB in two phases]. True when the step must call finish_first_phase() once every
+  // bucket's update() is done, and then update_second() over the same ranges.
+  bool two_phase() const { return traits(cfg_.kind).two_phase; }
+  // The tensors of the flat buffer (ascending, covering [0, count) without gaps); without a call,
+  // one tensor [0, count) with a trust ratio. Before the first step.
+  void set_tensors(std::vector<OptimizerTensor> tensors);
+  // This rank's squared norms of the step's first phase as int64 limbs (cleared where they are
+  // kept); to be summed over the ranks that share the tensors, then given to finish_first_phase.
+  std::span<std::int64_t> take_norm_sums();
+  // The trust ratios and rates from the norms summed over every rank (all of them: unsharded,
+  // this rank's own sums).
+  void finish_first_phase(std::span<const std::int64_t> summed);
+  // The same with the sum done here: comm null unsharded, else an allreduce on comm (collective).
+  // Returns the seconds spent in the allreduce.
+  double finish_first_phase(Communicator* comm);
+  // The second phase: params[begin, end) -= rate * u, bf16_copy as for update().
+  void update_second(float* params, const float* u, std::int64_t begin, std::int64_t end,
+                     std::uint16_t* bf16_copy = nullptr);
+  // The trust ratio of tensor t at the last finish_first_phase (tests, reports).
+  double trust_ratio_of(std::size_t t) const { return ratios_.at(t); }
   std::int64_t steps_taken() const;  // a synchronisation on a device
   // State, for checkpoints: the moment buffers (sgd: momentum only, second empty), in the
   // backend's memory (copy through Backend::download on a GPU), and the step count. Each holds
@@ -87,6 +145,9 @@ class Optimizer {
  private:
   // The state offset of update()'s range: where its owned range's moments start.
   std::int64_t state_offset(std::int64_t begin, std::int64_t end) const;
+  // Calls f(t, lo, hi) for each tensor t's part [lo, hi) of [begin, end), in order.
+  template <typename F>
+  void for_tensor_parts(std::int64_t begin, std::int64_t end, F&& f) const;
 
   OptimizerConfig cfg_;
   std::int64_t count_;
@@ -104,6 +165,17 @@ class Optimizer {
   std::vector<float> full_[2];            // sharded, rank 0: the gathered full-size moments
   std::vector<std::uint8_t> gathered_;    // sharded: the gather's buffer, kept for the next checkpoint
   std::vector<std::int64_t> gathered_counts_;
+  // Two-phase kinds (Note [LAMB in two phases]).
+  std::vector<OptimizerTensor> tensors_;
+  std::vector<std::int64_t> slot_;  // (tensors_): the pass's norm slot, -1 without a trust ratio
+  std::int64_t slots_ = 0;
+  std::vector<std::int64_t> norm_sums_;  // (slots_, {w, u}, kNormWords)
+  std::vector<double> ratios_;           // (tensors_) of the last finished first phase
+  std::vector<float> rates_;             // (tensors_): lr * ratio
+  double lr_ = 0.0;                      // of the begun step
+  std::vector<float> host_direction_;    // step()'s copy of the gradients, without a backend
+  std::unique_ptr<Buffer> direction_;    // with one
+  int phase_ = 0;                        // 1 after begin_step, 2 after finish_first_phase
 };
 
 // The learning rate at global step `step` (0-based) of `total_steps`, in epoch `epoch`.

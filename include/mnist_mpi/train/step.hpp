@@ -89,8 +89,14 @@ class Step {
                                MicroTimes& at);
   void record_micro(std::int64_t step, std::int64_t index, bool last, const MicroTimes& at,
                     std::chrono::steady_clock::time_point end, Timeline* tl, StepTiming& timing);
-  // The optimiser's update of the flat range [begin, end) and the weight copies it changes.
+  // The optimiser's pass that writes the parameters of the flat range [begin, end) (its one pass,
+  // or a two-phase optimiser's second: Note [LAMB in two phases] in
+  // include/mnist_mpi/train/optimizer.hpp), and the weight copies it changes.
   void update(std::int64_t begin, std::int64_t end);
+  // A two-phase optimiser's norms and second phase over this rank's shard of every bucket, each
+  // bucket's gather started (sharded) once it is written; agreed: whether the ranks have agreed on
+  // the guard's verdicts (set when this agrees). Returns the number of gathers started.
+  std::size_t second_phase(bool finite, bool& agreed, StepTiming& t);
   // sums_in: every bucket's sum is already in (--exact-sums); all are checked before any is applied.
   void apply(std::int64_t step, double lr, std::chrono::steady_clock::time_point backward_end, StepTiming& t,
              bool sums_in = false);

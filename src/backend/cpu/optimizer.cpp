@@ -1,13 +1,17 @@
 // The CPU's optimiser pass (include/mnist_mpi/backend/optimizer_pass.hpp): the step count and
 // its scalars on the host, and one fused loop over a range of the flat buffers, built for every
-// x86-64 ISA with the same bits. The GPU's pass (src/backend/cuda/kernels.cu) computes the same
-// expressions in the same order.
+// x86-64 ISA with the same bits; LAMB's two phases and its exact norms. The GPU's pass
+// (src/backend/cuda/kernels.cu) computes the same expressions in the same order.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "mnist_mpi/backend/optimizer_pass.hpp"
+#include "mnist_mpi/check.hpp"
 #include "mnist_mpi/cpu_clones.hpp"
+#include "mnist_mpi/exact_norm.hpp"
 #include "src/backend/cpu/bf16.hpp"
 
 namespace mnist_mpi {
@@ -47,6 +51,58 @@ void adam_pass_copy(const AdamScalars& a, float* __restrict p, const float* __re
     copy[i] = cpu::bf16_bits(p[i]);
   }
 }
+// LAMB's first phase (Note [LAMB in two phases] in include/mnist_mpi/train/optimizer.hpp): Adam's
+// moments without the weight decay in the gradient, and the direction written over the gradient.
+struct LambScalars {
+  float wd, b1, b2, inv_bc1, inv_sqrt_bc2, eps;
+};
+MNIST_MPI_CPU_CLONES
+void lamb_direction_pass(const LambScalars& a, const float* __restrict p, float* __restrict g, float* __restrict m,
+                         float* __restrict v, std::int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float mi = a.b1 * m[i] + (1.0f - a.b1) * gi;
+    const float vi = a.b2 * v[i] + (1.0f - a.b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    g[i] = mi * a.inv_bc1 / (std::sqrt(vi) * a.inv_sqrt_bc2 + a.eps) + a.wd * p[i];
+  }
+}
+// The second phase: p -= rate * u, and the new parameters' bf16 when there is a copy.
+MNIST_MPI_CPU_CLONES
+void lamb_apply_pass(float rate, float* __restrict p, const float* __restrict u, std::int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) p[i] -= rate * u[i];
+}
+MNIST_MPI_CPU_CLONES
+void lamb_apply_pass_copy(float rate, float* __restrict p, const float* __restrict u, std::uint16_t* __restrict copy,
+                          std::int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    p[i] -= rate * u[i];
+    copy[i] = cpu::bf16_bits(p[i]);
+  }
+}
+// Squares of x[0, n) into `into`, in pieces that the threads share: exact sums, so the bits do not
+// depend on which thread adds which piece (Note [Exact squared norms] in include/mnist_mpi/exact_norm.hpp).
+void add_squares(SquaredNorm& into, const float* x, std::int64_t n) {
+  constexpr std::int64_t kPiece = 1 << 16;
+  if (n <= kPiece) {
+    into.add(x, n);
+    return;
+  }
+  const std::int64_t pieces = (n + kPiece - 1) / kPiece;
+#pragma omp parallel
+  {
+    SquaredNorm mine;
+#pragma omp for schedule(static) nowait
+    for (std::int64_t k = 0; k < pieces; ++k) mine.add(x + k * kPiece, std::min(kPiece, n - k * kPiece));
+#pragma omp critical
+    into.add(mine);
+  }
+}
+
 // The fused pass over n elements, with the scalars of the step.
 void host_pass(const OptimizerConfig& cfg, const OptimizerScalars& s, float* __restrict p, const float* __restrict g,
                float* __restrict m, float* __restrict v, std::uint16_t* __restrict copy, std::int64_t n) {
@@ -91,11 +147,43 @@ class HostOptimizerPass final : public OptimizerPass {
               std::uint16_t* bf16_copy) override {
     host_pass(cfg_, scalars_, params, grads, m, v, bf16_copy, n);
   }
+  void set_norm_slots(std::int64_t slots) override {
+    norms_.assign(static_cast<std::size_t>(2 * slots), SquaredNorm{});
+  }
+  void direction(const float* params, float* grads, float* m, float* v, std::int64_t n, std::int64_t slot) override {
+    const LambScalars a{static_cast<float>(cfg_.weight_decay),
+                        static_cast<float>(cfg_.beta1),
+                        static_cast<float>(cfg_.beta2),
+                        scalars_.inv_bc1,
+                        scalars_.inv_sqrt_bc2,
+                        static_cast<float>(cfg_.eps)};
+    lamb_direction_pass(a, params, grads, m, v, n);
+    if (slot < 0) return;
+    MNIST_CHECK(2 * slot + 1 < static_cast<std::int64_t>(norms_.size()), ExitCode::kRuntime,
+                "the optimiser pass: a norm slot it has no room for");
+    add_squares(norms_[static_cast<std::size_t>(2 * slot)], params, n);
+    add_squares(norms_[static_cast<std::size_t>(2 * slot + 1)], grads, n);
+  }
+  void take_norms(std::span<std::int64_t> limbs) override {
+    MNIST_CHECK(limbs.size() == norms_.size() * kNormWords, ExitCode::kRuntime,
+                "the optimiser pass: the norms' limbs are not the size of its slots");
+    for (std::size_t i = 0; i < norms_.size(); ++i) {
+      norms_[i].add_to_limbs(limbs.subspan(i * kNormWords, kNormWords));
+      norms_[i].clear();
+    }
+  }
+  void apply_direction(float* params, const float* u, std::int64_t n, float rate, std::uint16_t* bf16_copy) override {
+    if (bf16_copy)
+      lamb_apply_pass_copy(rate, params, u, bf16_copy, n);
+    else
+      lamb_apply_pass(rate, params, u, n);
+  }
 
  private:
   OptimizerConfig cfg_;
   std::int64_t t_ = 0;
   OptimizerScalars scalars_;
+  std::vector<SquaredNorm> norms_;  // (slots, {w, u})
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/exact_norm.hpp"
 
 namespace mnist_mpi {
 namespace cuda {
@@ -349,11 +350,59 @@ class CudaBackend final : public Backend {
       MNIST_CHECK(bf16_copy == nullptr, ExitCode::kRuntime, "the GPU's optimiser pass writes no bf16 copy");
       launch_optimizer(b_.c_.stream, cfg_, state_.get(), params, grads, m, v, n, b_.guard_.get());
     }
+    // LAMB (Note [LAMB in two phases] in include/mnist_mpi/train/optimizer.hpp). The norms' device
+    // limbs take under 2^32 per element (kernels.cu), so a slot is exact up to 2^32 elements a step.
+    void set_norm_slots(std::int64_t slots) override {
+      static_assert(kLambNormBins == kNormBins, "the device's norm bins are exact_norm.hpp's");
+      norms_ = DeviceArray<unsigned long long>(slots * kLambNormWords);
+      host_norms_.assign(static_cast<std::size_t>(slots * kLambNormWords), 0);
+      counted_.assign(static_cast<std::size_t>(slots), 0);
+    }
+    void direction(const float* params, float* grads, float* m, float* v, std::int64_t n, std::int64_t slot) override {
+      unsigned long long* norms = nullptr;
+      if (slot >= 0) {
+        MNIST_CHECK(slot < static_cast<std::int64_t>(counted_.size()), ExitCode::kRuntime,
+                    "the optimiser pass: a norm slot it has no room for");
+        std::int64_t& counted = counted_[static_cast<std::size_t>(slot)];
+        counted += n;
+        MNIST_CHECK(counted < (std::int64_t{1} << 32), ExitCode::kUsage,
+                    "--optimizer lamb on a GPU: a tensor of " + std::to_string(counted) +
+                        " elements on one rank is beyond the exact norms' 2^32 (shard it over more ranks)");
+        norms = norms_.get() + slot * kLambNormWords;
+      }
+      launch_lamb_direction(b_.c_.stream, cfg_, state_.get(), params, grads, m, v, n, b_.guard_.get(), norms);
+    }
+    void take_norms(std::span<std::int64_t> limbs) override {
+      MNIST_CHECK(limbs.size() == host_norms_.size() / 2 * kNormLimbs, ExitCode::kRuntime,
+                  "the optimiser pass: the norms' limbs are not the size of its slots");
+      if (host_norms_.empty()) return;
+      b_.c_.wait_for_stream();
+      const std::size_t bytes = host_norms_.size() * sizeof(unsigned long long);
+      CUDA_CHECK(cudaMemcpyAsync(host_norms_.data(), norms_.get(), bytes, cudaMemcpyDeviceToHost, b_.c_.stream));
+      CUDA_CHECK(cudaMemsetAsync(norms_.get(), 0, bytes, b_.c_.stream));
+      b_.c_.wait_for_stream();
+      // Each bin's two limbs (low halves, high halves of its words) as canonical 32-bit limbs.
+      for (std::size_t bin = 0; bin < host_norms_.size() / 2; ++bin) {
+        const NormBin value =
+            static_cast<NormBin>(host_norms_[2 * bin]) + (static_cast<NormBin>(host_norms_[2 * bin + 1]) << 32);
+        for (int j = 0; j < kNormLimbs; ++j)
+          limbs[bin * kNormLimbs + static_cast<std::size_t>(j)] +=
+              static_cast<std::int64_t>(static_cast<std::uint64_t>(value >> (32 * j)) & 0xffffffffu);
+      }
+      std::fill(counted_.begin(), counted_.end(), 0);
+    }
+    void apply_direction(float* params, const float* u, std::int64_t n, float rate, std::uint16_t* bf16_copy) override {
+      MNIST_CHECK(bf16_copy == nullptr, ExitCode::kRuntime, "the GPU's optimiser pass writes no bf16 copy");
+      launch_lamb_apply(b_.c_.stream, params, u, n, rate, b_.guard_.get());
+    }
 
    private:
     CudaBackend& b_;
     OptimizerConfig cfg_;
     DeviceArray<DeviceStepState> state_{1};  // zero: t = 0
+    DeviceArray<unsigned long long> norms_;  // (slots, kLambNormWords)
+    std::vector<unsigned long long> host_norms_;
+    std::vector<std::int64_t> counted_;  // (slots): elements added since the last take_norms
   };
   std::unique_ptr<FixedPointPasses> make_fixed_point_passes(std::int64_t count, std::size_t slots) override {
     return std::make_unique<DevicePasses>(c_, count, slots);

@@ -171,6 +171,17 @@ void launch_count_step(cudaStream_t s, DeviceStepState* state, const int* guard,
 // The fused pass at state's step. guard (may be null): no update while *guard holds kNonfiniteGradient.
 void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, const DeviceStepState* state, float* p,
                       const float* g, float* m, float* v, std::int64_t n, const int* guard);
+// The norms' layout on the device: kNormBins of include/mnist_mpi/exact_norm.hpp (which nvcc is
+// not given: its host half holds 128-bit integers; cuda_backend.cpp checks the two agree).
+constexpr int kLambNormBins = 32;
+constexpr int kLambNormWords = 2 * kLambNormBins * 2;  // a slot: ({w, u}, bin, {low, high})
+// LAMB's first phase (Note [LAMB in two phases] in include/mnist_mpi/train/optimizer.hpp): m, v,
+// the direction over g, and (norms not null) the squares of p and of the direction added to
+// norms[({w, u}, kNormBins, {low 32 bits, high bits})]; nothing while *guard holds kNonfiniteGradient.
+void launch_lamb_direction(cudaStream_t s, const OptimizerConfig& cfg, const DeviceStepState* state, const float* p,
+                           float* g, float* m, float* v, std::int64_t n, const int* guard, unsigned long long* norms);
+// The second phase: p -= rate * u; nothing while *guard holds kNonfiniteGradient.
+void launch_lamb_apply(cudaStream_t s, float* p, const float* u, std::int64_t n, float rate, const int* guard);
 void launch_add(cudaStream_t s, float* dst, const float* src, std::int64_t n);
 void launch_fill(cudaStream_t s, float* dst, float value, std::int64_t n);
 // --exact-sums (include/mnist_mpi/backend/fixed_point.hpp; Note [Fixed point on a GPU] in

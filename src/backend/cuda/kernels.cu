@@ -181,6 +181,62 @@ __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, f
   }
 }
 
+// LAMB's two phases (Note [LAMB in two phases] in include/mnist_mpi/train/optimizer.hpp), in the
+// CPU pass's order of operations (Note [The optimiser bit for bit]). The squares go to the norms
+// as in Note [Exact squared norms] (include/mnist_mpi/exact_norm.hpp), whose split of a float
+// into a bin and a 62-bit word is repeated here: each word's low 32 bits and high 30 bits are
+// added to two 64-bit limbs of its bin, first in the block's shared memory, then once per block
+// into the slot's limbs in device memory. Unsigned integer additions: exact in any order, so the
+// same sums as the host's whatever the blocks and the atomics' order. A limb takes less than 2^32
+// per element, so a slot stays exact up to 2^32 elements a step (DeviceOptimizerPass checks).
+__device__ __forceinline__ void add_square_to(unsigned long long* bins, float x) {
+  const unsigned b = __float_as_uint(x);
+  const unsigned e = (b >> 23) & 0xffu;
+  const unsigned long long s = (b & 0x7fffffu) | (e != 0 ? 0x800000u : 0u);
+  const unsigned ee = e != 0 ? e : 1u;
+  const unsigned long long word = (s * s) << (2 * (ee & 7u));
+  unsigned long long* bin = bins + 2 * (ee >> 3);  // kLambNormBins bins of 8 exponents
+  atomicAdd(bin, word & 0xffffffffull);
+  atomicAdd(bin + 1, word >> 32);
+}
+
+__global__ void lamb_direction_kernel(const float* __restrict__ p, float* __restrict__ g, float* __restrict__ m,
+                                      float* __restrict__ v, std::int64_t n, float wd, float b1, float one_minus_b1,
+                                      float b2, float one_minus_b2, float eps,
+                                      const DeviceStepState* __restrict__ state, const int* __restrict__ guard,
+                                      unsigned long long* __restrict__ norms) {
+  if (guard && (*guard & StepGuard::kNonfiniteGradient)) return;  // the same for every thread
+  constexpr int kWords = kLambNormWords;                             // ({w, u}, bin, {low, high})
+  __shared__ unsigned long long bins[kWords];
+  for (int k = static_cast<int>(threadIdx.x); k < kWords; k += static_cast<int>(blockDim.x)) bins[k] = 0;
+  __syncthreads();
+  const float inv_bc1 = state->scalars.inv_bc1, inv_sqrt_bc2 = state->scalars.inv_sqrt_bc2;
+  MNIST_GRID_LOOP(i, n) {
+    const float gi = g[i], pi = p[i];
+    const float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(one_minus_b1, gi));
+    const float vi = __fadd_rn(__fmul_rn(b2, v[i]), __fmul_rn(__fmul_rn(one_minus_b2, gi), gi));
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(vi), inv_sqrt_bc2), eps);
+    const float u = __fadd_rn(__fdiv_rn(__fmul_rn(mi, inv_bc1), denom), __fmul_rn(wd, pi));
+    g[i] = u;
+    if (norms) {
+      add_square_to(bins, pi);
+      add_square_to(bins + kLambNormWords / 2, u);
+    }
+  }
+  if (!norms) return;
+  __syncthreads();
+  for (int k = static_cast<int>(threadIdx.x); k < kWords; k += static_cast<int>(blockDim.x))
+    if (bins[k] != 0) atomicAdd(norms + k, bins[k]);
+}
+
+__global__ void lamb_apply_kernel(float* __restrict__ p, const float* __restrict__ u, std::int64_t n, float rate,
+                                  const int* __restrict__ guard) {
+  if (guard && (*guard & StepGuard::kNonfiniteGradient)) return;
+  MNIST_GRID_LOOP(i, n) p[i] = __fsub_rn(p[i], __fmul_rn(rate, u[i]));
+}
+
 __global__ void add_kernel(float* __restrict__ dst, const float* __restrict__ src, std::int64_t n) {
   MNIST_GRID_LOOP(i, n) dst[i] = __fadd_rn(dst[i], src[i]);
 }
@@ -306,6 +362,23 @@ void launch_optimizer(cudaStream_t s, const OptimizerConfig& cfg, const DeviceSt
                                                   guard);
     CUDA_CHECK_LAUNCH(sgd_kernel);
   }
+}
+
+void launch_lamb_direction(cudaStream_t s, const OptimizerConfig& cfg, const DeviceStepState* state, const float* p,
+                           float* g, float* m, float* v, std::int64_t n, const int* guard,
+                           unsigned long long* norms) {
+  if (n <= 0) return;
+  const float b1 = static_cast<float>(cfg.beta1), b2 = static_cast<float>(cfg.beta2);  // as the CPU pass
+  lamb_direction_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, static_cast<float>(cfg.weight_decay), b1,
+                                                           1.0f - b1, b2, 1.0f - b2, static_cast<float>(cfg.eps),
+                                                           state, guard, norms);
+  CUDA_CHECK_LAUNCH(lamb_direction_kernel);
+}
+
+void launch_lamb_apply(cudaStream_t s, float* p, const float* u, std::int64_t n, float rate, const int* guard) {
+  if (n <= 0) return;
+  lamb_apply_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, u, n, rate, guard);
+  CUDA_CHECK_LAUNCH(lamb_apply_kernel);
 }
 
 void launch_add(cudaStream_t s, float* dst, const float* src, std::int64_t n) {
