@@ -343,10 +343,11 @@ TEST_F(Gpu, DataGatherAndLossMatchCpu) {
 }
 
 // Note [The optimiser bit for bit] in src/backend/cuda/kernels.cu: three steps of Adam (with
-// weight decay) and of SGD with Nesterov momentum give the CPU's bits.
+// weight decay), of SGD with Nesterov momentum and of LAMB (two weight tensors around a bias: its
+// exact norms on the device, Note [LAMB in two phases]) give the CPU's bits.
 TEST_F(Gpu, OptimizerEqualsCpuBitForBit) {
   const std::int64_t n = 5000;
-  for (const OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kSgd}) {
+  for (const OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kSgd, OptimizerKind::kLamb}) {
     OptimizerConfig cfg;
     cfg.kind = kind;
     cfg.weight_decay = 1e-3;
@@ -359,6 +360,7 @@ TEST_F(Gpu, OptimizerEqualsCpuBitForBit) {
     for (int side = 0; side < 2; ++side) {
       Backend& be = *bes[side];
       Optimizer opt(cfg, n, be);
+      opt.set_tensors({{0, 3000, true}, {3000, 3010, false}, {3010, n, true}});
       auto p = be.allocate(n), g = be.allocate(n);
       be.upload(uniform(static_cast<std::size_t>(n), 1), p->data());
       for (int t = 0; t < 3; ++t) {

@@ -281,9 +281,10 @@ TEST(Optimizer, EveryKindHasOneRowFoundByNameAndCode) {
   }
   EXPECT_EQ(traits(OptimizerKind::kAdam).checkpoint_code, 0u);  // the format's codes (docs/checkpoint.md)
   EXPECT_EQ(traits(OptimizerKind::kSgd).checkpoint_code, 1u);
+  EXPECT_EQ(traits(OptimizerKind::kLamb).checkpoint_code, 2u);
   EXPECT_EQ(optimizer_kind_named("rmsprop"), std::nullopt);
   EXPECT_EQ(optimizer_kind_of_code(7), std::nullopt);
-  EXPECT_EQ(optimizer_names(), "adam | sgd");
+  EXPECT_EQ(optimizer_names(), "adam | sgd | lamb");
 }
 
 // ---- learning-rate schedules ----

@@ -290,7 +290,7 @@ TEST(Options, OptimizerIsOneOfTheKnownKinds) {
   }
   const auto [code, msg] = parse_within_10s({"--batch-size", "8", "--optimizer", "rmsprop"});
   EXPECT_EQ(code, ExitCode::kUsage);
-  EXPECT_NE(msg.find("--optimizer must be adam or sgd, got 'rmsprop'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--optimizer must be adam or sgd or lamb, got 'rmsprop'"), std::string::npos) << msg;
 }
 
 // One table of the pairs of options (src/config/combinations.cpp): the parser refuses the pairs of
