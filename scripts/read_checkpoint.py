@@ -91,15 +91,8 @@ def sections(buf, verify=True):
             return
 
 
-def read_checkpoint(path, verify=True):
-    with open(path, "rb") as f:
-        buf = f.read()
-    parts = dict(sections(buf, verify))
-    meta_arr = np.frombuffer(parts["META"], dtype=META_DTYPE, count=1)[0]
-    meta = {name: meta_arr[name].item() for name in META_DTYPE.names}
-    spec = parts["SPEC"]
-    c, h, w, classes = struct.unpack_from("<IIII", spec, 0)
-    index = parts["PIDX"]
+def tensor_index(index):
+    """PIDX or SIDX: (name, shape, offset, size) per tensor."""
     (count,) = struct.unpack_from("<I", index, 0)
     q = 4
     tensors = []
@@ -113,12 +106,26 @@ def read_checkpoint(path, verify=True):
         offset, size = struct.unpack_from("<qq", index, q)
         q += 16
         tensors.append((name, shape, offset, size))
-    flat = {tag: np.frombuffer(parts[tag], dtype="<f4") for tag in ("PARM", "MOM1", "MOM2")}
+    return tensors
 
-    def by_name(arr):
+
+def read_checkpoint(path, verify=True):
+    with open(path, "rb") as f:
+        buf = f.read()
+    parts = dict(sections(buf, verify))
+    meta_arr = np.frombuffer(parts["META"], dtype=META_DTYPE, count=1)[0]
+    meta = {name: meta_arr[name].item() for name in META_DTYPE.names}
+    spec = parts["SPEC"]
+    c, h, w, classes = struct.unpack_from("<IIII", spec, 0)
+    tensors = tensor_index(parts["PIDX"])
+    state_tensors = tensor_index(parts["SIDX"]) if "SIDX" in parts else []  # a model with batch norm
+    flat = {tag: np.frombuffer(parts[tag], dtype="<f4") for tag in ("PARM", "MOM1", "MOM2")}
+    flat["STAT"] = np.frombuffer(parts["STAT"], dtype="<f4") if "STAT" in parts else np.zeros(0, "<f4")
+
+    def by_name(arr, table=tensors):
         if arr.size == 0:
             return {}
-        return {name: arr[off:off + size].reshape(shape) for name, shape, off, size in tensors}
+        return {name: arr[off:off + size].reshape(shape) for name, shape, off, size in table}
 
     return {
         "meta": meta,
@@ -131,6 +138,8 @@ def read_checkpoint(path, verify=True):
         "params": by_name(flat["PARM"]),
         "first_moment": by_name(flat["MOM1"]),
         "second_moment": by_name(flat["MOM2"]),
+        "state_tensors": state_tensors,
+        "model_state": by_name(flat["STAT"], state_tensors),  # batch norm's running statistics
     }
 
 
@@ -159,8 +168,11 @@ def main(argv):
         for name, shape, off, size in ck["tensors"]:
             p = ck["params"][name]
             print("  %-16s %-18s offset %-8d mean %+.6f std %.6f" % (name, tuple(shape), off, p.mean(), p.std()))
+        for name, shape, off, size in ck["state_tensors"]:
+            s = ck["model_state"][name]
+            print("  %-22s %-12s state %-6d mean %+.6f std %.6f" % (name, tuple(shape), off, s.mean(), s.std()))
     if args.save:
-        np.savez(args.save, **ck["params"])
+        np.savez(args.save, **ck["params"], **ck["model_state"])
     return 0
 
 

@@ -9,7 +9,7 @@
 2. The weights: every initializer equals, bit for bit, the checkpoint tensor of its name as
    scripts/read_checkpoint.py (numpy only) reads it, and every checkpoint tensor is used.
 3. The model: a numpy evaluator of the graph's nodes (Conv, MaxPool, Relu, Flatten, Reshape, Gemm,
-   Softmax, Identity, in float32 with OpenBLAS's products; any other op fails the check) runs the 10,000 MNIST test images,
+   BatchNormalization, Softmax, Identity, in float32 with OpenBLAS's products; any other op fails the check) runs the 10,000 MNIST test images,
    read here from the IDX files and scaled as the metadata says. Its accuracy must be within one
    image of ACCURACY (what `mnist_mpi evaluate` printed) and of the accuracy of LOGITS.npy (what
    `mnist_mpi evaluate --logits-file` wrote), and every logit must match: |onnx - ours| <= 1e-5 *
@@ -89,6 +89,11 @@ def run_graph(graph, init, x):
             if a.get("transB", 0):
                 B = B.T
             y = a.get("alpha", 1.0) * (A @ B) + a.get("beta", 1.0) * ins[2]
+        elif op == "BatchNormalization":  # inference: the running statistics
+            X, scale, shift, mean, var = ins
+            shape = (1, -1) + (1,) * (X.ndim - 2)  # per channel, axis 1
+            inv = (1.0 / np.sqrt(var.astype(np.float64) + a.get("epsilon", 1e-5))).astype(np.float32)
+            y = (X - mean.reshape(shape)) * (scale * inv).reshape(shape) + shift.reshape(shape)
         elif op == "Softmax":
             z = ins[0] - ins[0].max(axis=a.get("axis", -1), keepdims=True)
             e = np.exp(z)
@@ -152,11 +157,12 @@ def main(argv):
         if value.dtype != np.float32:
             continue  # a Reshape's target shape
         used.add(name)
-        ref = ck["params"].get(name)
+        ref = ck["params"].get(name, ck["model_state"].get(name))
         check(ref is not None and ref.shape == value.shape and np.array_equal(ref.view(np.uint32),
                                                                               value.view(np.uint32)),
               f"initializer {name} is not the checkpoint's tensor bit for bit")
-    check(used == set(ck["params"]), f"checkpoint tensors not in the graph: {set(ck['params']) - used}")
+    tensors = set(ck["params"]) | set(ck["model_state"])  # batch norm's running statistics too
+    check(used == tensors, f"checkpoint tensors not in the graph: {tensors - used}")
 
     images = read_idx(os.path.join(args.data_dir, "t10k-images-idx3-ubyte"))
     labels = read_idx(os.path.join(args.data_dir, "t10k-labels-idx1-ubyte")).astype(np.int64)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end tests of checkpoints, resuming and preemption, with the program as a user
-# runs it: exact continuation (tiny, and lenet with dropout: 2N steps straight == N + resume + N,
-# bitwise), resuming on another number of ranks, signals on a rank and on mpirun (exit 75, then
+# runs it: exact continuation (tiny, lenet with dropout, and batch norm with its running
+# statistics: 2N steps straight == N + resume + N, bitwise), resuming on another number of ranks, signals on a rank and on mpirun (exit 75, then
 # --resume auto), every bad checkpoint (exit 4 on every rank, one message naming the file), failed
 # and killed writes (the previous checkpoint survives), retention, and `mnist_mpi evaluate`.
 # Usage: e2e_checkpoint.sh MNIST_MPI MAKE_SYNTHETIC_MNIST REPO_ROOT
@@ -84,6 +84,31 @@ exact() {  # exact NAME STEPS ARGS...: 2*STEPS straight == STEPS + --resume auto
 }
 exact tiny_exact 100 --config "$root/configs/tiny.ini" "${base[@]}" --batch-size 16
 exact lenet_dropout_exact 30 --config "$root/configs/lenet.ini" "${base[@]}" --global-batch-size 8
+# Batch norm: the running statistics (the checkpoint's STAT, which evaluation reads) continue bit for
+# bit too, not only the parameters: the straight run's last checkpoint against the resumed run's.
+bn=(--model "conv:3x3:4:same,batchnorm,relu,maxpool:2,flatten,fc:32,batchnorm:0.3,relu,fc:10" "${base[@]}"
+    --global-batch-size 20)
+rm -rf ck_bn_straight ck_bn
+run "${run2[@]}" "$bin" "${bn[@]}" --max-steps 30 --checkpoint-dir ck_bn_straight
+bn_straight=$(hash_of out)
+bn_test_straight=$(grep -E '^test accuracy' out)
+run "${run2[@]}" "$bin" "${bn[@]}" --max-steps 15 --checkpoint-dir ck_bn
+run "${run2[@]}" "$bin" "${bn[@]}" --max-steps 30 --checkpoint-dir ck_bn --resume auto
+if grep -q "resuming from ck_bn/step-00000015.ckpt" out && [ -n "$bn_straight" ] && [ "$(hash_of out)" = "$bn_straight" ] &&
+   [ "$(grep -E '^test accuracy' out)" = "$bn_test_straight" ] &&
+   "$py" - "$reader" ck_bn_straight/step-00000030.ckpt ck_bn/step-00000030.ckpt <<'EOF'
+import importlib.util, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("rc", sys.argv[1]); rc = importlib.util.module_from_spec(spec); spec.loader.exec_module(rc)
+a, b = rc.read_checkpoint(sys.argv[2]), rc.read_checkpoint(sys.argv[3])
+names = [t[0] for t in a["state_tensors"]]
+assert names == ["6.bn.running_mean", "6.bn.running_var", "1.bn.running_mean", "1.bn.running_var"], names
+for n in names:
+    assert np.array_equal(a["model_state"][n].view(np.uint32), b["model_state"][n].view(np.uint32)), n
+assert not np.array_equal(a["model_state"]["1.bn.running_var"], np.ones(4, np.float32)), "the statistics never moved"
+EOF
+then ok "batchnorm: 30 steps straight == 15 + resume + 15: params_hash $bn_straight, running statistics and test line bitwise"
+else bad "batchnorm resume: straight $bn_straight ($bn_test_straight), resumed $(hash_of out) ($(grep -E '^test accuracy' out))"; fi
 
 # ---- another number of ranks, same global batch: 2 ranks -> 1 rank, 2 ranks -> 3 ranks ----------
 # close_to FILE: FILE's parameters against the 2-rank run that never stopped (summation order differs

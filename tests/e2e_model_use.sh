@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Using a trained model on real MNIST: `mnist_mpi export` round trips for both shipped
 # configs, the blog's network with stride 2, asymmetric SAME and VALID padding, and a spec that
-# puts a conv after an fc, each checked by tests/check_onnx.py against `mnist_mpi evaluate`; then
+# puts a conv after an fc, a model with batch norm, each checked by tests/check_onnx.py against `mnist_mpi evaluate`; then
 # `mnist_mpi predict` on test digits written as images (tests/predict_images.py) and on bad files.
 # Short runs (tens of steps): the point is the same numbers from two evaluators, not accuracy.
 # The data comes from scripts/fetch_mnist.sh, as for tests/e2e_real_mnist.sh.
@@ -54,6 +54,10 @@ round_trip blog_strided 100 "$root/configs/tiny.ini" \
 # An fc before a conv (a Reshape back to 4-D), an fc straight after a conv (a Flatten), dropout inside.
 round_trip fc_then_conv 60 "$root/configs/tiny.ini" \
   --model "conv:4x4:4:same,relu,fc:32,relu,conv:1x1:16,dropout:0.3,fc:10"
+# Batch norm after a conv (BatchNormalization on (N, C, H, W)) and after an fc (on (N, C)), its
+# running statistics from the checkpoint's STAT section: evaluate and the ONNX graph must use them.
+round_trip batchnorm 60 "$root/configs/tiny.ini" \
+  --model "conv:5x5:8:same,batchnorm,relu,maxpool:2,flatten,fc:32,batchnorm:0.2,relu,fc:10"
 
 # ---- predict ------------------------------------------------------------------------------------
 ck=$(ls "$work/tiny"/step-*.ckpt 2>/dev/null | tail -1)

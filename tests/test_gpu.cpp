@@ -98,13 +98,14 @@ std::int64_t param_size(const LayerSpec& l) {
   if (l.kind == LayerKind::kConv)
     return static_cast<std::int64_t>(l.channels) * l.in.c * l.kernel_h * l.kernel_w + l.channels;
   if (l.kind == LayerKind::kFc) return static_cast<std::int64_t>(l.channels) * l.in.size() + l.channels;
+  if (l.kind == LayerKind::kBatchNorm) return 2 * static_cast<std::int64_t>(l.channels);  // scale, shift
   return 0;
 }
 
 // One layer on one backend, with its buffers in that backend's memory.
 struct Side {
   Backend& be;
-  std::unique_ptr<Buffer> x, y, dy, dx, w, dw;
+  std::unique_ptr<Buffer> x, y, dy, dx, w, dw, state;
   std::unique_ptr<LayerKernel> k;
   Side(Backend& b, const LayerSpec& l, int index, int batch, const std::vector<float>& xv,
        const std::vector<float>& dyv, const std::vector<float>& wv)
@@ -124,6 +125,10 @@ struct Side {
       dw = be.allocate(static_cast<std::int64_t>(wv.size()));
       lb.w = w->data();
       lb.dw = dw->data();
+    }
+    if (l.kind == LayerKind::kBatchNorm) {  // running mean 0.5, variance 0.5 (then moved by forward)
+      state = up(std::vector<float>(2 * static_cast<std::size_t>(l.channels), 0.5f));
+      lb.state = state->data();
     }
     k = be.make_layer(l, index, lb, true);
   }
@@ -173,6 +178,7 @@ void compare_layer_on(int gpu, const std::string& text, Shape input, int batch, 
   check("y", *dev.y, *cpu.y, match != Match::kClose);
   check("dx", *dev.dx, *cpu.dx, match == Match::kBitwise);
   if (dev.dw) check("dw", *dev.dw, *cpu.dw, match == Match::kBitwise);
+  if (dev.state) check("running statistics", *dev.state, *cpu.state, match == Match::kBitwise);
 }
 
 // The same on seeded random inputs (distinct_input: no two x equal, so no ties in a pool window).
@@ -226,6 +232,13 @@ TEST_F(Gpu, FullyConnectedMatchesCpu) {
   compare_layer(gpu_, "fc:33", {50, 1, 1}, 9, true, 1e-2);
 }
 
+// Batch norm: its own kernels against the CPU's loops (both sum in double, in other orders), after
+// a conv (statistics over N, H, W) and after an fc (over N); the running statistics too.
+TEST_F(Gpu, BatchNormMatchesCpu) {
+  compare_layer(gpu_, "batchnorm", {6, 9, 9}, 4, false, 1e-5);
+  compare_layer(gpu_, "batchnorm:0.3:0.001", {40, 1, 1}, 8, false, 1e-5);
+}
+
 // The dropout masks are the CPU's, bit for bit (the same function, compiled for the device).
 TEST_F(Gpu, DropoutMasksEqualCpu) {
   compare_layer(gpu_, "dropout:0.4", {4, 6, 6}, 5, false, 0.0, false, Match::kBitwise);
@@ -269,7 +282,7 @@ TEST_F(Gpu, Bf16GradientsAreTheFp32OnesToBf16Precision) {
     Backend& be = *bes[side];
     auto p = be.allocate(static_cast<std::int64_t>(P)), g = be.allocate(static_cast<std::int64_t>(P));
     be.upload(params, p->data());
-    Model m(spec, batch, be, p->data(), g->data());
+    Model m(spec, batch, be, p->data(), g->data(), nullptr);
     if (side == 1) described = m.describe();
     auto src = be.make_data_source(split, batch);
     src->slice(3, batch, m.input());

@@ -664,6 +664,7 @@ class PlainLayouts final : public Backend {
   }
   void add(float* dst, const float* src, std::int64_t n) override { be_->add(dst, src, n); }
   void copy(float* dst, const float* src, std::int64_t n) override { be_->copy(dst, src, n); }
+  void scale(float* x, float a, std::int64_t n) override { be_->scale(x, a, n); }
   void upload(std::span<const float> host, float* dst) override { be_->upload(host, dst); }
   void download(const float* src, std::span<float> host) override { be_->download(src, host); }
   std::unique_ptr<StepGuard> make_step_guard(bool keep_verdict) override { return be_->make_step_guard(keep_verdict); }
@@ -1190,7 +1191,7 @@ TEST(BlockedLayouts, ANaNThroughAReluTakenOverByItsPool) {
   std::vector<std::vector<float>> logits;
   for (bool fuse : {true, false}) {
     auto be = make_cpu_backend(1, {.relu_into_pool = fuse});
-    Model m(spec, 2, *be, params.data(), nullptr);
+    Model m(spec, 2, *be, params.data(), nullptr, nullptr);
     EXPECT_EQ(m.describe().find("applies the ReLU before it") != std::string::npos, fuse) << m.describe();
     step_on(m, *be, x, {0, 1}, 2);
     logits.emplace_back(m.logits(), m.logits() + 20);
@@ -1278,12 +1279,12 @@ TEST(Model, HeadsAndTailComputeTheWholeModelChunkByChunk) {
   init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 42, params.data());
   std::vector<float> whole_grads(P), part_grads(P);
   Model whole(spec, c, *be, params.data(), whole_grads.data());
-  Model tail(spec, k * c, *be, params.data(), part_grads.data(), ModelPart{first, -1});
+  Model tail(spec, k * c, *be, params.data(), part_grads.data(), nullptr, ModelPart{first, -1});
   const std::int64_t row = spec.layers[first - 1].out.size(), pixels = spec.input.size();
   std::vector<std::unique_ptr<Model>> heads;
   for (int j = 0; j < k; ++j)
     heads.push_back(std::make_unique<Model>(
-        spec, c, *be, params.data(), part_grads.data(),
+        spec, c, *be, params.data(), part_grads.data(), nullptr,
         ModelPart{0, first, const_cast<float*>(tail.activation(first)) + j * c * row,
                   const_cast<float*>(tail.activation_gradient(first)) + j * c * row}));
   EXPECT_EQ(tail.first_layer(), first);
@@ -1358,9 +1359,9 @@ TEST(Model, HeadsAndTailComputeTheWholeModelChunkByChunk) {
           << "chunk " << j << " conv element " << i << ": " << want_grads[static_cast<std::size_t>(j)][static_cast<std::size_t>(i)] << " vs " << part_grads[static_cast<std::size_t>(i)];
   }
   // A part short of the end needs its boundary, and may not end after a flatten.
-  EXPECT_THROW(Model(spec, c, *be, params.data(), part_grads.data(), ModelPart{0, first}), Error);
+  EXPECT_THROW(Model(spec, c, *be, params.data(), part_grads.data(), nullptr, ModelPart{0, first}), Error);
   std::vector<float> buf(static_cast<std::size_t>(c * row)), dbuf(buf.size());
-  EXPECT_THROW(Model(spec, c, *be, params.data(), part_grads.data(), ModelPart{0, first + 1, buf.data(), dbuf.data()}),
+  EXPECT_THROW(Model(spec, c, *be, params.data(), part_grads.data(), nullptr, ModelPart{0, first + 1, buf.data(), dbuf.data()}),
                Error);
 }
 
@@ -1504,7 +1505,7 @@ TEST(Model, GradientOfEveryParameterTensor) {
   const int batch = 3;
   std::vector<float> params(static_cast<std::size_t>(spec.param_count)), grads(params.size(), 7.0f);
   init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 42, params.data());
-  Model model(spec, batch, *be, params.data(), grads.data());
+  Model model(spec, batch, *be, params.data(), grads.data(), nullptr);
   ASSERT_TRUE(model.training());
   const std::vector<float> x = uniform(static_cast<std::size_t>(batch * 64), 43);
   std::copy(x.begin(), x.end(), model.input());

@@ -11,8 +11,11 @@
 
 namespace mnist_mpi {
 
-Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads, ModelPart part)
-    : spec_(spec), batch_(batch), training_(grads != nullptr) {
+Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads, float* state,
+             ModelPart part)
+    : spec_(spec), state_(state), batch_(batch), training_(grads != nullptr) {
+  MNIST_CHECK(state != nullptr || spec.state_count == 0, ExitCode::kRuntime,
+              "Model: a model with batch norm needs its state buffer");
   const std::size_t L = spec.layers.size();
   first_ = part.first;
   end_ = part.end < 0 ? static_cast<int>(L) : part.end;
@@ -58,6 +61,9 @@ Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* pa
   param_offset.assign(L, -1);
   for (const ParamTensor& p : spec.params)
     if (!p.is_bias) param_offset[static_cast<std::size_t>(p.layer)] = p.offset;
+  std::vector<std::int64_t> state_offset(L, -1);
+  for (const StateTensor& s : spec.state)
+    if (state_offset[static_cast<std::size_t>(s.layer)] < 0) state_offset[static_cast<std::size_t>(s.layer)] = s.offset;
   for (std::size_t i = static_cast<std::size_t>(first_); i < static_cast<std::size_t>(end_); ++i) {
     LayerBuffers b;
     b.batch = batch;
@@ -73,6 +79,7 @@ Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* pa
       b.w = params + param_offset[i];
       if (grads) b.dw = grads + param_offset[i];
     }
+    if (state_offset[i] >= 0) b.state = state + state_offset[i];
     kernels_.push_back(backend.make_layer(spec.layers[i], static_cast<int>(i), b, training_));
   }
 }

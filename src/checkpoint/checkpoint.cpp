@@ -143,11 +143,22 @@ std::vector<CheckpointTensor> checkpoint_tensors(const ModelSpec& spec) {
   return out;
 }
 
+std::vector<CheckpointTensor> checkpoint_state_tensors(const ModelSpec& spec) {
+  std::vector<CheckpointTensor> out;
+  for (const StateTensor& s : spec.state) out.push_back({s.name, {s.size}, s.offset, s.size});
+  return out;
+}
+
 ModelSpec checkpoint_model_spec(const Checkpoint& ck) {
   const ModelSpec spec = parse_model_spec(ck.spec, ck.input, ck.num_classes);
   MNIST_CHECK(checkpoint_tensors(spec) == ck.tensors && static_cast<std::int64_t>(ck.params.size()) == spec.param_count,
               ExitCode::kCheckpoint,
               "the checkpoint's tensors do not match its own model spec " + quote_input(ck.spec));
+  MNIST_CHECK(checkpoint_state_tensors(spec) == ck.state_tensors &&
+                  static_cast<std::int64_t>(ck.model_state.size()) == spec.state_count,
+              ExitCode::kCheckpoint,
+              "the checkpoint's model state (batch norm's running statistics, sections SIDX and STAT) does not "
+              "match its own model spec " + quote_input(ck.spec));
   return spec;
 }
 
@@ -194,9 +205,10 @@ std::int64_t checkpoint_file_step(const std::string& name) {
 
 CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& config, bool second_moment,
                                      std::int64_t exact_chunk)
-    : count_(spec.param_count), second_(second_moment), exact_chunk_(exact_chunk), tensors_(spec.params.size()) {
+    : count_(spec.param_count), state_count_(spec.state_count), second_(second_moment), exact_chunk_(exact_chunk),
+      tensors_(spec.params.size()) {
   // The fixed sections, each built as its payload first.
-  std::vector<std::uint8_t> spec_p, conf_p, pidx_p;
+  std::vector<std::uint8_t> spec_p, conf_p, pidx_p, sidx_p;
   Appender s{spec_p};
   s(static_cast<std::uint32_t>(spec.input.c));
   s(static_cast<std::uint32_t>(spec.input.h));
@@ -204,16 +216,20 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
   s(static_cast<std::uint32_t>(spec.num_classes()));
   s.bytes(spec.text.data(), spec.text.size());
   conf_p.assign(config.begin(), config.end());
-  Appender x{pidx_p};
-  x(static_cast<std::uint32_t>(spec.params.size()));
-  for (const ParamTensor& p : spec.params) {
-    x(static_cast<std::uint32_t>(p.name.size()));
-    x.bytes(p.name.data(), p.name.size());
-    x(static_cast<std::uint32_t>(p.shape.size()));
-    for (int d : p.shape) x(static_cast<std::int64_t>(d));
-    x(static_cast<std::int64_t>(p.offset));
-    x(static_cast<std::int64_t>(p.size));
-  }
+  const auto index = [](std::vector<std::uint8_t>& out, const std::vector<CheckpointTensor>& tensors) {
+    Appender x{out};
+    x(static_cast<std::uint32_t>(tensors.size()));
+    for (const CheckpointTensor& t : tensors) {
+      x(static_cast<std::uint32_t>(t.name.size()));
+      x.bytes(t.name.data(), t.name.size());
+      x(static_cast<std::uint32_t>(t.shape.size()));
+      for (std::int64_t d : t.shape) x(d);
+      x(t.offset);
+      x(t.size);
+    }
+  };
+  index(pidx_p, checkpoint_tensors(spec));
+  index(sidx_p, checkpoint_state_tensors(spec));
   const std::size_t tensor_bytes = static_cast<std::size_t>(count_) * sizeof(float);
 
   struct Part {
@@ -221,7 +237,7 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
     std::size_t length;
     std::size_t* at;
   };
-  std::size_t spec_at = 0, conf_at = 0, pidx_at = 0, end_at = 0;
+  std::size_t spec_at = 0, conf_at = 0, pidx_at = 0, sidx_at = 0, end_at = 0;
   const Part parts[] = {{"META", kCheckpointMetaBytes, &meta_at_},
                         {"SPEC", spec_p.size(), &spec_at},
                         {"CONF", conf_p.size(), &conf_at},
@@ -230,8 +246,15 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
                         {"MOM1", tensor_bytes, &mom1_at_},
                         {"MOM2", second_ ? tensor_bytes : 0, &mom2_at_},
                         {"EXSM", 12 + 4 * tensors_, &exsm_at_},  // --exact-sums runs only
+                        {"SIDX", sidx_p.size(), &sidx_at},       // a model with batch norm only
+                        {"STAT", static_cast<std::size_t>(state_count_) * sizeof(float), &stat_at_},
                         {"END ", 16, &end_at}};
-  const auto written = [&](const Part& p) { return exact_chunk_ > 0 || std::string_view(p.tag) != "EXSM"; };
+  const auto written = [&](const Part& p) {
+    const std::string_view tag = p.tag;
+    if (tag == "EXSM") return exact_chunk_ > 0;
+    if (tag == "SIDX" || tag == "STAT") return state_count_ > 0;
+    return true;
+  };
   std::size_t size = kHeaderBytes, sections = 0;
   for (const Part& p : parts) {
     if (!written(p)) continue;
@@ -258,16 +281,20 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
   std::copy(spec_p.begin(), spec_p.end(), b + spec_at + kSectionHeaderBytes);
   std::copy(conf_p.begin(), conf_p.end(), b + conf_at + kSectionHeaderBytes);
   std::copy(pidx_p.begin(), pidx_p.end(), b + pidx_at + kSectionHeaderBytes);
+  if (state_count_ > 0) std::copy(sidx_p.begin(), sidx_p.end(), b + sidx_at + kSectionHeaderBytes);
   put<std::uint64_t>(b + end_at + kSectionHeaderBytes, sections - 1);  // sections before END
   put<std::uint64_t>(b + end_at + kSectionHeaderBytes + 8, size);
-  for (std::size_t at : {spec_at, conf_at, pidx_at, end_at}) {
+  for (std::size_t at : {spec_at, conf_at, pidx_at, sidx_at, end_at}) {
+    if (at == 0) continue;  // no SIDX
     const std::size_t len = get<std::uint64_t>(b + at + 8);
     put<std::uint32_t>(b + at + 4, section_crc(b + at, {b + at + kSectionHeaderBytes, len}));
   }
 }
 
 void CheckpointEncoder::capture(const CheckpointMeta& meta, const float* params, const float* m, const float* v,
-                                std::span<const std::int32_t> exact_limits) {
+                                std::span<const std::int32_t> exact_limits, const float* model_state) {
+  MNIST_CHECK((model_state != nullptr) == (state_count_ > 0), ExitCode::kRuntime,
+              "checkpoint: the model state of a model with batch norm, and only then");
   meta_ = meta;
   std::uint8_t* b = image_.data();
   MNIST_CHECK(exact_limits.size() == (exact_chunk_ > 0 ? tensors_ : 0), ExitCode::kRuntime,
@@ -279,12 +306,14 @@ void CheckpointEncoder::capture(const CheckpointMeta& meta, const float* params,
   std::memcpy(b + parm_at_ + kSectionHeaderBytes, params, n);
   std::memcpy(b + mom1_at_ + kSectionHeaderBytes, m, n);
   if (second_) std::memcpy(b + mom2_at_ + kSectionHeaderBytes, v, n);
+  if (state_count_ > 0)
+    std::memcpy(b + stat_at_ + kSectionHeaderBytes, model_state, static_cast<std::size_t>(state_count_) * sizeof(float));
 }
 
 void CheckpointEncoder::seal() {
   std::uint8_t* b = image_.data();
-  for (std::size_t at : {meta_at_, parm_at_, mom1_at_, mom2_at_, exsm_at_}) {
-    if (at == 0) continue;  // no EXSM
+  for (std::size_t at : {meta_at_, parm_at_, mom1_at_, mom2_at_, exsm_at_, stat_at_}) {
+    if (at == 0) continue;  // no EXSM, no STAT
     const std::size_t len = get<std::uint64_t>(b + at + 8);
     put<std::uint32_t>(b + at + 4, section_crc(b + at, {b + at + kSectionHeaderBytes, len}));
   }
@@ -383,8 +412,8 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
 
   Checkpoint ck;
   bool seen_meta = false, seen_spec = false, seen_conf = false, seen_pidx = false, seen_parm = false, seen_mom1 = false,
-       seen_mom2 = false, seen_exsm = false, seen_end = false;
-  std::span<const std::uint8_t> parm, mom1, mom2;
+       seen_mom2 = false, seen_exsm = false, seen_sidx = false, seen_stat = false, seen_end = false;
+  std::span<const std::uint8_t> parm, mom1, mom2, stat;
   std::uint64_t sections = 0;
   std::size_t at = kHeaderBytes;
   while (!seen_end) {
@@ -453,6 +482,12 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
       need(ck.exact_chunk > 0 && length == 12 + 4 * static_cast<std::uint64_t>(n),
            "holds no chunk, or not one limit per tensor");
       for (std::uint32_t t = 0; t < n; ++t) ck.exact_limits.push_back(get<std::int32_t>(p + 12 + 4 * t));
+    } else if (tag == "SIDX") {
+      once(seen_sidx);
+      ck.state_tensors = decode_tensor_index(payload, need);
+    } else if (tag == "STAT") {
+      once(seen_stat);
+      stat = payload;
     } else if (tag == "END ") {
       once(seen_end);
       need(length == 16, "is not 16 bytes");
@@ -479,6 +514,15 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
   if (seen_exsm && ck.exact_limits.size() != ck.tensors.size())
     corrupt(name, "section 'EXSM' holds " + std::to_string(ck.exact_limits.size()) + " limits for " +
                       std::to_string(ck.tensors.size()) + " tensors");
+  if (seen_sidx != seen_stat) corrupt(name, seen_sidx ? "it has SIDX but no 'STAT' section" : "it has STAT but no 'SIDX' section");
+  std::int64_t state_expect = 0;
+  for (const CheckpointTensor& t : ck.state_tensors) {  // contiguous, in order, covering STAT
+    if (t.offset != state_expect) corrupt(name, "state tensor '" + t.name + "' is not where the previous one ends");
+    state_expect += t.size;
+  }
+  if (static_cast<std::uint64_t>(state_expect) * sizeof(float) != stat.size())
+    corrupt(name, "its state tensors cover " + std::to_string(state_expect) + " values, STAT holds " +
+                      std::to_string(stat.size()) + " bytes");
   const auto copy = [](std::span<const std::uint8_t> s, std::vector<float>& out) {
     out.resize(s.size() / sizeof(float));
     if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
@@ -486,6 +530,7 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
   copy(parm, ck.params);
   copy(mom1, ck.first_moment);
   copy(mom2, ck.second_moment);
+  copy(stat, ck.model_state);
   return ck;
 }
 

@@ -241,7 +241,7 @@ std::string Checkpointer::check_compatible(const Checkpoint& ck, const std::stri
   const std::string fix = "; resume with the options that wrote it (its config: mnist_mpi evaluate --checkpoint '" +
                           path + "' --show-config), or use another --checkpoint-dir";
   if (ck.spec != spec.text || !(ck.input == spec.input) || ck.num_classes != spec.num_classes() ||
-      ck.tensors != checkpoint_tensors(spec))
+      ck.tensors != checkpoint_tensors(spec) || ck.state_tensors != checkpoint_state_tensors(spec))
     throw_error(ExitCode::kCheckpoint, "checkpoint '" + path + "' holds another model: its spec is '" + ck.spec +
                                            "', this run's --model is '" + spec.text + "'" + fix);
   if (m.optimizer_kind != traits(opt_.optimizer.kind).checkpoint_code)
@@ -295,11 +295,12 @@ std::int64_t Checkpointer::restore(float* params,
   for (std::size_t at = 0; at < resume_bytes_.size(); at += kChunk)
     comm_.broadcast(std::span<std::uint8_t>(resume_bytes_.data() + at, std::min(kChunk, resume_bytes_.size() - at)), 0);
   const Checkpoint ck = decode_checkpoint(resume_bytes_, rank0_ ? resumed_from_ : "(received from rank 0)");
-  MNIST_CHECK(ck.meta.param_count == run_.spec->param_count, ExitCode::kCheckpoint,
-              "checkpoint from rank 0 does not fit this rank's model");
+  MNIST_CHECK(ck.meta.param_count == run_.spec->param_count &&
+                  static_cast<std::int64_t>(ck.model_state.size()) == run_.spec->state_count,
+              ExitCode::kCheckpoint, "checkpoint from rank 0 does not fit this rank's model");
   std::copy(ck.params.begin(), ck.params.end(), params);
   restore_state({ck.first_moment.data(), ck.second_moment.empty() ? nullptr : ck.second_moment.data(),
-                 ck.meta.optimizer_steps, ck.exact_limits});
+                 ck.meta.optimizer_steps, ck.exact_limits, ck.model_state});
   std::vector<std::uint8_t>().swap(resume_bytes_);
   return ck.meta.step;
 }
@@ -371,7 +372,8 @@ void Checkpointer::write(const StepEnd& s, const std::function<TrainingState()>&
   m.validation_accuracy = s.validation_accuracy;
   m.validation_loss = s.validation_loss;
   m.train_loss = s.train_loss;
-  encoder_->capture(m, state.params, state.first_moment, state.second_moment, state.exact_limits);
+  encoder_->capture(m, state.params, state.first_moment, state.second_moment, state.exact_limits,
+                    state.model_state);
   stats_.capture_ms += 1e3 * (now_s() - t0);
   if (!opt_.quiet)
     std::printf("checkpoint after step %lld: %s/step-%08lld.ckpt\n", static_cast<long long>(s.step), dir_.c_str(),

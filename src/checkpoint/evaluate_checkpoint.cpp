@@ -91,8 +91,10 @@ CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& spli
   auto backend = make_cpu_backend(threads);
   auto params = backend->allocate(spec.param_count);
   std::copy(ck.params.begin(), ck.params.end(), params->data());
+  auto state = backend->allocate(std::max<std::int64_t>(spec.state_count, 1));  // batch norm's running statistics
+  std::copy(ck.model_state.begin(), ck.model_state.end(), state->data());
   const int eb = static_cast<int>(std::clamp<std::int64_t>(split.count, 1, batch));
-  Model model(spec, eb, *backend, params->data(), nullptr);
+  Model model(spec, eb, *backend, params->data(), nullptr, state->data());
   const int classes = spec.num_classes();
   CheckpointEvaluation r;
   r.classes = classes;

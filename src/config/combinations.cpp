@@ -2,10 +2,35 @@
 // its test and its message, which names both sides and the fix.
 #include "mnist_mpi/config/combinations.hpp"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "mnist_mpi/check.hpp"
 
 namespace mnist_mpi {
 namespace {
+
+// Whether the model has a batch norm layer (a token "batchnorm" or "batchnorm:..." of --model).
+bool batch_norm(const Options& o) {
+  for (std::size_t at = 0; at <= o.model.size();) {
+    std::size_t end = o.model.find(',', at);
+    if (end == std::string::npos) end = o.model.size();
+    std::string token = o.model.substr(at, end - at);
+    std::erase_if(token, [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
+    if (token == "batchnorm" || token.rfind("batchnorm:", 0) == 0) return true;
+    at = end + 1;
+  }
+  return false;
+}
+
+// The global batch cut into world x accumulation micro-batches leaves some one image shorter
+// (Note [Uneven slices] in include/mnist_mpi/data/sampler.hpp).
+bool uneven_slices(const Options& o, const RunPlace& p) {
+  if (o.batch_size != 0) return false;  // per rank: every micro-batch has it
+  const std::int64_t global = o.global_batch_size != 0 ? o.global_batch_size : kDefaultGlobalBatch;
+  const std::int64_t parts = std::int64_t{p.world} * std::max<std::int64_t>(o.accumulation_steps, 1);
+  return global % parts != 0;
+}
 
 struct Combination {
   bool needs_place;  // a row about the machine the run found (checked by the trainer only)
@@ -30,6 +55,23 @@ constexpr Combination kCombinations[] = {
     {false, [](const Options& o, const RunPlace&) { return o.exact_sums && o.precision == "bf16"; },
      [](const Options&, const RunPlace&) -> std::string {
        return "--precision bf16 with --exact-sums: the exact sums run the fp32 kernels only; drop one of them";
+     }},
+    {false, [](const Options& o, const RunPlace&) { return o.exact_sums && batch_norm(o); },
+     [](const Options&, const RunPlace&) -> std::string {
+       return "batchnorm in --model with --exact-sums: batch statistics are taken over each rank's own images, so "
+              "the gradients depend on how the global batch is cut among the ranks, which the exact sums exclude; "
+              "drop --exact-sums or the batchnorm layers";
+     }},
+    // A shorter micro-batch is padded to the model's batch with rows whose loss gradient is zero,
+    // which adds nothing to a sum, but batch statistics would take the padding in.
+    {true, [](const Options& o, const RunPlace& p) { return batch_norm(o) && uneven_slices(o, p); },
+     [](const Options& o, const RunPlace& p) -> std::string {
+       const std::int64_t global = o.global_batch_size != 0 ? o.global_batch_size : kDefaultGlobalBatch;
+       const std::int64_t parts = std::int64_t{p.world} * std::max<std::int64_t>(o.accumulation_steps, 1);
+       return "batchnorm in --model needs micro-batches of one size (its statistics would count a shorter one's "
+              "padding): the global batch of " + std::to_string(global) + " does not divide into " +
+              std::to_string(p.world) + " ranks x " + std::to_string(std::max<std::int64_t>(o.accumulation_steps, 1)) +
+              " accumulation steps; give a --global-batch-size that is a multiple of " + std::to_string(parts);
      }},
     {false, [](const Options& o, const RunPlace&) { return o.exact_sums && o.cuda_graph; },
      [](const Options&, const RunPlace&) -> std::string {

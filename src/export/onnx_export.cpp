@@ -97,13 +97,15 @@ class GraphBuilder {
     rank4_ = false;
   }
 
-  // A checkpoint tensor as an initializer of the same name ("3.conv.weight").
-  void initializer(const CheckpointTensor& ct) {
+  // A checkpoint tensor as an initializer of the same name ("3.conv.weight"); of the model state
+  // ("1.bn.running_mean") when `state`.
+  void initializer(const CheckpointTensor& ct, bool state = false) {
     onnx::TensorProto* t = g_.add_initializer();
     t->set_name(ct.name);
     t->set_data_type(onnx::TensorProto::FLOAT);
     for (std::int64_t d : ct.shape) t->add_dims(d);
-    t->set_raw_data(ck_.params.data() + ct.offset, static_cast<std::size_t>(ct.size) * sizeof(float));
+    const float* from = (state ? ck_.model_state.data() : ck_.params.data()) + ct.offset;
+    t->set_raw_data(from, static_cast<std::size_t>(ct.size) * sizeof(float));
   }
 
   const std::string& current() const { return cur_; }
@@ -116,8 +118,9 @@ class GraphBuilder {
 };
 
 const CheckpointTensor& find_tensor(const Checkpoint& ck, const std::string& name) {
-  for (const CheckpointTensor& t : ck.tensors)
-    if (t.name == name) return t;
+  for (const std::vector<CheckpointTensor>* table : {&ck.tensors, &ck.state_tensors})
+    for (const CheckpointTensor& t : *table)
+      if (t.name == name) return t;
   throw_error(ExitCode::kCheckpoint, "the checkpoint has no tensor '" + name + "' for its own model spec");
 }
 
@@ -170,7 +173,9 @@ void check_onnx_exportable(const ModelSpec& spec) {
 // Conv with pads [top, left, bottom, right] as the spec resolved them (TensorFlow's SAME puts the
 // odd row or column at the end, so asymmetric pads are explicit, never auto_pad); maxpool ->
 // MaxPool (no padding, floor); relu -> Relu; flatten -> Flatten(axis 1); fc -> Gemm with
-// transB = 1, since our fc weight is (out, in); dropout is left out (inference: the identity).
+// transB = 1, since our fc weight is (out, in); batchnorm -> BatchNormalization (inference: the
+// running mean and variance, epsilon as the spec says), on (N, C, H, W) or, after an fc, (N, C);
+// dropout is left out (inference: the identity).
 // Long on purpose (Note [Why a function is long] in docs/style.md): one case per layer kind.
 OnnxExport export_onnx(const Checkpoint& ck) {
   const ModelSpec spec = checkpoint_model_spec(ck);
@@ -239,6 +244,23 @@ OnnxExport export_onnx(const Checkpoint& ck) {
         b.initializer(w);
         b.initializer(bias);
         set_int(b.node("Gemm", name, {b.current(), w.name, bias.name}), "transB", 1);
+        break;
+      }
+      case LayerKind::kBatchNorm: {
+        const std::string p = std::to_string(i) + ".bn.";
+        const CheckpointTensor& scale = find_tensor(ck, p + "weight");
+        const CheckpointTensor& shift = find_tensor(ck, p + "bias");
+        const CheckpointTensor& mean = find_tensor(ck, p + "running_mean");
+        const CheckpointTensor& var = find_tensor(ck, p + "running_var");
+        b.initializer(scale);
+        b.initializer(shift);
+        b.initializer(mean, /*state=*/true);
+        b.initializer(var, /*state=*/true);
+        onnx::NodeProto& n = b.node("BatchNormalization", name, {b.current(), scale.name, shift.name, mean.name, var.name});
+        onnx::AttributeProto* eps = n.add_attribute();
+        eps->set_name("epsilon");
+        eps->set_type(onnx::AttributeProto::FLOAT);
+        eps->set_f(l.eps);
         break;
       }
       case LayerKind::kDropout:

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -178,8 +179,18 @@ ModelSpec parse_model_spec(const std::string& text, Shape input, int num_classes
       l.drop_rate = to_float("model spec: dropout rate in " + quote_input(token), f[1]);
       if (!(l.drop_rate >= 0.0f && l.drop_rate < 1.0f)) bad(token, "rate must be in [0, 1)");
       l.out = cur;
+    } else if (kind == "batchnorm") {
+      if (f.size() > 3) bad(token, "expected batchnorm[:MOMENTUM[:EPS]]");
+      l.kind = LayerKind::kBatchNorm;
+      if (f.size() >= 2) l.momentum = to_float("model spec: batchnorm momentum in " + quote_input(token), f[1]);
+      if (f.size() == 3) l.eps = to_float("model spec: batchnorm eps in " + quote_input(token), f[2]);
+      if (!(l.momentum > 0.0f && l.momentum <= 1.0f)) bad(token, "momentum must be in (0, 1]");
+      if (!(l.eps > 0.0f)) bad(token, "eps must be positive");
+      l.channels = cur.c;  // statistics per channel (per unit after an fc)
+      l.out = cur;
     } else {
-      bad(token, "unknown layer kind " + quote_input(kind, 40) + " (conv, maxpool, relu, flatten, fc, dropout)");
+      bad(token, "unknown layer kind " + quote_input(kind, 40) +
+                     " (conv, maxpool, relu, flatten, fc, dropout, batchnorm)");
     }
     check_activation("layer " + std::to_string(spec.layers.size()) + " " + quote_input(token) + " outputs", l.out);
     cur = l.out;
@@ -190,13 +201,22 @@ ModelSpec parse_model_spec(const std::string& text, Shape input, int num_classes
                                       " outputs; the data has " + std::to_string(num_classes) +
                                       " classes (end it with fc:" + std::to_string(num_classes) + ")");
 
-  std::int64_t offset = 0;
+  std::int64_t offset = 0, state_offset = 0;
   for (int i = static_cast<int>(spec.layers.size()) - 1; i >= 0; --i) {
     const LayerSpec& l = spec.layers[static_cast<std::size_t>(i)];
-    const std::string prefix = std::to_string(i) + (l.kind == LayerKind::kConv ? ".conv" : ".fc");
+    const std::string prefix = std::to_string(i) + (l.kind == LayerKind::kConv        ? ".conv"
+                                                    : l.kind == LayerKind::kBatchNorm ? ".bn"
+                                                                                      : ".fc");
     ParamTensor w, b;
     std::optional<std::int64_t> fan_in, fan_out;  // Note [Sizes of a model]
-    if (l.kind == LayerKind::kConv) {
+    if (l.kind == LayerKind::kBatchNorm) {  // scale and shift, C each (<= kMaxDim: check_activation)
+      w.shape = {l.channels};
+      fan_in = fan_out = 1;
+      w.is_scale = true;
+      spec.state.push_back({prefix + ".running_mean", state_offset, l.channels, i, 0.0f});  // Note [State
+      spec.state.push_back({prefix + ".running_var", state_offset + l.channels, l.channels, i, 1.0f});  // that is not trained]
+      state_offset += 2 * static_cast<std::int64_t>(l.channels);
+    } else if (l.kind == LayerKind::kConv) {
       w.shape = {l.channels, l.in.c, l.kernel_h, l.kernel_w};
       const std::optional<std::int64_t> window = checked_mul(l.kernel_h, l.kernel_w);
       fan_in = window ? checked_mul(l.in.c, *window) : std::nullopt;
@@ -217,7 +237,8 @@ ModelSpec parse_model_spec(const std::string& text, Shape input, int num_classes
     w.fan_in = static_cast<int>(*fan_in);
     w.fan_out = static_cast<int>(*fan_out);
     w.name = prefix + ".weight";
-    const std::optional<std::int64_t> weights = checked_mul(l.channels, *fan_in);  // O * (I * KH * KW)
+    const std::optional<std::int64_t> weights =
+        w.is_scale ? std::optional<std::int64_t>(l.channels) : checked_mul(l.channels, *fan_in);  // O * (I * KH * KW)
     if (!weights) throw_error(ExitCode::kUsage, where + " has more weights than 64 bits can count");
     w.size = *weights;
     b.name = prefix + ".bias";
@@ -237,6 +258,7 @@ ModelSpec parse_model_spec(const std::string& text, Shape input, int num_classes
     spec.params.push_back(b);
   }
   spec.param_count = offset;
+  spec.state_count = state_offset;
   return spec;
 }
 
@@ -382,11 +404,17 @@ void check_model_fits_memory(const ModelSpec& spec, std::int64_t train_batch, st
   throw_error(ExitCode::kUsage, msg + "; use a smaller --model or --batch-size");
 }
 
+void init_state(const ModelSpec& spec, float* state) {
+  for (const StateTensor& s : spec.state) std::fill(state + s.offset, state + s.offset + s.size, s.initial);
+}
+
 void init_params(const ModelSpec& spec, const InitSpec& weight_init, const InitSpec& bias_init, std::uint64_t seed,
                  float* params) {
+  const InitSpec one{InitSpec::Kind::kConstant, 1.0f, "constant:1"}, zero{InitSpec::Kind::kConstant, 0.0f, "zeros"};
   for (std::size_t t = 0; t < spec.params.size(); ++t) {
     const ParamTensor& p = spec.params[t];
-    const InitSpec& init = p.is_bias ? bias_init : weight_init;
+    const bool norm = spec.layers[static_cast<std::size_t>(p.layer)].kind == LayerKind::kBatchNorm;
+    const InitSpec& init = norm ? (p.is_scale ? one : zero) : p.is_bias ? bias_init : weight_init;
     float* out = params + p.offset;
     // Every element is a function of (seed, tensor, element, draw): no stream state.
     auto normal = [&](std::int64_t i, std::uint64_t draw) {

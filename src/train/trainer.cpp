@@ -41,7 +41,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
                           opt_.allow_gpu_sharing, comm_.host());
   shared_gpus_ = device_.cuda && comm_.local_size() > gpus.count;  // allowed by --allow-gpu-sharing
   // Every pair of options, now with what the run found (Options built in code come through here too).
-  const RunPlace place{device_.cuda, shared_gpus_, comm_.host()};
+  const RunPlace place{device_.cuda, shared_gpus_, comm_.host(), comm_.size()};
   check_combinations(opt_, &place);
   const std::int64_t world = comm_.size();
   // --shard-optimizer auto: sharded on the CPU with 2 or more ranks (Note [Sharded optimiser state]
@@ -186,7 +186,14 @@ void Trainer::make_training_state() {
   params_copy_ = backend_->make_host_copy({params_->data()}, spec_.param_count);
   init_params(spec_, wi, bi, opt_.seed, params_copy_->host(0));
   params_copy_->to_backend();
-  train_model_ = std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, params_->data(), grads_->data());
+  if (spec_.state_count > 0) {
+    state_ = backend_->allocate(spec_.state_count);
+    state_copy_ = backend_->make_host_copy({state_->data()}, spec_.state_count);
+    init_state(spec_, state_copy_->host(0));
+    state_copy_->to_backend();
+  }
+  train_model_ = std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, params_->data(), grads_->data(),
+                                         model_state());
   // Note [Choosing cuDNN algorithms] (src/backend/cuda/conv.cpp): rank 0 times its convolutions
   // here, local work, and takes its choice at once (its banner shows it); the others take it in
   // run() (share_measured_convolutions).
@@ -233,7 +240,7 @@ void Trainer::make_training_state() {
 void Trainer::make_evaluation() {
   const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
   const int eb = static_cast<int>(std::min(opt_.eval_batch_size, largest));
-  eval_model_ = std::make_unique<Model>(spec_, eb, *backend_, params_->data(), nullptr);
+  eval_model_ = std::make_unique<Model>(spec_, eb, *backend_, params_->data(), nullptr, model_state());
   if (data_.validation.count > 0) validation_data_ = backend_->make_data_source(data_.validation, eb);
   test_data_ = backend_->make_data_source(data_.test, eb);
   eval_loss_ = backend_->make_loss_meter();
@@ -304,7 +311,20 @@ TrainingState Trainer::state() {
           m.second,
           optimizer_->steps_taken(),
           &optimizer_->config(),
-          exact_ ? std::span<const std::int32_t>(exact_->limits()) : std::span<const std::int32_t>()};
+          exact_ ? std::span<const std::int32_t>(exact_->limits()) : std::span<const std::int32_t>(),
+          model_state_to_host()};
+}
+
+// Note [State that is not trained] (include/mnist_mpi/model/spec.hpp): each rank's running
+// statistics move with its own batches; after every step they are replaced by their mean over the
+// ranks (summed in rank order: the same bits on every rank), where the gradients are summed. So,
+// like the parameters, every rank holds the same state at every step boundary: evaluation and
+// checkpoints need nothing more, and a resumed run repeats the straight one bit for bit. In exact
+// arithmetic the mean follows running = (1 - momentum) running + momentum mean_r(batch_r).
+void Trainer::average_model_state() {
+  if (!state_ || comm_.size() == 1) return;
+  grad_comm_->allreduce_sum(std::span<float>(state_->data(), static_cast<std::size_t>(spec_.state_count)));
+  backend_->scale(state_->data(), 1.0f / static_cast<float>(comm_.size()), spec_.state_count);
 }
 
 // Note [Every rank evaluates a share]
@@ -449,6 +469,10 @@ RunResult Trainer::run() {
   const std::int64_t first_step = checkpointer_->restore(params_copy_->host(0), [&](const RestoredState& r) {
     optimizer_->restore(r.first_moment, r.second_moment, r.steps);
     if (exact_) exact_->set_limits(r.exact_limits);  // checked against the mode when it was chosen
+    if (state_) {  // the sizes were checked against the spec (Checkpointer::restore)
+      std::copy(r.model_state.begin(), r.model_state.end(), state_copy_->host(0));
+      state_copy_->to_backend();
+    }
   });
   if (first_step > 0) params_copy_->to_backend();
   res.first_step = first_step;
@@ -478,6 +502,7 @@ RunResult Trainer::run() {
     const bool poison = fault_.kind == FaultKind::kNan && fault_.armed_for(comm_.rank(), step);
 
     const StepResult r = step_->run(step, lr, poison);
+    average_model_state();  // batch norm's running statistics: every rank the same
     if (fault_.kind == FaultKind::kDiverge && fault_.armed_for(comm_.rank(), step)) {
       host_params();  // a GPU's parameters into the host copy
       float* p = params_copy_->host(0);

@@ -136,6 +136,8 @@ class Backend {
   // dst[i] += src[i] and dst[i] = src[i] on the backend's buffers (gradient accumulation).
   virtual void add(float* dst, const float* src, std::int64_t n) = 0;
   virtual void copy(float* dst, const float* src, std::int64_t n) = 0;
+  // x[i] *= a on the backend's buffer (the model state's mean over the ranks).
+  virtual void scale(float* x, float a, std::int64_t n) = 0;
 
   // Host <-> backend copies (parameters broadcast and checkpointed, replica hashes); both return
   // once the copy is complete, so they are synchronisation points on a GPU.

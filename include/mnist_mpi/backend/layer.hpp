@@ -40,6 +40,7 @@ struct LayerBuffers {
   float* dx = nullptr;               // like x; null when no input gradient is needed (the first layer)
   const float* w = nullptr;          // this layer's weight, then bias, in the flat parameter buffer
   float* dw = nullptr;               // the same range of the flat gradient buffer; null for inference
+  float* state = nullptr;            // batch norm: its running mean, then variance, in the model state
   Layout x_layout = Layout::kPlain;  // of x and dx
   Layout y_layout = Layout::kPlain;  // of y and dy
 };

@@ -26,9 +26,17 @@ struct ModelPart {
 class Model {
  public:
   // params / grads: flat buffers of spec.param_count elements; grads is null for inference.
-  Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads, ModelPart part = {});
+  // state: the model state, spec.state_count elements (Note [State that is not trained] in
+  // include/mnist_mpi/model/spec.hpp), read by evaluation and updated by training; may be null
+  // only when the spec has none.
+  Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads, float* state,
+        ModelPart part = {});
+  // A model without state (a spec with no batch norm).
+  Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads, ModelPart part = {})
+      : Model(spec, batch, backend, params, grads, nullptr, part) {}
 
   const ModelSpec& spec() const { return spec_; }
+  float* state() const { return state_; }  // the model state it was built with (null: none)
   int batch() const { return batch_; }
   float* input() { return act_ptr_.at(static_cast<std::size_t>(first_)); }  // (N, C, H, W) of the first layer
   const float* logits() const { return act_ptr_.back(); }  // (N, classes)
@@ -67,6 +75,7 @@ class Model {
 
  private:
   const ModelSpec& spec_;
+  float* state_;
   int batch_;
   bool training_;
   int first_ = 0, end_ = 0;  // the layers built: [first_, end_)

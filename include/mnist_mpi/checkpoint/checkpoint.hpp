@@ -81,6 +81,10 @@ struct Checkpoint {
   // next step (Note [Where the shift comes from] in include/mnist_mpi/train/exact_sums.hpp).
   std::int64_t exact_chunk = 0;  // 0: not an --exact-sums run
   std::vector<std::int32_t> exact_limits;
+  // SIDX and STAT, written for a model with batch norm only: the model state's tensors (Note
+  // [State that is not trained] in include/mnist_mpi/model/spec.hpp) and their values.
+  std::vector<CheckpointTensor> state_tensors;
+  std::vector<float> model_state;  // (ModelSpec::state_count)
 };
 
 // Lays out one run's file once (the sizes never change during a run) and writes the parts that
@@ -92,8 +96,9 @@ class CheckpointEncoder {
                     std::int64_t exact_chunk = 0);
   std::size_t size() const { return image_.size(); }
   // The training thread's part: copies the state into the file image (memcpy; no allocation).
+  // model_state: spec.state_count floats (null when the spec has none).
   void capture(const CheckpointMeta& meta, const float* params, const float* first_moment, const float* second_moment,
-               std::span<const std::int32_t> exact_limits = {});
+               std::span<const std::int32_t> exact_limits = {}, const float* model_state = nullptr);
   // The writer's part: checksums of the sections capture() changed. Then bytes() is the file.
   void seal();
   std::span<const std::uint8_t> bytes() const { return image_; }
@@ -101,8 +106,9 @@ class CheckpointEncoder {
 
  private:
   std::vector<std::uint8_t> image_;
-  std::size_t meta_at_ = 0, parm_at_ = 0, mom1_at_ = 0, mom2_at_ = 0, exsm_at_ = 0;  // section header offsets
+  std::size_t meta_at_ = 0, parm_at_ = 0, mom1_at_ = 0, mom2_at_ = 0, exsm_at_ = 0, stat_at_ = 0;  // section offsets
   std::int64_t count_ = 0;
+  std::int64_t state_count_ = 0;
   bool second_ = false;
   std::int64_t exact_chunk_ = 0;
   std::size_t tensors_ = 0;
@@ -137,6 +143,8 @@ std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::st
 
 // Tensors of a spec in file form (names, shapes, offsets).
 std::vector<CheckpointTensor> checkpoint_tensors(const ModelSpec& spec);
+// The same for its model state (SIDX), each tensor of one dimension.
+std::vector<CheckpointTensor> checkpoint_state_tensors(const ModelSpec& spec);
 // The model of a checkpoint used outside training (evaluate, export, predict): its own spec,
 // parsed, and checked against its tensor table and its parameter count, so that its parameters
 // fill exactly a buffer of spec.param_count. Throws Error(kCheckpoint) when they disagree.

@@ -43,6 +43,7 @@ struct TrainingState {
   std::int64_t optimizer_steps = 0;                 // the optimiser's step count
   const OptimizerConfig* optimizer = nullptr;      // its configuration
   std::span<const std::int32_t> exact_limits;      // --exact-sums: the next step's limits
+  const float* model_state = nullptr;  // (spec.state_count), averaged over the ranks; null without batch norm
 };
 
 // A checkpoint's state besides the parameters, in host memory, handed to the trainer on resume:
@@ -53,6 +54,7 @@ struct RestoredState {
   const float* second_moment = nullptr;
   std::int64_t steps = 0;
   std::span<const std::int32_t> exact_limits;  // --exact-sums runs: one per tensor
+  std::span<const float> model_state;          // batch norm's running statistics (empty without)
 };
 
 // The state after a step, for a checkpoint at that point.

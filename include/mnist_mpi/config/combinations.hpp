@@ -16,6 +16,7 @@ struct RunPlace {
   bool cuda = false;         // the device chosen is a GPU
   bool shared_gpus = false;  // ranks of this host share a GPU (--allow-gpu-sharing)
   std::string host;          // for the messages
+  int world = 1;             // ranks in the job
 };
 
 // Throws Error(kUsage) with the first row that refuses these options: the rows of options alone

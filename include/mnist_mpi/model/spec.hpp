@@ -2,7 +2,7 @@
 // layout of every parameter tensor in the flat buffers (Note [Reverse layer order] in
 // src/model/spec.cpp). Nothing here knows about a backend.
 //
-//   conv:5x5:32:same[:s1]  maxpool:2[:2]  relu  flatten  fc:1024  dropout:0.5
+//   conv:5x5:32:same[:s1]  maxpool:2[:2]  relu  flatten  fc:1024  dropout:0.5  batchnorm[:MOMENTUM[:EPS]]
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,7 @@
 
 namespace mnist_mpi {
 
-enum class LayerKind { kConv, kMaxPool, kRelu, kFlatten, kFc, kDropout };
+enum class LayerKind { kConv, kMaxPool, kRelu, kFlatten, kFc, kDropout, kBatchNorm };
 
 // A per-sample activation shape (C, H, W); fc outputs are (units, 1, 1).
 struct Shape {
@@ -29,6 +29,7 @@ struct LayerSpec {
   bool same = false;                                             // conv padding
   int pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;  // resolved from `same`
   float drop_rate = 0.0f;                                        // dropout: probability of dropping
+  float momentum = 0.1f, eps = 1e-5f;                            // batchnorm (PyTorch's defaults)
   Shape in, out;                                                 // resolved by parse_model_spec
   std::string text;                                              // the token as written
 };
@@ -47,7 +48,25 @@ struct ParamTensor {
   std::int64_t size = 0;
   int layer = 0;  // index into ModelSpec::layers
   bool is_bias = false;
+  bool is_scale = false;  // batch norm's scale (gamma): starts at 1 whatever --weight-init says
   int fan_in = 0, fan_out = 0;
+};
+
+// Note [State that is not trained]
+// Batch norm's running mean and variance are part of the model (evaluation reads them) but not
+// parameters: no gradient, no optimiser, no reducer bucket. They live in a third flat buffer, the
+// model state, laid out like the parameters (reverse layer order; per batch-norm layer its running
+// mean, then its running variance, C floats each). Training updates them in the forward pass from
+// each rank's own batch, as PyTorch's BatchNorm does under DDP, and after every step the trainer
+// replaces them by their mean over the ranks (Trainer::average_model_state), so every rank holds
+// the same state, as it holds the same parameters: evaluation, checkpoints and a resumed run see
+// one state. Checkpoints keep it in the SIDX and STAT sections (docs/checkpoint.md).
+struct StateTensor {
+  std::string name;         // "1.bn.running_mean"
+  std::int64_t offset = 0;  // into the flat state buffer
+  std::int64_t size = 0;
+  int layer = 0;
+  float initial = 0.0f;  // mean 0, variance 1
 };
 
 struct ModelSpec {
@@ -56,6 +75,8 @@ struct ModelSpec {
   std::vector<LayerSpec> layers;
   std::vector<ParamTensor> params;  // in flat-buffer order (reverse layer order)
   std::int64_t param_count = 0;
+  std::vector<StateTensor> state;  // Note [State that is not trained]; empty without batch norm
+  std::int64_t state_count = 0;
   int num_classes() const { return layers.empty() ? 0 : static_cast<int>(layers.back().out.size()); }
   // Activation i: the input of layer i, or for i == layers.size() the logits (one sample's shape).
   Shape activation(std::size_t i) const { return i == 0 ? input : layers.at(i - 1).out; }
@@ -90,7 +111,10 @@ std::int64_t physical_memory_bytes();
 // kernel's OOM killer in the middle of set-up.
 void check_model_fits_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch,
                              OptimizerKind optimizer, bool evaluates);
-// Fills params (size spec.param_count) from the initialisers, deterministically from seed.
+// Fills state (size spec.state_count) with every state tensor's initial value.
+void init_state(const ModelSpec& spec, float* state);
+// Fills params (size spec.param_count) from the initialisers, deterministically from seed; a batch
+// norm's scale is 1 and its shift 0 whatever they say.
 void init_params(const ModelSpec& spec, const InitSpec& weight_init, const InitSpec& bias_init, std::uint64_t seed,
                  float* params);
 

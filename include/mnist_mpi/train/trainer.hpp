@@ -143,6 +143,15 @@ class Trainer final : private CheckpointSource {
   // CheckpointSource
   void settle() override { settle_verdicts(current_step_); }
   void gather_state() override { optimizer_->gather_state(comm_); }
+  // Collective, after every step: every rank's model state becomes its mean over the ranks (Note
+  // [State that is not trained] in include/mnist_mpi/model/spec.hpp). Nothing without batch norm.
+  void average_model_state();
+  float* model_state() { return state_ ? state_->data() : nullptr; }
+  const float* model_state_to_host() {  // for a checkpoint; null without batch norm
+    if (!state_) return nullptr;
+    state_copy_->to_host();
+    return state_copy_->host(0);
+  }
   TrainingState state() override;
 
   Options opt_;
@@ -162,6 +171,10 @@ class Trainer final : private CheckpointSource {
   bool shared_gpus_ = false;
   std::unique_ptr<Buffer> params_, grads_;  // flat, spec_.param_count each (Note [Reverse layer order])
   std::unique_ptr<HostCopy> params_copy_;   // params_ in host memory: hashes, initialisation, resume
+  // The model state (Note [State that is not trained] in include/mnist_mpi/model/spec.hpp) and its
+  // host copy; null without batch norm.
+  std::unique_ptr<Buffer> state_;
+  std::unique_ptr<HostCopy> state_copy_;
   std::unique_ptr<Model> train_model_, eval_model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Reducer> reducer_;

@@ -262,6 +262,8 @@ class CpuBackend final : public Backend {
           return cpu::make_dropout(l, index, b, training);
         case LayerKind::kFlatten:
           return cpu::make_flatten(l, b);
+        case LayerKind::kBatchNorm:
+          return cpu::make_batchnorm(l, b, training);
       }
     } catch (const dnnl::error& e) {
       throw_error(ExitCode::kRuntime, "oneDNN could not build layer " + std::to_string(index) + " '" + l.text + "': " +
@@ -290,6 +292,9 @@ class CpuBackend final : public Backend {
     for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
   }
   void copy(float* dst, const float* src, std::int64_t n) override { std::copy(src, src + n, dst); }
+  void scale(float* x, float a, std::int64_t n) override {
+    for (std::int64_t i = 0; i < n; ++i) x[i] *= a;
+  }
   std::unique_ptr<StepGuard> make_step_guard(bool) override { return std::make_unique<HostStepGuard>(); }
   std::unique_ptr<HostCopy> make_host_copy(std::vector<float*> buffers, std::int64_t) override {
     return std::make_unique<SameMemory>(std::move(buffers));

@@ -64,5 +64,6 @@ std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const 
 std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_dropout(const LayerSpec& l, int index, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_flatten(const LayerSpec& l, const LayerBuffers& b);
+std::unique_ptr<LayerKernel> make_batchnorm(const LayerSpec& l, const LayerBuffers& b, bool training);
 
 }  // namespace mnist_mpi::cpu

@@ -277,6 +277,8 @@ class CudaBackend final : public Backend {
         return cuda::make_dropout(c_, l, index, b, training);
       case LayerKind::kFlatten:
         return cuda::make_flatten(c_, l, b);
+      case LayerKind::kBatchNorm:
+        return cuda::make_batchnorm(c_, l, b, training);
     }
     throw_error(ExitCode::kRuntime, "unknown layer kind");
   }
@@ -461,6 +463,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(
         cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, c_.stream));
   }
+  void scale(float* x, float a, std::int64_t n) override { cuda::launch_scale(c_.stream, x, a, n); }
   // Copies between pageable host memory and the device may block the host inside the CUDA call,
   // where no NCCL error can be polled; so the stream is drained by polling first, and the copy
   // then waits for nothing queued before it.

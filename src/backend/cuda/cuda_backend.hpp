@@ -136,6 +136,7 @@ std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const Lay
 std::unique_ptr<LayerKernel> make_dropout(Context& c, const LayerSpec& l, int index, const LayerBuffers& b,
                                           bool training);
 std::unique_ptr<LayerKernel> make_flatten(Context& c, const LayerSpec& l, const LayerBuffers& b);
+std::unique_ptr<LayerKernel> make_batchnorm(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
 
 // Launchers of our kernels (src/backend/cuda/kernels.cu), all on `s`, all checked.
 // Adds per-row loss and correct counts into sums (double loss_sum, then correct as a double).
@@ -184,6 +185,7 @@ void launch_lamb_direction(cudaStream_t s, const OptimizerConfig& cfg, const Dev
 void launch_lamb_apply(cudaStream_t s, float* p, const float* u, std::int64_t n, float rate, const int* guard);
 void launch_add(cudaStream_t s, float* dst, const float* src, std::int64_t n);
 void launch_fill(cudaStream_t s, float* dst, float value, std::int64_t n);
+void launch_scale(cudaStream_t s, float* x, float a, std::int64_t n);  // x[i] *= a
 // --exact-sums (include/mnist_mpi/backend/fixed_point.hpp; Note [Fixed point on a GPU] in
 // kernels.cu): q[i] (assign: =, else +=, wrapping) the fixed point of g[i] * scale; the values with
 // !(|g[i]| < bound) counted in counters[0] (finite) and counters[1] (NaN, inf).
@@ -204,6 +206,17 @@ void launch_dropout_forward(cudaStream_t s, const float* x, float* y, float* sca
                             std::uint64_t seed, const std::int64_t* step, std::int64_t first_sample, int layer,
                             float rate);
 void launch_mul(cudaStream_t s, const float* a, const float* b, float* out, std::int64_t n);
+// Batch norm over (N, C, plane), per channel (src/backend/cuda/batchnorm.cpp): training forward
+// with the batch's statistics (kept in mean / inv_std for backward; running moved toward them),
+// inference forward with running (mean, then variance), and backward (dscale, dshift; dx unless null).
+void launch_batchnorm_forward_train(cudaStream_t s, const float* x, float* y, const float* scale, const float* shift,
+                                    float* running, float* mean, float* inv_std, int batch, int channels,
+                                    std::int64_t plane, double momentum, double eps);
+void launch_batchnorm_forward_infer(cudaStream_t s, const float* x, float* y, const float* scale, const float* shift,
+                                    const float* running, int batch, int channels, std::int64_t plane, double eps);
+void launch_batchnorm_backward(cudaStream_t s, const float* x, const float* dy, float* dx, const float* scale,
+                               const float* mean, const float* inv_std, float* dscale, float* dshift, int batch,
+                               int channels, std::int64_t plane);
 // y = x > 0 ? x : 0 and dx = dy * (x <= 0 ? 0 : 1), oneDNN's bits (Note [The ReLU, bit for bit]
 // in kernels.cu).
 void launch_relu_forward(cudaStream_t s, const float* x, float* y, std::int64_t n);

@@ -391,6 +391,18 @@ void launch_fill(cudaStream_t s, float* dst, float value, std::int64_t n) {
   CUDA_CHECK_LAUNCH(fill_kernel);
 }
 
+namespace {
+__global__ void scale_kernel(float* x, float a, std::int64_t n) {
+  MNIST_GRID_LOOP(i, n) { x[i] = __fmul_rn(x[i], a); }
+}
+}  // namespace
+
+void launch_scale(cudaStream_t s, float* x, float a, std::int64_t n) {
+  if (n <= 0) return;
+  scale_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, a, n);
+  CUDA_CHECK_LAUNCH(scale_kernel);
+}
+
 void launch_mul(cudaStream_t s, const float* a, const float* b, float* out, std::int64_t n) {
   mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(a, b, out, n);
   CUDA_CHECK_LAUNCH(mul_kernel);
@@ -537,6 +549,124 @@ void launch_dropout_forward(cudaStream_t s, const float* x, float* y, float* sca
   dropout_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, y, scale, total, per_sample, seed, step, first_sample, layer,
                                                         rate, keep_scale);
   CUDA_CHECK_LAUNCH(dropout_kernel);
+}
+
+
+// ---- Batch norm (src/backend/cuda/batchnorm.cpp): one block per channel, sums in double reduced
+// ---- in a fixed tree, so a channel's statistics are the same bits on every run.
+namespace {
+// The sum of v over the block's threads (kThreads, a power of two), in every thread.
+__device__ double block_sum(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  const double total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+// Element i of channel c's values: sample i / plane, position i % plane (NCHW).
+__device__ std::int64_t bn_at(std::int64_t i, int c, int channels, std::int64_t plane) {
+  return ((i / plane) * channels + c) * plane + i % plane;
+}
+
+__global__ void bn_forward_train_kernel(const float* x, float* y, const float* scale, const float* shift,
+                                        float* running, float* mean_out, float* inv_std_out, int batch, int channels,
+                                        std::int64_t plane, double momentum, double eps) {
+  __shared__ double shared[kThreads];
+  const int c = blockIdx.x;
+  const std::int64_t m = static_cast<std::int64_t>(batch) * plane;
+  double sum = 0.0;
+  for (std::int64_t i = threadIdx.x; i < m; i += kThreads) sum += x[bn_at(i, c, channels, plane)];
+  const double mu = block_sum(sum, shared) / static_cast<double>(m);
+  double sq = 0.0;
+  for (std::int64_t i = threadIdx.x; i < m; i += kThreads) {
+    const double d = x[bn_at(i, c, channels, plane)] - mu;
+    sq += d * d;
+  }
+  const double total_sq = block_sum(sq, shared);
+  const double biased = total_sq / static_cast<double>(m);
+  const float mean = static_cast<float>(mu), var = static_cast<float>(biased);
+  const float inv_std = static_cast<float>(1.0 / sqrt(static_cast<double>(var) + eps));
+  if (threadIdx.x == 0) {
+    const double unbiased = m > 1 ? total_sq / static_cast<double>(m - 1) : biased;
+    running[c] = static_cast<float>((1.0 - momentum) * running[c] + momentum * mu);
+    running[channels + c] = static_cast<float>((1.0 - momentum) * running[channels + c] + momentum * unbiased);
+    mean_out[c] = mean;
+    inv_std_out[c] = inv_std;
+  }
+  const float a = __fmul_rn(scale[c], inv_std), b = __fsub_rn(shift[c], __fmul_rn(mean, a));
+  for (std::int64_t i = threadIdx.x; i < m; i += kThreads) {
+    const std::int64_t at = bn_at(i, c, channels, plane);
+    y[at] = __fadd_rn(__fmul_rn(x[at], a), b);
+  }
+}
+
+__global__ void bn_forward_infer_kernel(const float* x, float* y, const float* scale, const float* shift,
+                                        const float* running, int channels, std::int64_t plane, std::int64_t n,
+                                        double eps) {
+  MNIST_GRID_LOOP(k, n) {
+    const int c = static_cast<int>((k / plane) % channels);
+    const float inv_std = static_cast<float>(1.0 / sqrt(static_cast<double>(running[channels + c]) + eps));
+    const float a = __fmul_rn(scale[c], inv_std), b = __fsub_rn(shift[c], __fmul_rn(running[c], a));
+    y[k] = __fadd_rn(__fmul_rn(x[k], a), b);
+  }
+}
+
+__global__ void bn_backward_kernel(const float* x, const float* dy, float* dx, const float* scale, const float* mean_in,
+                                   const float* inv_std_in, float* dscale, float* dshift, int batch, int channels,
+                                   std::int64_t plane) {
+  __shared__ double shared[kThreads];
+  const int c = blockIdx.x;
+  const std::int64_t m = static_cast<std::int64_t>(batch) * plane;
+  const float mean = mean_in[c], inv_std = inv_std_in[c];
+  double ds = 0.0, dsc = 0.0;
+  for (std::int64_t i = threadIdx.x; i < m; i += kThreads) {
+    const std::int64_t at = bn_at(i, c, channels, plane);
+    ds += dy[at];
+    dsc += static_cast<double>(dy[at]) * __fmul_rn(__fsub_rn(x[at], mean), inv_std);
+  }
+  const double sum_dy = block_sum(ds, shared), sum_dy_xhat = block_sum(dsc, shared);
+  if (threadIdx.x == 0) {
+    dscale[c] = static_cast<float>(sum_dy_xhat);
+    dshift[c] = static_cast<float>(sum_dy);
+  }
+  if (!dx) return;
+  const float k = static_cast<float>(scale[c] * inv_std / static_cast<double>(m));
+  const float fm = static_cast<float>(m), a = static_cast<float>(sum_dy), b = static_cast<float>(sum_dy_xhat);
+  for (std::int64_t i = threadIdx.x; i < m; i += kThreads) {
+    const std::int64_t at = bn_at(i, c, channels, plane);
+    const float x_hat = __fmul_rn(__fsub_rn(x[at], mean), inv_std);
+    dx[at] = __fmul_rn(k, __fsub_rn(__fsub_rn(__fmul_rn(fm, dy[at]), a), __fmul_rn(x_hat, b)));
+  }
+}
+}  // namespace
+
+void launch_batchnorm_forward_train(cudaStream_t s, const float* x, float* y, const float* scale, const float* shift,
+                                    float* running, float* mean, float* inv_std, int batch, int channels,
+                                    std::int64_t plane, double momentum, double eps) {
+  bn_forward_train_kernel<<<channels, kThreads, 0, s>>>(x, y, scale, shift, running, mean, inv_std, batch, channels,
+                                                        plane, momentum, eps);
+  CUDA_CHECK_LAUNCH(bn_forward_train_kernel);
+}
+
+void launch_batchnorm_forward_infer(cudaStream_t s, const float* x, float* y, const float* scale, const float* shift,
+                                    const float* running, int batch, int channels, std::int64_t plane, double eps) {
+  const std::int64_t n = static_cast<std::int64_t>(batch) * channels * plane;
+  if (n <= 0) return;
+  bn_forward_infer_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, scale, shift, running, channels, plane, n, eps);
+  CUDA_CHECK_LAUNCH(bn_forward_infer_kernel);
+}
+
+void launch_batchnorm_backward(cudaStream_t s, const float* x, const float* dy, float* dx, const float* scale,
+                               const float* mean, const float* inv_std, float* dscale, float* dshift, int batch,
+                               int channels, std::int64_t plane) {
+  bn_backward_kernel<<<channels, kThreads, 0, s>>>(x, dy, dx, scale, mean, inv_std, dscale, dshift, batch, channels,
+                                                   plane);
+  CUDA_CHECK_LAUNCH(bn_backward_kernel);
 }
 
 }  // namespace mnist_mpi::cuda
