@@ -59,7 +59,7 @@ grep -q "^batch: 100 global, 30-40 per rank in chunks of 10;" "$work/exact_np3.o
   ok "the banner gives each rank's images in whole chunks" || { fail "the banner's batch line:"; grep "^batch" "$work"/exact_np[37].out; }
 grep -q '"exact_chunk":10,' "$work/exact_np3.jsonl" && grep -qE '"exact_sum_probes":[1-9]' "$work/exact_np3.jsonl" &&
   ok "the final event names the chunk and the probes" || fail "no exact_chunk / exact_sum_probes in the final event"
-# Note [The row-wise tail at the rank's batch] (src/train/step.cpp): lenet's layers from the flatten
+# Note [The row-wise tail at the rank's batch] (src/train/exact_pipeline.cpp): lenet's layers from the flatten
 # on run at the rank's batch where the start-up check finds the chunks' bits, the layers before
 # chunk by chunk; a rank with more than 64 chunks runs every layer chunk by chunk. Both plans, and
 # the mix (7 ranks: 2 chunks a rank, or 1 and no tail), give the same bits: 80 chunks of 10 on one

@@ -1265,7 +1265,7 @@ TEST(Model, TakenFcWeightGradientIsEachChunksWeightGradient) {
   EXPECT_THROW(step_on(taken, *be, x, labels, batch), Error);
 }
 
-// Note [The row-wise tail at the rank's batch] (src/train/step.cpp): head models at batch c, each
+// Note [The row-wise tail at the rank's batch] (src/train/exact_pipeline.cpp): head models at batch c, each
 // writing its rows of the tail's input, and the tail at batch k c compute what the whole model
 // computes chunk by chunk at batch c: the logits, the input gradient at the boundary, every chunk's
 // fc weight and bias gradient handed over by the tail, and every chunk's conv gradient from its head.

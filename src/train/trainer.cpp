@@ -1,6 +1,6 @@
 // One rank's training loop (see include/mnist_mpi/train/trainer.hpp). The gradient of every rank
 // is the sum over its slice divided by the GLOBAL batch; the allreduce sums these, so every rank
-// applies the gradient of the global mean loss (Note [Averaging is a scaled sum] in src/train/step.cpp).
+// applies the gradient of the global mean loss (Note [Averaging is a scaled sum] in src/train/gradient_pipeline.cpp).
 #include "mnist_mpi/train/trainer.hpp"
 
 #include <sys/resource.h>
@@ -274,7 +274,7 @@ StartFacts Trainer::start_facts(int threads, const GpuProbe& gpus) const {
       .test_images = data_.test.count,
       .model = spec_.text,
       .params = spec_.param_count,
-      .layers = step_->describe_layers() + (exact_ ? "  exact sums: " + step_->exact_plan() + "\n" : std::string()),
+      .layers = step_->describe_layers() + (step_->plan().empty() ? std::string() : "  " + step_->plan() + "\n"),
       .per_rank_batch = batch_,
       .gradient_progress = grad_comm_->progress_mode(),
       .conv_algos = conv_algos_,

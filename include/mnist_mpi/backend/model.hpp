@@ -16,7 +16,7 @@ namespace mnist_mpi {
 // A part of a model: its layers [first, end) (end -1: to the last layer). A part that stops
 // before the last layer writes its output into `boundary`, and reads that output's gradient from
 // `dboundary`: buffers of another part, `batch` rows (Note [The row-wise tail at the rank's batch]
-// in src/train/step.cpp).
+// in src/train/exact_pipeline.cpp).
 struct ModelPart {
   int first = 0, end = -1;
   float* boundary = nullptr;
