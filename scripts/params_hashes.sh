@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The params_hash of a fixed set of short runs on real MNIST: fp32 tiny and lenet on 1 and 2 ranks,
-# lenet with the optimizer unsharded, --exact-sums on 2 and 3 ranks, bf16 (when this CPU has
-# AVX512_BF16), a run with micro-batches, and sgd. A change that must keep the bits (a refactor) prints
-# the same lines before and after; a change that moves them says why in its commit.
+# lenet with the optimizer unsharded, --exact-sums on 2 and 3 ranks, batch norm, lamb (sharded, and
+# exact on 3 ranks), bf16 (when this CPU has AVX512_BF16), a run with micro-batches, and sgd. A
+# change that must keep the bits (a refactor) prints the same lines before and after; a change that
+# moves them says why in its commit.
 # The bits depend on the kernels oneDNN picks for this CPU: compare lines printed on one machine.
 #
 # Usage: scripts/params_hashes.sh [BUILD_DIR]   (default build/; needs data/mnist: scripts/fetch_mnist.sh)
@@ -36,6 +37,9 @@ run "lenet, 2 ranks, sgd momentum" 2 --config configs/lenet.ini --optimizer sgd 
 run "lenet, 1 rank, 2 micro-batches" 1 --config configs/lenet.ini --accumulation-steps 2
 run "lenet --exact-sums, 2 ranks" 2 --config configs/lenet.ini --exact-sums
 run "tiny --exact-sums, 3 ranks" 3 --config configs/tiny.ini --exact-sums --batch-size 40
+run "lenet_bn (batch norm), 2 ranks" 2 --config configs/lenet_bn.ini
+run "lenet lamb, 2 ranks" 2 --config configs/lenet_lamb.ini
+run "lenet lamb --exact-sums, 3 ranks" 3 --config configs/lenet_lamb.ini --exact-sums --global-batch-size 90
 if grep -q avx512_bf16 /proc/cpuinfo; then
   run "lenet bf16, 2 ranks" 2 --config configs/lenet.ini --precision bf16
   run "fast bf16, 3 ranks, 0.2 MB buckets" 3 --config configs/fast.ini --precision bf16 --bucket-mb 0.2

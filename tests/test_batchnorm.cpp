@@ -85,7 +85,7 @@ struct BnRig {
   int n;
   std::vector<float> x, y, dy, dx, w, dw, state;
   std::unique_ptr<LayerKernel> k;
-  BnRig(Backend& be, Shape in, int batch, std::uint64_t seed, bool training = true)
+  BnRig(Backend& be, Shape in, int batch, std::uint64_t seed, bool training = true, Layout layout = Layout::kPlain)
       : l(parse_model_spec("batchnorm:0.25", in, static_cast<int>(in.size())).layers[0]), n(batch) {
     const std::size_t size = static_cast<std::size_t>(batch * in.size());
     x = uniform(size, seed, -2.0f, 3.0f);
@@ -101,6 +101,7 @@ struct BnRig {
     b.y = y.data();
     b.w = w.data();
     b.state = state.data();
+    b.x_layout = b.y_layout = layout;
     if (training) {
       b.dy = dy.data();
       b.dx = dx.data();
@@ -204,6 +205,58 @@ TEST(BatchNormKernel, InferenceUsesTheRunningStatisticsAndLeavesThem) {
                     1e-5 * (1 + std::abs(ys[i])));
     }
   }
+}
+
+// (n, c, p) of a plain buffer in nChwBc (block b).
+std::size_t blocked_at(int n, int c, int p, int channels, int plane, int b) {
+  return ((static_cast<std::size_t>(n) * (channels / b) + c / b) * plane + p) * b + c % b;
+}
+
+// Between convolutions the backend keeps a batch norm's activations blocked (nChw8c, nChw16c): the
+// same values as plain, bit for bit, forward, backward and the running statistics.
+TEST(BatchNormKernel, BlockedLayoutsGiveThePlainBits) {
+  auto be = make_cpu_backend(1);
+  const Shape in{16, 3, 5};
+  const int batch = 3, plane = in.h * in.w;
+  for (Layout layout : {Layout::kBlocked8, Layout::kBlocked16}) {
+    const int b = layout == Layout::kBlocked8 ? 8 : 16;
+    BnRig plain(*be, in, batch, 41), blocked(*be, in, batch, 41, true, layout);
+    const auto to_blocked = [&](const std::vector<float>& v, std::vector<float>& out) {
+      for (int n = 0; n < batch; ++n)
+        for (int c = 0; c < in.c; ++c)
+          for (int p = 0; p < plane; ++p)
+            out[blocked_at(n, c, p, in.c, plane, b)] = v[(static_cast<std::size_t>(n) * in.c + c) * plane + p];
+    };
+    to_blocked(plain.x, blocked.x);
+    to_blocked(plain.dy, blocked.dy);
+    StepContext ctx;
+    plain.k->forward(ctx);
+    blocked.k->forward(ctx);
+    plain.k->backward(ctx);
+    blocked.k->backward(ctx);
+    std::vector<float> y(plain.y.size()), dx(plain.dx.size());
+    to_blocked(plain.y, y);
+    to_blocked(plain.dx, dx);
+    EXPECT_EQ(blocked.y, y) << "block " << b;
+    EXPECT_EQ(blocked.dx, dx) << "block " << b;
+    EXPECT_EQ(blocked.dw, plain.dw) << "block " << b;
+    EXPECT_EQ(blocked.state, plain.state) << "block " << b;
+  }
+}
+
+// The backend keeps conv, batch norm, ReLU and pool blocked together (so the convolutions keep
+// oneDNN's direct kernels), and a batch norm after an fc plain.
+TEST(BatchNormKernel, TheBackendKeepsItsActivationsBlockedBetweenConvolutions) {
+  auto be = make_cpu_backend(1);
+  const ModelSpec spec =
+      parse_model_spec("conv:3x3:16:same,batchnorm,relu,maxpool:2,conv:3x3:32:same,batchnorm,relu,maxpool:2,flatten,"
+                       "fc:24,batchnorm,fc:10",
+                       Shape{1, 12, 12}, 10);
+  const std::vector<Layout> l = be->activation_layouts(spec);
+  for (std::size_t i : {1u, 2u, 3u, 5u, 6u, 7u}) EXPECT_NE(l[i], Layout::kPlain) << "activation " << i;
+  EXPECT_EQ(l[2], l[1]);  // a batch norm's input and output agree
+  EXPECT_EQ(l[10], Layout::kPlain);
+  EXPECT_EQ(l[11], Layout::kPlain);
 }
 
 TEST(BatchNormModel, AModelWithBatchNormNeedsItsState) {

@@ -179,8 +179,9 @@ class CpuBackend final : public Backend {
   // Note [Which activations are blocked]
   // An activation is kept blocked (nChw16c on AVX-512 machines when 16 divides every such
   // activation's channels, else nChw8c) when the layer writing it and the layer reading it are
-  // both a convolution, a ReLU or a max pool: oneDNN's direct convolutions read and write blocked
-  // tensors, ReLU is elementwise (any layout, as long as its input and output agree), and the
+  // both a convolution, a ReLU, a batch norm or a max pool: oneDNN's direct convolutions read and
+  // write blocked tensors, ReLU is elementwise and batch norm per channel (any layout, as long as
+  // its input and output agree), and the
   // pooling loops read blocked and write either (src/backend/cpu/pool.cpp). So the last pool
   // before flatten turns blocked into plain, and no layer reorders an activation.
   // Note [A block size per activation]
@@ -197,7 +198,7 @@ class CpuBackend final : public Backend {
     const std::size_t L = spec.layers.size();
     std::vector<bool> candidate(L + 1, false);
     const auto speaks_blocked = [](LayerKind k) {
-      return k == LayerKind::kConv || k == LayerKind::kRelu || k == LayerKind::kMaxPool;
+      return k == LayerKind::kConv || k == LayerKind::kRelu || k == LayerKind::kMaxPool || k == LayerKind::kBatchNorm;
     };
     for (std::size_t i = 1; i < L; ++i)
       candidate[i] = speaks_blocked(spec.layers[i - 1].kind) && speaks_blocked(spec.layers[i].kind) &&
@@ -226,8 +227,8 @@ class CpuBackend final : public Backend {
       changed = false;
       for (std::size_t i = 0; i < L; ++i) {
         const LayerKind k = spec.layers[i].kind;
-        // ReLU keeps its layout; a pool never turns plain into blocked.
-        if ((k == LayerKind::kRelu && blocked[i] != blocked[i + 1]) ||
+        // ReLU and batch norm keep their layout; a pool never turns plain into blocked.
+        if (((k == LayerKind::kRelu || k == LayerKind::kBatchNorm) && blocked[i] != blocked[i + 1]) ||
             (k == LayerKind::kMaxPool && !blocked[i] && blocked[i + 1])) {
           changed = changed || blocked[i] || blocked[i + 1];
           blocked[i] = blocked[i + 1] = false;
