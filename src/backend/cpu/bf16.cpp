@@ -244,7 +244,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16_avx
 // its pool's gradient] (conv.cpp) the pool hands over its own gradient and argmax (and, with a
 // ReLU, its output), and each pixel's dy is formed in registers, the window's dy where the argmax
 // points at the pixel (and the pooled y > 0, the ReLU's mask), 0 elsewhere. Only a convolution
-// that reads the mask is handed one (PooledGradient::reads_mask; the fp32 own loop does not); the pool's backward pass
+// that reads the mask is handed one (Note [The fusion plan] in fusion.cpp; the fp32 own loop is not); the pool's backward pass
 // and its 3.2 MB write (the fast recipe) are gone, and so is the bias's pass over them.
 // BlockedLayouts.FirstConvReluPoolInBf16 checks dW against a double reference on the bf16-rounded dy, with dy from
 // memory and from the pool.
