@@ -13,6 +13,7 @@
 
 #include "mnist_mpi/check.hpp"
 #include "src/backend/cpu/kernels.hpp"
+#include "src/backend/cpu/pool_rule.hpp"
 
 namespace mnist_mpi::cpu {
 namespace {
@@ -395,14 +396,9 @@ template <int B>
               best[b] = acc[b];
               best_at[b] = at + b;
             }
-          } else {
-            // Branch-free, as MaxPool's scan: the first maximum wins ties.
+          } else {  // Note [The max pool's tie rule] in pool_rule.hpp
 #pragma omp simd
-            for (int b = 0; b < B; ++b) {
-              const std::int32_t more = -static_cast<std::int32_t>(acc[b] > best[b]);
-              best_at[b] = (best_at[b] & ~more) | ((at + b) & more);
-              best[b] = acc[b] > best[b] ? acc[b] : best[b];
-            }
+            for (int b = 0; b < B; ++b) pool_take(acc[b], at + b, best[b], best_at[b]);
           }
         }
         const std::int64_t o = ((static_cast<std::int64_t>(ob) * PH + i) * PW + j) * B;
@@ -470,9 +466,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline void window_sums(const
   }
 }
 
-// The 2 x 2 maximum and its argmax of window win (0 .. NW - 1) of window_sums' block (MaxPool's scan order: (0, 0), (0,
-// 1), (1, 0), (1, 1); the first maximum wins ties; a NaN never replaces the maximum); at0 = the index of the window's
-// top-left position in the convolution's output sample, plus the lane.
+// The 2 x 2 maximum and its argmax of window win (0 .. NW - 1) of window_sums' block (Note [The max pool's tie rule] in
+// pool_rule.hpp); at0 = the index of the window's top-left position in the convolution's output sample, plus the lane.
 template <int NW>
 __attribute__((target("avx2,fma"), always_inline)) inline void window_max(const __m256 (&acc)[2][2 * NW], int win,
                                                                           __m256i at0, int row_step, float* y,
@@ -483,7 +478,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline void window_max(const 
 #pragma GCC unroll 4
   for (int q = 1; q < 4; ++q) {
     const __m256 v = acc[q / 2][2 * win + q % 2];
-    const __m256 more = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+    const __m256 more = pool_replaces(v, best);
     const __m256i at = _mm256_add_epi32(at0, _mm256_set1_epi32(step[q]));
     best = _mm256_blendv_ps(best, v, more);
     best_at = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_at), _mm256_castsi256_ps(at), more));
@@ -544,6 +539,16 @@ __attribute__((target("avx2,fma"))) void conv_pool_avx2(const LayerSpec& l, int 
   }
 }
 
+// Note [Three kernels for one fused pass]
+// The first convolution and its pool are computed in one pass by three kernels: conv_pool_any
+// (portable), conv_pool_avx2 (fp32, AVX2 + FMA) and FirstConvBf16 (bf16.cpp, AVX512-BF16, the
+// ReLU too). They share the pool's rule (Note [The max pool's tie rule] in pool_rule.hpp) and the
+// argmax's numbering, and only that: the fp32 two are one computation (the same fused multiply-adds
+// in the same order, the same bits: the BlockedLayouts tests compare them), kept twice because the
+// portable one is the fallback of a CPU without AVX2 or FMA (one build runs on every x86-64) and the
+// plain loop the intrinsics are checked against, while the AVX2 one is the fast path (a pixel's
+// broadcast shared by every sum that reads it, eight FMA chains). The bf16 one cannot be either: it
+// rounds x and w to bf16 and adds products in pairs, so its bits differ by design.
 // The pass's kernel for this layer, block and CPU (CpuFusions::avx2_kernels = false: the portable one).
 ConvPoolKernel choose_conv_pool_kernel(const LayerSpec& l, int block, bool avx2_kernels) {
   if (!avx2_kernels || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))

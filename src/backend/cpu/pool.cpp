@@ -12,6 +12,7 @@
 
 #include "mnist_mpi/check.hpp"
 #include "src/backend/cpu/kernels.hpp"
+#include "src/backend/cpu/pool_rule.hpp"
 
 namespace mnist_mpi::cpu {
 namespace {
@@ -41,14 +42,13 @@ namespace {
 // at the argmax is > 0, which is the mask the ReLU's backward applies.
 // BlockedLayouts.ReluTakenOverByThePoolIsBitwiseTheSame checks logits and gradients against the
 // unfused layers bit for bit.
-// NaN -> 0, as oneDNN's ReLU does (checked by BlockedLayouts.ANaNThroughAReluTakenOverByItsPool).
-inline float relu(float v) { return v > 0.0f ? v : 0.0f; }
+// NaN -> 0, as oneDNN's ReLU does (pool_start; checked by BlockedLayouts.ANaNThroughAReluTakenOverByItsPool).
 
 struct PoolShape {
   int ih, iw, oh, ow, k_h, k_w, s, cb_count;
   std::int64_t in_sample, out_sample;
   bool y_blocked;
-  bool relu;  // each window's max starts at relu(first): Note [A ReLU taken over by its max pool]
+  bool relu;  // each window's max starts at relu(first): Note [The max pool's tie rule] in pool_rule.hpp
   bool arg_blocked = false;  // y plain, the argmax kept in x's blocked order (Note [A 2 x 2 pool's gradient in one pass])
 };
 
@@ -74,20 +74,15 @@ template <int B, int K>
         const int first = (i * s * iw + j * s) * B;
 #pragma omp simd
         for (int c = 0; c < B; ++c) {
-          best[c] = p.relu ? relu(x[first + c]) : x[first + c];
+          best[c] = pool_start(x[first + c], p.relu);
           best_at[c] = first + c;
         }
         for (int u = 0; u < k_h; ++u)
           for (int v = 0; v < k_w; ++v) {
             const int at = ((i * s + u) * iw + j * s + v) * B;
-            // Branch-free so that it vectorises B wide; the first maximum wins ties.
+            // Note [The max pool's tie rule] in pool_rule.hpp, B lanes wide.
 #pragma omp simd
-            for (int c = 0; c < B; ++c) {
-              const float xv = x[at + c];
-              const std::int32_t more = -static_cast<std::int32_t>(xv > best[c]);  // all ones or zero
-              best_at[c] = (best_at[c] & ~more) | ((at + c) & more);
-              best[c] = xv > best[c] ? xv : best[c];
-            }
+            for (int c = 0; c < B; ++c) pool_take(x[at + c], at + c, best[c], best_at[c]);
           }
         if (p.y_blocked) {  // B contiguous outputs
           const std::int64_t o = (static_cast<std::int64_t>(cb) * oh * ow + i * ow + j) * B;
@@ -424,11 +419,11 @@ class MaxPool final : public LayerKernel {
       for (int i = 0; i < oh; ++i)
         for (int j = 0; j < ow; ++j) {
           int best_at = i * s * iw + j * s;
-          float best = relu_ ? relu(x[best_at]) : x[best_at];
+          float best = pool_start(x[best_at], relu_);
           for (int u = 0; u < k_h; ++u)
             for (int v = 0; v < k_w; ++v) {
               const int at = (i * s + u) * iw + j * s + v;
-              if (x[at] > best) {  // the first maximum wins ties, as in oneDNN and PyTorch
+              if (pool_replaces(x[at], best)) {  // Note [The max pool's tie rule] in pool_rule.hpp
                 best = x[at];
                 best_at = at;
               }
