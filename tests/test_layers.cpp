@@ -651,6 +651,10 @@ class PlainLayouts final : public Backend {
                                           bool training) override {
     return be_->make_layer(spec, index, buffers, training);
   }
+  void plan_model(const ModelSpec& spec, const std::vector<Layout>& layouts, int batch, int first, int end,
+                  bool training) override {
+    be_->plan_model(spec, layouts, batch, first, end, training);
+  }
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int batch, int classes, float* dlogits,
                              float grad_scale, LossMeter& meter) override {
     be_->softmax_cross_entropy(logits, labels, batch, classes, dlogits, grad_scale, meter);

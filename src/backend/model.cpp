@@ -64,6 +64,7 @@ Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* pa
   std::vector<std::int64_t> state_offset(L, -1);
   for (const StateTensor& s : spec.state)
     if (state_offset[static_cast<std::size_t>(s.layer)] < 0) state_offset[static_cast<std::size_t>(s.layer)] = s.offset;
+  backend.plan_model(spec, layouts, batch, first_, end_, training_);
   for (std::size_t i = static_cast<std::size_t>(first_); i < static_cast<std::size_t>(end_); ++i) {
     LayerBuffers b;
     b.batch = batch;

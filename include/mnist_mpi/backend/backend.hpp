@@ -111,6 +111,14 @@ class Backend {
   virtual std::vector<Layout> activation_layouts(const ModelSpec& spec) const {
     return std::vector<Layout>(spec.layers.size() + 1, Layout::kPlain);
   }
+  // Called by Model before it asks for layers [first, end) of spec, in order, at this batch and
+  // with these activation layouts (activation_layouts(spec)): a backend that fuses neighbouring
+  // layers decides here, per model, which fusions it builds (the CPU: Note [The fusion plan] in
+  // src/backend/cpu/fusion.cpp). Default: nothing to plan.
+  virtual void plan_model(const ModelSpec& spec, const std::vector<Layout>& layouts, int batch, int first, int end,
+                          bool training) {
+    (void)spec, (void)layouts, (void)batch, (void)first, (void)end, (void)training;
+  }
   // index: the layer's position in the spec (dropout key). training=false builds inference only.
   virtual std::unique_ptr<LayerKernel> make_layer(const LayerSpec& spec, int index, const LayerBuffers& buffers,
                                                   bool training) = 0;

@@ -8,7 +8,8 @@
 namespace mnist_mpi {
 
 // The CPU backend's cross-layer fusions (src/backend/cpu/conv.cpp), all on by default; tests and
-// A/B runs turn them off to compare.
+// A/B runs turn them off to compare. Which apply to a model: Note [The fusion plan] in
+// src/backend/cpu/fusion.cpp.
 struct CpuFusions {
   bool pool_gradient = true;      // Note [The first convolution reads its pool's gradient]
   bool conv_pool_forward = true;  // Note [The first convolution and its pool in one pass]

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "src/backend/cpu/kernels.hpp"
+#include "src/backend/cpu/pool_rule.hpp"
 
 namespace mnist_mpi::cpu {
 
@@ -132,19 +133,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) i
   }
 }
 
-// Window win's ReLU'd maximum and argmax (MaxPool's scan order (0, 0), (0, 1), (1, 0), (1, 1); the
-// first maximum wins ties; a NaN never replaces the maximum; the ReLU of the first makes a NaN 0).
+// Window win's ReLU'd maximum and argmax (Note [The max pool's tie rule] in pool_rule.hpp: scan order
+// (0, 0), (0, 1), (1, 0), (1, 1), starting at the ReLU of the first).
 template <int NW>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) inline void window_max(
     const __m512 (&acc)[2][2 * NW], int win, __m512i at0, int row_step, float* y, std::int32_t* arg) {
-  const __m512 first = acc[0][2 * win];  // relu(first): v > 0 ? v : +0 (NaN -> 0)
-  __m512 best = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(first, _mm512_setzero_ps(), _CMP_GT_OQ), first);
+  __m512 best = pool_start(acc[0][2 * win]);
   __m512i best_at = at0;
   const int step[4] = {0, kB, row_step, row_step + kB};
 #pragma GCC unroll 4
   for (int q = 1; q < 4; ++q) {
     const __m512 v = acc[q / 2][2 * win + q % 2];
-    const __mmask16 more = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+    const __mmask16 more = pool_replaces(v, best);
     best = _mm512_mask_mov_ps(best, more, v);
     best_at = _mm512_mask_mov_epi32(best_at, more, _mm512_add_epi32(at0, _mm512_set1_epi32(step[q])));
   }
@@ -244,7 +244,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16_avx
 // its pool's gradient] (conv.cpp) the pool hands over its own gradient and argmax (and, with a
 // ReLU, its output), and each pixel's dy is formed in registers, the window's dy where the argmax
 // points at the pixel (and the pooled y > 0, the ReLU's mask), 0 elsewhere. Only a convolution
-// that reads the mask is handed one (PooledGradient::reads_mask; the fp32 own loop does not); the pool's backward pass
+// that reads the mask is handed one (Note [The fusion plan] in fusion.cpp; the fp32 own loop is not); the pool's backward pass
 // and its 3.2 MB write (the fast recipe) are gone, and so is the bias's pass over them.
 // BlockedLayouts.FirstConvReluPoolInBf16 checks dW against a double reference on the bf16-rounded dy, with dy from
 // memory and from the pool.

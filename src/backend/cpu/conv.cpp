@@ -13,6 +13,7 @@
 
 #include "mnist_mpi/check.hpp"
 #include "src/backend/cpu/kernels.hpp"
+#include "src/backend/cpu/pool_rule.hpp"
 
 namespace mnist_mpi::cpu {
 namespace {
@@ -166,7 +167,7 @@ void bias_grad_blocked16(int batch, int O, std::int64_t plane, const float* dy, 
 // weight-gradient loop above read it back: two passes over 3.2 MB that the cache does not hold,
 // ~9 % of a tiny step. When a 2 x 2, stride-2 max pool with blocked input and output tiles the
 // output of a first convolution (plain input, own weight-gradient loop), the pool writes no dx:
-// it hands the convolution its dy and argmax (Context::pooled, keyed by the convolution's dy), and
+// it hands the convolution its dy and argmax (ConvPoolLink::pooled, Note [The fusion plan] in fusion.cpp), and
 // the convolution rebuilds one image's dy block at a time in a per-thread scratch that stays in
 // L1 (expand_pooled_dy: 0 + dy where the window's argmax points, 0 + 0 elsewhere: exactly what
 // memset + scatter wrote, -0 turned into +0 included) and runs the same loop on it. Same terms in
@@ -395,14 +396,9 @@ template <int B>
               best[b] = acc[b];
               best_at[b] = at + b;
             }
-          } else {
-            // Branch-free, as MaxPool's scan: the first maximum wins ties.
+          } else {  // Note [The max pool's tie rule] in pool_rule.hpp
 #pragma omp simd
-            for (int b = 0; b < B; ++b) {
-              const std::int32_t more = -static_cast<std::int32_t>(acc[b] > best[b]);
-              best_at[b] = (best_at[b] & ~more) | ((at + b) & more);
-              best[b] = acc[b] > best[b] ? acc[b] : best[b];
-            }
+            for (int b = 0; b < B; ++b) pool_take(acc[b], at + b, best[b], best_at[b]);
           }
         }
         const std::int64_t o = ((static_cast<std::int64_t>(ob) * PH + i) * PW + j) * B;
@@ -470,9 +466,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline void window_sums(const
   }
 }
 
-// The 2 x 2 maximum and its argmax of window win (0 .. NW - 1) of window_sums' block (MaxPool's scan order: (0, 0), (0,
-// 1), (1, 0), (1, 1); the first maximum wins ties; a NaN never replaces the maximum); at0 = the index of the window's
-// top-left position in the convolution's output sample, plus the lane.
+// The 2 x 2 maximum and its argmax of window win (0 .. NW - 1) of window_sums' block (Note [The max pool's tie rule] in
+// pool_rule.hpp); at0 = the index of the window's top-left position in the convolution's output sample, plus the lane.
 template <int NW>
 __attribute__((target("avx2,fma"), always_inline)) inline void window_max(const __m256 (&acc)[2][2 * NW], int win,
                                                                           __m256i at0, int row_step, float* y,
@@ -483,7 +478,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline void window_max(const 
 #pragma GCC unroll 4
   for (int q = 1; q < 4; ++q) {
     const __m256 v = acc[q / 2][2 * win + q % 2];
-    const __m256 more = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+    const __m256 more = pool_replaces(v, best);
     const __m256i at = _mm256_add_epi32(at0, _mm256_set1_epi32(step[q]));
     best = _mm256_blendv_ps(best, v, more);
     best_at = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_at), _mm256_castsi256_ps(at), more));
@@ -544,6 +539,16 @@ __attribute__((target("avx2,fma"))) void conv_pool_avx2(const LayerSpec& l, int 
   }
 }
 
+// Note [Three kernels for one fused pass]
+// The first convolution and its pool are computed in one pass by three kernels: conv_pool_any
+// (portable), conv_pool_avx2 (fp32, AVX2 + FMA) and FirstConvBf16 (bf16.cpp, AVX512-BF16, the
+// ReLU too). They share the pool's rule (Note [The max pool's tie rule] in pool_rule.hpp) and the
+// argmax's numbering, and only that: the fp32 two are one computation (the same fused multiply-adds
+// in the same order, the same bits: the BlockedLayouts tests compare them), kept twice because the
+// portable one is the fallback of a CPU without AVX2 or FMA (one build runs on every x86-64) and the
+// plain loop the intrinsics are checked against, while the AVX2 one is the fast path (a pixel's
+// broadcast shared by every sum that reads it, eight FMA chains). The bf16 one cannot be either: it
+// rounds x and w to bf16 and adds products in pairs, so its bits differ by design.
 // The pass's kernel for this layer, block and CPU (CpuFusions::avx2_kernels = false: the portable one).
 ConvPoolKernel choose_conv_pool_kernel(const LayerSpec& l, int block, bool avx2_kernels) {
   if (!avx2_kernels || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
@@ -558,6 +563,12 @@ ConvPoolKernel choose_conv_pool_kernel(const LayerSpec& l, int block, bool avx2_
 bool first_conv_pool_fits(const LayerSpec& conv, Layout x_layout, Layout y_layout) {
   return conv.in.c == 1 && conv.stride == 1 && x_layout == Layout::kPlain && y_layout != Layout::kPlain &&
          conv.out.h % 2 == 0 && conv.out.w % 2 == 0;
+}
+
+FirstConvForward first_conv_forward(const Context& c, const LayerSpec& conv, const LayerBuffers& b) {
+  const float* bias = b.w + static_cast<std::int64_t>(conv.channels) * conv.in.c * conv.kernel_h * conv.kernel_w;
+  return FirstConvForward{b.x, b.w, bias, conv,
+                          choose_conv_pool_kernel(conv, block_size(b.y_layout), c.fuse.avx2_kernels)};
 }
 
 void first_conv_pool_forward(const FirstConvForward& f, int block, int batch, float* wt, float* y, std::int32_t* arg) {
@@ -579,6 +590,18 @@ namespace {
 
 bool is_ref(const std::string& impl_name) { return impl_name.rfind("ref", 0) == 0; }
 
+// How an fp32 convolution's weight gradient is computed (bw_is_ref: whether oneDNN's kernel for it
+// is a reference one); the fusion plan asks too (conv_weight_grad), since a pool hands its
+// gradient only to an own loop.
+ConvWeightGrad choose_weight_grad(const Context& c, const LayerSpec& l, Layout x_layout, Layout y_layout, bool first,
+                                  bool bw_is_ref) {
+  if (bw_is_ref && x_layout == Layout::kPlain && y_layout != Layout::kPlain)
+    return ConvWeightGrad::kOwnLoop;  // Note [Weight gradient of a plain-input convolution]
+  if (first && c.fuse.bf16 && y_layout == Layout::kBlocked16 && first_conv_weight_grad_bf16_fits(l))
+    return ConvWeightGrad::kOwnBf16;  // Note [The first convolution's weight gradient in bf16] in bf16.cpp
+  return ConvWeightGrad::kOneDnn;
+}
+
 // The forward primitive of convolution l on these memory descriptors (fp32, or bf16 inputs).
 dnnl::convolution_forward::primitive_desc conv_forward_pd(const Context& c, const LayerSpec& l, bool training,
                                                           const dnnl::memory::desc& src, const dnnl::memory::desc& wei,
@@ -595,8 +618,14 @@ class Conv final : public LayerKernel {
  public:
   // Long on purpose (Note [Why a function is long] in docs/style.md): oneDNN's primitives for the
   // three passes are made once here from one set of memory descriptors; they share every local.
-  Conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training, bool first)
-      : c_(c), w_begin_(b.w), w_end_(b.w + static_cast<std::int64_t>(l.channels) * l.in.c * l.kernel_h * l.kernel_w) {
+  Conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training, bool first, const LayerFusion& f)
+      : c_(c),
+        w_begin_(b.w),
+        w_end_(b.w + static_cast<std::int64_t>(l.channels) * l.in.c * l.kernel_h * l.kernel_w),
+        link_(f.link),
+        forward_in_pool_(f.forward_in_pool != ConvInPool::kNo),
+        reads_pool_gradient_(f.reads_pool_gradient),
+        pool_writes_bf16_dy_(f.pool_writes_bf16_dy) {
     using dims = dnnl::memory::dims;
     if (c.fuse.bf16 && !first) {  // Note [bf16 on the CPU] in src/backend/cpu/cpu_backend.cpp
       build_bf16(l, b, training);
@@ -616,13 +645,6 @@ class Conv final : public LayerKernel {
     const dnnl::convolution_forward::primitive_desc fwd =
         conv_forward_pd(c, l, training, src_md, wei_any, bia_md, dst_md);
     desc_ = "conv fwd " + impl(fwd);
-    if (c.fuse.conv_pool_forward && first_conv_pool_fits(l, b.x_layout, b.y_layout)) {
-      // Note [The first convolution and its pool in one pass]: a pool after it may take it.
-      conv_pool_ = &c.first_conv[b.y];
-      const int block = block_size(b.y_layout);
-      *conv_pool_ = FirstConvForward{b.x, b.w, bias, l, false, choose_conv_pool_kernel(l, block, c.fuse.avx2_kernels)};
-      y_ = b.y;
-    }
     w_fwd_ = maybe_reorder(c, user_w, fwd.weights_desc(), true);
     fwd_ = bind<dnnl::convolution_forward>(c, fwd,
                                            {{DNNL_ARG_SRC, wrap(c, src, src_tag, b.x)},
@@ -647,7 +669,8 @@ class Conv final : public LayerKernel {
         dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md, wei_any, bia_md, dst_md,
                                                  strides, pad_l, pad_r),
         user_scratchpad(), c.engine, fwd);
-    if (is_ref(impl(bw)) && b.x_layout == Layout::kPlain && b.y_layout != Layout::kPlain) {
+    const ConvWeightGrad kind = choose_weight_grad(c, l, b.x_layout, b.y_layout, first, is_ref(impl(bw)));
+    if (kind == ConvWeightGrad::kOwnLoop) {
       // Note [Weight gradient of a plain-input convolution]
       desc_ += ", bwd-weights own loop (plain x, blocked dy)";
       l_ = l;
@@ -661,8 +684,7 @@ class Conv final : public LayerKernel {
       own_.part.assign(static_cast<std::size_t>(threads * own_.part_size), 0.0f);
       own_.acc.assign(static_cast<std::size_t>(threads) * l.channels * l.in.c * l.kernel_h * l.kernel_w, 0.0);
       own_.bias.assign(static_cast<std::size_t>(threads) * l.channels, 0.0);
-      if (c.fuse.pool_gradient) {  // Note [The first convolution reads its pool's gradient]
-        pooled_ = &c.pooled[b.dy];
+      if (reads_pool_gradient_) {  // Note [The first convolution reads its pool's gradient]
         own_.pooled_3x3 = c.fuse.avx2_kernels && __builtin_cpu_supports("avx2") && b.y_layout == Layout::kBlocked8 &&
                           l.kernel_h == 3 && l.kernel_w == 3 && l.stride == 1;
         if (!own_.pooled_3x3)
@@ -672,12 +694,8 @@ class Conv final : public LayerKernel {
     }
     // Note [The first convolution's weight gradient in bf16] in src/backend/cpu/bf16.cpp: the
     // weights' and the bias's gradient in one loop of our own; oneDNN's is not built.
-    if (first && c.fuse.bf16 && b.y_layout == Layout::kBlocked16 && first_conv_weight_grad_bf16_fits(l)) {
+    if (kind == ConvWeightGrad::kOwnBf16) {  // a pool after it may hand its gradient over, a ReLU's mask too
       bf16_grad_.emplace(l, std::max(1, omp_get_max_threads()));
-      if (c.fuse.pool_gradient) {  // a pool after it may hand its gradient over, a ReLU's mask too
-        pooled_ = &c.pooled[b.dy];
-        pooled_->reads_mask = true;
-      }
       desc_ += ", bwd-weights own bf16 loop with the bias";
       l_ = l;
       b_ = b;
@@ -716,14 +734,14 @@ class Conv final : public LayerKernel {
   }
 
   void forward(const StepContext& ctx) override {
-    if (conv_pool_ && conv_pool_->taken) return;  // the pool computes it (Note [The first convolution ...])
+    if (forward_in_pool_) return;  // the pool computes it (Note [The fusion plan] in fusion.cpp)
     if (!ctx.copies_current || fwd_stale_) w_fwd_.run(c_);  // Note [Weight copies kept between passes]
     fwd_stale_ = false;
     if (x_to_bf16_) x_to_bf16_->run(c_);
     fwd_.run(c_);
   }
   void backward(const StepContext& ctx) override {
-    const bool pool_wrote_dy = bf16_gradient_ && bf16_gradient_->taken;  // and the bias's gradient
+    const bool pool_wrote_dy = pool_writes_bf16_dy_;  // and the bias's gradient
     if (dy_to_bf16_ && !pool_wrote_dy) dy_to_bf16_->run(c_);
     if (bwd_data_) {
       if (!ctx.copies_current || bwd_stale_) w_bwd_.run(c_);
@@ -735,7 +753,7 @@ class Conv final : public LayerKernel {
       return b_.dw + static_cast<std::int64_t>(l_.channels) * l_.in.c * l_.kernel_h * l_.kernel_w;
     };
     if (bf16_grad_) {  // the weights' and the bias's gradient
-      bf16_grad_->run(b_.batch, b_.x, b_.dy, pooled_ ? *pooled_ : PooledGradient{}, b_.dw, db());
+      bf16_grad_->run(b_.batch, b_.x, b_.dy, reads_pool_gradient_ ? link_->pooled : PooledGradient{}, b_.dw, db());
       return;
     }
     if (bwd_weights_) {
@@ -750,10 +768,11 @@ class Conv final : public LayerKernel {
       }
       return;
     }
+    const PooledGradient* pooled = reads_pool_gradient_ ? &link_->pooled : nullptr;
     if (b_.y_layout == Layout::kBlocked8)
-      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db());
+      plain_input_weight_grad<8>(l_, b_.batch, b_.x, b_.dy, pooled, own_, b_.dw, db());
     else
-      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, pooled_, own_, b_.dw, db());
+      plain_input_weight_grad<16>(l_, b_.batch, b_.x, b_.dy, pooled, own_, b_.dw, db());
   }
   // The weights' copies (a blocked layout, bf16) are made whole, once, by the next pass that reads
   // them: a step's update and gathers may touch a convolution's weights in several ranges.
@@ -762,17 +781,10 @@ class Conv final : public LayerKernel {
     fwd_stale_ = bwd_stale_ = true;
   }
   std::string describe() const override {
-    return (conv_pool_ && conv_pool_->taken ? "forward in the max pool's pass; " : "") + desc_ +
-           (bf16_gradient_ && bf16_gradient_->taken ? "; dy in bf16 and the bias's gradient from the max pool" : "") +
-           (pooled_ && pooled_->dy ? " reading the max pool's gradient" : "");
+    return (forward_in_pool_ ? "forward in the max pool's pass; " : "") + desc_ +
+           (pool_writes_bf16_dy_ ? "; dy in bf16 and the bias's gradient from the max pool" : "") +
+           (reads_pool_gradient_ && link_->pooled.dy ? " reading the max pool's gradient" : "");
   }
-  ~Conv() override {
-    if (bf16_gradient_) c_.bf16_gradient.erase(b_.dy);
-    if (pooled_) c_.pooled.erase(b_.dy);
-    if (conv_pool_) c_.first_conv.erase(y_);
-  }
-  Conv(const Conv&) = delete;
-  Conv& operator=(const Conv&) = delete;
 
  private:
   // --precision bf16 (Note [bf16 on the CPU]): the primitives on bf16 copies of x, w and dy.
@@ -801,9 +813,9 @@ class Conv final : public LayerKernel {
     if (!training) return;
     const dnnl::memory dy_bf(dst_bf, c_.engine);
     dy_to_bf16_ = bound_reorder(c_, wrap(c_, dst, dst_tag, b.dy), dy_bf);
-    if (b.y_layout == Layout::kBlocked16) {  // Note [A pool's gradient straight into bf16] in pool.cpp
-      bf16_gradient_ = &c_.bf16_gradient[b.dy];
-      *bf16_gradient_ = Bf16Gradient{static_cast<std::uint16_t*>(dy_bf.get_data_handle()), b.dw + (bias - b.w), false};
+    if (pool_writes_bf16_dy_) {  // Note [A pool's gradient straight into bf16] in pool.cpp
+      link_->dy_bf16 = static_cast<std::uint16_t*>(dy_bf.get_data_handle());
+      link_->db = b.dw + (bias - b.w);
     }
     if (b.dx) {
       dnnl::convolution_backward_data::primitive_desc bd(
@@ -849,15 +861,16 @@ class Conv final : public LayerKernel {
   std::string desc_;
   LayerSpec l_;  // for the own weight-gradient loop, when used
   LayerBuffers b_;
-  OwnScratch own_;                         // for the own weight-gradient loop, when used
-  PooledGradient* pooled_ = nullptr;       // in c_.pooled, when the own loop may read a pool's gradient
-  FirstConvForward* conv_pool_ = nullptr;  // in c_.first_conv, when a pool may compute the forward
-  const float* y_ = nullptr;               // its key
-  bool own_bias_ = false;                  // Note [Bias gradient of a blocked convolution]
+  OwnScratch own_;  // for the own weight-gradient loop, when used
+  // Note [The fusion plan] in fusion.cpp: what this convolution leaves to the max pool after it.
+  std::shared_ptr<ConvPoolLink> link_;  // shared with that pool
+  bool forward_in_pool_;                // the pool computes the forward
+  bool reads_pool_gradient_;            // the weight gradient reads link_->pooled instead of dy
+  bool pool_writes_bf16_dy_;            // the pool writes the bf16 dy (link_->dy_bf16) and the bias's gradient
+  bool own_bias_ = false;               // Note [Bias gradient of a blocked convolution]
   std::optional<FirstConvWeightGradBf16> bf16_grad_;  // Note [The first convolution's weight gradient in bf16]
-  Bf16Gradient* bf16_gradient_ = nullptr;             // in c_.bf16_gradient (key b_.dy): a pool may write dy in bf16
   bool fwd_stale_ = false, bwd_stale_ = false;        // refresh_copies: w_fwd_ / w_bwd_ to be made again
-  std::vector<double> bias_acc_;           // (O)
+  std::vector<double> bias_acc_;                      // (O)
 };
 
 }  // namespace
@@ -896,9 +909,31 @@ bool conv_has_fast_kernels(const Context& c, const LayerSpec& l, Layout x_layout
   }
 }
 
-std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training,
-                                       bool first) {
-  return std::make_unique<Conv>(c, l, b, training, first);
+std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training, bool first,
+                                       const LayerFusion& f) {
+  return std::make_unique<Conv>(c, l, b, training, first, f);
+}
+
+ConvWeightGrad conv_weight_grad(const Context& c, const LayerSpec& l, Layout x_layout, Layout y_layout, int batch,
+                                bool first) {
+  if (c.fuse.bf16 && !first) return ConvWeightGrad::kOneDnn;  // Note [bf16 on the CPU]: oneDNN's bf16 kernels
+  bool bw_is_ref = false;                                     // asked only where it decides (choose_weight_grad)
+  if (x_layout == Layout::kPlain && y_layout != Layout::kPlain) {
+    using dims = dnnl::memory::dims;
+    const dims src{batch, l.in.c, l.in.h, l.in.w}, wei{l.channels, l.in.c, l.kernel_h, l.kernel_w}, bia{l.channels},
+        dst{batch, l.out.c, l.out.h, l.out.w};
+    const auto [src_tag, dst_tag] = conv_tags(x_layout, l.in.c, y_layout, l.out.c);  // as Conv's, exactly
+    const dnnl::memory::desc src_md(src, dt::f32, src_tag), wei_any(wei, dt::f32, tag::any),
+        bia_md(bia, dt::f32, tag::x), dst_md(dst, dt::f32, dst_tag);
+    const dnnl::convolution_forward::primitive_desc fwd = conv_forward_pd(c, l, true, src_md, wei_any, bia_md, dst_md);
+    dnnl::convolution_backward_weights::primitive_desc bw(
+        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md, wei_any, bia_md, dst_md,
+                                                 {l.stride, l.stride}, {l.pad_top, l.pad_left},
+                                                 {l.pad_bottom, l.pad_right}),
+        user_scratchpad(), c.engine, fwd);
+    bw_is_ref = is_ref(impl(bw));
+  }
+  return choose_weight_grad(c, l, x_layout, y_layout, first, bw_is_ref);
 }
 
 }  // namespace mnist_mpi::cpu

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "mnist_mpi/backend/cpu.hpp"
@@ -247,18 +248,32 @@ class CpuBackend final : public Backend {
     return out;
   }
 
+  // Note [The fusion plan] in src/backend/cpu/fusion.cpp: made here for the model about to be
+  // built, and handed out layer by layer as make_layer is asked for them in order.
+  void plan_model(const ModelSpec& spec, const std::vector<Layout>& layouts, int batch, int first, int end,
+                  bool training) override {
+    plan_ = cpu::plan_fusions(ctx_, spec, layouts, batch, first, end, training);
+  }
+
   std::unique_ptr<LayerKernel> make_layer(const LayerSpec& l, int index, const LayerBuffers& b,
                                           bool training) override {
+    // A layer of the planned model, or (a layer built alone, a model's build cut short) none.
+    cpu::LayerFusion f;
+    if (plan_ && plan_->expects(l, index, b, training))
+      f = plan_->take(index, b);
+    else
+      plan_.reset();
+    if (plan_ && plan_->next == plan_->end) plan_.reset();
     try {
       switch (l.kind) {
         case LayerKind::kConv:
-          return cpu::make_conv(ctx_, l, b, training, index == 0);
+          return cpu::make_conv(ctx_, l, b, training, index == 0, f);
         case LayerKind::kFc:
           return cpu::make_fc(ctx_, l, b, training);
         case LayerKind::kMaxPool:
-          return cpu::make_maxpool(ctx_, l, b, training);
+          return cpu::make_maxpool(ctx_, l, b, training, f);
         case LayerKind::kRelu:
-          return cpu::make_relu(ctx_, l, b, training);
+          return cpu::make_relu(ctx_, l, b, training, f);
         case LayerKind::kDropout:
           return cpu::make_dropout(l, index, b, training);
         case LayerKind::kFlatten:
@@ -339,6 +354,7 @@ class CpuBackend final : public Backend {
 
  private:
   cpu::Context ctx_;
+  std::optional<cpu::FusionPlan> plan_;  // of the model being built
 };
 
 }  // namespace

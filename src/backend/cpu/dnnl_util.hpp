@@ -7,7 +7,6 @@
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/backend/cpu.hpp"
 
-#include <cstdint>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -15,69 +14,10 @@
 
 namespace mnist_mpi::cpu {
 
-// What a 2 x 2 max pool hands the convolution before it instead of writing that convolution's dy
-// (Note [The first convolution reads its pool's gradient] in src/backend/cpu/conv.cpp): the pool's
-// dy and argmax, (N, C/B, PH, PW, B) each, argmax the offset of each window's max within its
-// sample of the convolution's output. Null until a pool fills it in.
-struct PooledGradient {
-  const float* dy = nullptr;
-  const std::int32_t* argmax = nullptr;
-  // With a ReLU between them (Note [The first convolution's weight gradient in bf16] in bf16.cpp):
-  // the pool's output, whose sign is the ReLU's mask; null without one.
-  const float* y = nullptr;
-  // Set by the convolution when it registers: whether it applies that mask (a pool after a ReLU
-  // hands its gradient over only then).
-  bool reads_mask = false;
-};
-
-// A first convolution (plain input of one channel, stride 1, blocked output) that a following
-// 2 x 2 max pool may compute in its own pass (Note [The first convolution and its pool in one
-// pass] in src/backend/cpu/conv.cpp): its input, OIHW weights and bias, and whether a pool took it.
-// kernel: samples [first, first + count) of that pass, chosen once when the convolution is built
-// (the AVX2 one or the portable one; block: B of the blocked layouts).
-using ConvPoolKernel = void (*)(const LayerSpec& l, int block, std::int64_t first, std::int64_t count, const float* x,
-                                const float* wt, const float* bias, float* y, std::int32_t* arg);
-struct FirstConvForward {
-  const float* x = nullptr;
-  const float* w = nullptr;
-  const float* bias = nullptr;
-  LayerSpec l;
-  bool taken = false;
-  ConvPoolKernel kernel = nullptr;
-};
-
-// A ReLU that the max pool after it may take over (Note [A ReLU taken over by its max pool] in
-// src/backend/cpu/pool.cpp): the ReLU's input and input gradient (null without one), and whether
-// a pool took it (then the ReLU's own passes do nothing).
-struct ReluBeforePool {
-  const float* x = nullptr;
-  float* dx = nullptr;
-  bool taken = false;
-};
-
-// A bf16 convolution's output gradient that the max pool after it (and its ReLU) may write itself,
-// in bf16, with the bias's gradient (Note [A pool's gradient straight into bf16] in
-// src/backend/cpu/pool.cpp): where to, and whether a pool took it (then the convolution neither
-// converts its fp32 dy nor sums its bias).
-struct Bf16Gradient {
-  std::uint16_t* dy = nullptr;  // the convolution's bf16 copy of dy, in its layout (blocked 16)
-  float* db = nullptr;          // its bias's gradient
-  bool taken = false;
-};
-
 struct Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  CpuFusions fuse;  // which cross-layer fusions may run (make_cpu_backend)
-  // Keyed by the dy buffer of a first convolution that can read its pool's gradient; entries are
-  // made by that convolution (node-based: a pointer to one stays valid) and erased when it goes.
-  std::unordered_map<const float*, PooledGradient> pooled;
-  // Keyed by the y buffer of a first convolution that its pool may compute with itself; the same.
-  std::unordered_map<const float*, FirstConvForward> first_conv;
-  // Keyed by the y buffer of a ReLU; made by the ReLU and erased when it goes.
-  std::unordered_map<const float*, ReluBeforePool> relu_before_pool;
-  // Keyed by the dy buffer of a bf16 convolution with blocked output; made by it, erased when it goes.
-  std::unordered_map<const float*, Bf16Gradient> bf16_gradient;
+  CpuFusions fuse;  // which cross-layer fusions may run (make_cpu_backend; Note [The fusion plan] in fusion.cpp)
 };
 
 using tag = dnnl::memory::format_tag;

@@ -8,14 +8,23 @@
 #include "mnist_mpi/backend/backend.hpp"
 #include "src/backend/cpu/bf16.hpp"
 #include "src/backend/cpu/dnnl_util.hpp"
+#include "src/backend/cpu/fusion.hpp"
 
 #include "mnist_mpi/cpu_clones.hpp"  // MNIST_MPI_CPU_CLONES: Note [One build for every x86-64]
 
 namespace mnist_mpi::cpu {
 
 // first: the model's first layer (no bf16 oneDNN kernels for it under --precision bf16: Note [bf16 on the CPU]).
-std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training,
-                                       bool first = false);
+// f: its part in the fusion plan (Note [The fusion plan] in fusion.cpp); a default one fuses nothing.
+std::unique_ptr<LayerKernel> make_conv(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training, bool first,
+                                       const LayerFusion& f);
+// How a convolution's weight gradient is computed: oneDNN's kernel (fp32 or bf16), the own fp32
+// loop (Note [Weight gradient of a plain-input convolution] in conv.cpp) or the own bf16 one (Note
+// [The first convolution's weight gradient in bf16] in bf16.cpp), as the convolution built in
+// training at this batch will choose.
+enum class ConvWeightGrad { kOneDnn, kOwnLoop, kOwnBf16 };
+ConvWeightGrad conv_weight_grad(const Context& c, const LayerSpec& l, Layout x_layout, Layout y_layout, int batch,
+                                bool first);
 // Whether oneDNN has non-reference convolution kernels for these activation layouts (a probe for
 // Note [Which activations are blocked]; with_dx: backward-data too).
 bool conv_has_fast_kernels(const Context& c, const LayerSpec& l, Layout x_layout, Layout y_layout, bool with_dx);
@@ -23,6 +32,8 @@ bool conv_has_fast_kernels(const Context& c, const LayerSpec& l, Layout x_layout
 // computed by the max pool after it, and that pass (block: B of the blocked layouts; wt: scratch
 // of the layer's weight count; arg may be null).
 bool first_conv_pool_fits(const LayerSpec& conv, Layout x_layout, Layout y_layout);
+// That pass's view of convolution `conv` with buffers b.
+FirstConvForward first_conv_forward(const Context& c, const LayerSpec& conv, const LayerBuffers& b);
 void first_conv_pool_forward(const FirstConvForward& f, int block, int batch, float* wt, float* y, std::int32_t* arg);
 // Note [The first convolution in bf16] in bf16.cpp: the first convolution, its ReLU and
 // its 2 x 2 max pool in one bf16 pass, for a convolution that first_conv_pool_fits (blocked 16)
@@ -60,8 +71,12 @@ class FirstConvWeightGradBf16 {
   std::vector<double> bias_;            // (O) a thread
 };
 std::unique_ptr<LayerKernel> make_fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
-std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
-std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training);
+// A max pool's 2 x 2 windows with stride 2 cover its input exactly: every input element in one window.
+bool exact_2x2(const LayerSpec& pool);
+std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training,
+                                          const LayerFusion& f);
+std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training,
+                                       const LayerFusion& f);
 std::unique_ptr<LayerKernel> make_dropout(const LayerSpec& l, int index, const LayerBuffers& b, bool training);
 std::unique_ptr<LayerKernel> make_flatten(const LayerSpec& l, const LayerBuffers& b);
 std::unique_ptr<LayerKernel> make_batchnorm(const LayerSpec& l, const LayerBuffers& b, bool training);

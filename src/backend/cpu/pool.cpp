@@ -12,6 +12,7 @@
 
 #include "mnist_mpi/check.hpp"
 #include "src/backend/cpu/kernels.hpp"
+#include "src/backend/cpu/pool_rule.hpp"
 
 namespace mnist_mpi::cpu {
 namespace {
@@ -31,8 +32,8 @@ namespace {
 // lenet's ReLUs each sit between a convolution and a 2 x 2 max pool: a separate pass wrote the
 // ReLU's output, the pool read it, and backward wrote the pool's dx and read it again to mask it
 // (0.7 ms of a 20 ms lenet step on one rank, measured on an AVX-512 host). A max commutes with a
-// ReLU, max(relu(a), relu(b)) = relu(max(a, b)), so a pool after a ReLU (Context::relu_before_pool,
-// keyed by the ReLU's y) reads the ReLU's input and starts each window's max at the ReLU of its
+// ReLU, max(relu(a), relu(b)) = relu(max(a, b)), so a pool after a ReLU (where the fusion plan says
+// so: Note [The fusion plan] in fusion.cpp) reads the ReLU's input and starts each window's max at the ReLU of its
 // first element: later elements replace it only where they are greater, so the max is the ReLU's
 // max, NaN included (oneDNN's ReLU makes a NaN 0, and a NaN never compares greater), and the
 // argmax is the one over the ReLU's output (the first maximum, ties at 0 included). The ReLU's own
@@ -41,14 +42,13 @@ namespace {
 // at the argmax is > 0, which is the mask the ReLU's backward applies.
 // BlockedLayouts.ReluTakenOverByThePoolIsBitwiseTheSame checks logits and gradients against the
 // unfused layers bit for bit.
-// NaN -> 0, as oneDNN's ReLU does (checked by BlockedLayouts.ANaNThroughAReluTakenOverByItsPool).
-inline float relu(float v) { return v > 0.0f ? v : 0.0f; }
+// NaN -> 0, as oneDNN's ReLU does (pool_start; checked by BlockedLayouts.ANaNThroughAReluTakenOverByItsPool).
 
 struct PoolShape {
   int ih, iw, oh, ow, k_h, k_w, s, cb_count;
   std::int64_t in_sample, out_sample;
   bool y_blocked;
-  bool relu;  // each window's max starts at relu(first): Note [A ReLU taken over by its max pool]
+  bool relu;  // each window's max starts at relu(first): Note [The max pool's tie rule] in pool_rule.hpp
   bool arg_blocked = false;  // y plain, the argmax kept in x's blocked order (Note [A 2 x 2 pool's gradient in one pass])
 };
 
@@ -74,20 +74,15 @@ template <int B, int K>
         const int first = (i * s * iw + j * s) * B;
 #pragma omp simd
         for (int c = 0; c < B; ++c) {
-          best[c] = p.relu ? relu(x[first + c]) : x[first + c];
+          best[c] = pool_start(x[first + c], p.relu);
           best_at[c] = first + c;
         }
         for (int u = 0; u < k_h; ++u)
           for (int v = 0; v < k_w; ++v) {
             const int at = ((i * s + u) * iw + j * s + v) * B;
-            // Branch-free so that it vectorises B wide; the first maximum wins ties.
+            // Note [The max pool's tie rule] in pool_rule.hpp, B lanes wide.
 #pragma omp simd
-            for (int c = 0; c < B; ++c) {
-              const float xv = x[at + c];
-              const std::int32_t more = -static_cast<std::int32_t>(xv > best[c]);  // all ones or zero
-              best_at[c] = (best_at[c] & ~more) | ((at + c) & more);
-              best[c] = xv > best[c] ? xv : best[c];
-            }
+            for (int c = 0; c < B; ++c) pool_take(x[at + c], at + c, best[c], best_at[c]);
           }
         if (p.y_blocked) {  // B contiguous outputs
           const std::int64_t o = (static_cast<std::int64_t>(cb) * oh * ow + i * ow + j) * B;
@@ -224,7 +219,7 @@ template <int B>
 // (its backward-data and backward-weights); the fp32 dy served for the copy's reorder and for its
 // bias's gradient. lenet's pool before flatten wrote 2.5 MB of fp32 dy a step, the reorder read it
 // and wrote the copy, the bias loop read it again (0.10 + 0.05 ms, oneDNN's log and perf). Where the
-// convolution offers its copy (Context::bf16_gradient), this pass writes the copy itself, each
+// fusion plan joins the two (ConvPoolLink::dy_bf16), this pass writes the copy itself, each
 // window's value rounded as bf16_bits and set where its argmax points, and sums the bias's gradient
 // as it goes (per sample in float, in window order; over samples in double); the fp32 dy is never
 // written. Tested by BlockedLayouts.PoolWritesTheBf16GradientOfTheConvolution.
@@ -275,14 +270,9 @@ void pool_backward_tiles16(const PoolShape& p, std::int64_t n, const float* dy, 
   pool_backward_tiles_any<16>(p, n, dy, y, arg, dx);
 }
 
-// 2 x 2 windows with stride 2 that cover the input exactly: every input element in one window.
-bool exact_2x2(const LayerSpec& l) {
-  return l.kernel_h == 2 && l.kernel_w == 2 && l.stride == 2 && l.in.h == 2 * l.out.h && l.in.w == 2 * l.out.w;
-}
-
 class MaxPool final : public LayerKernel {
  public:
-  MaxPool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training)
+  MaxPool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training, const LayerFusion& f)
       : l_(l),
         b_(b),
         in_sample_(l.in.size()),
@@ -301,49 +291,26 @@ class MaxPool final : public LayerKernel {
     MNIST_CHECK(l.in.c % bx_ == 0 && l.out.c % by_ == 0 && (bx_ == by_ || by_ == 1), ExitCode::kRuntime,
                 "maxpool: unsupported layouts for " + l.text);
     if (training) argmax_.assign(static_cast<std::size_t>(b.batch * out_sample_), 0);
-    if (const auto it = c.relu_before_pool.find(b.x); c.fuse.relu_into_pool && it != c.relu_before_pool.end()) {
-      it->second.taken = true;  // Note [A ReLU taken over by its max pool]
-      x_ = it->second.x;
-      dx_ = it->second.dx;
+    // Note [The fusion plan] in fusion.cpp: what this pool takes over from the layers before it.
+    link_ = f.link;
+    if (f.takes_relu) {  // Note [A ReLU taken over by its max pool]
+      x_ = f.relu_buffers.x;
+      dx_ = f.relu_buffers.dx;
       relu_ = true;
-      // Note [A pool's gradient straight into bf16]
-      if (const auto g = c.bf16_gradient.find(dx_);
-          c.fuse.bf16 && plain_y_tiles_ && bx_ == 16 && g != c.bf16_gradient.end()) {
-        g->second.taken = true;
-        bf16_gradient_ = &g->second;
-        bias_acc_.assign(static_cast<std::size_t>(threads_) * l.in.c, 0.0);
-      }
-      // Note [The first convolution in bf16] (src/backend/cpu/bf16.cpp): under
-      // --precision bf16 a first convolution before the ReLU is computed here too. The fp32
-      // fusions with a first convolution below do not see through a ReLU.
-      if (const auto conv = c.first_conv.find(x_); c.fuse.bf16 && c.fuse.conv_pool_forward && exact_2x2(l) &&
-                                                   bx_ == 16 && by_ == 16 && conv != c.first_conv.end() &&
-                                                   first_conv_relu_pool_bf16_fits(conv->second.l)) {
-        conv->second.taken = true;
-        conv_ = &conv->second;
-        conv_bf16_.emplace(conv_->l, std::max(1, omp_get_max_threads()));
-        // Note [The first convolution's weight gradient in bf16]: its weight gradient may read
-        // this pool's gradient, argmax and output instead of a dx written here.
-        if (const auto p = c.pooled.find(dx_);
-            training && c.fuse.pool_gradient && p != c.pooled.end() && p->second.reads_mask) {
-          p->second = PooledGradient{b.dy, argmax_.data(), b.y, true};
-          dx_left_to_conv_ = true;
-        }
-      }
-      return;
     }
-    // Notes [The first convolution reads its pool's gradient] and [The first convolution and its
-    // pool in one pass] in src/backend/cpu/conv.cpp
-    const bool tiles = exact_2x2(l) && bx_ > 1 && by_ == bx_;
-    if (const auto it = c.pooled.find(b.dx); training && c.fuse.pool_gradient && tiles && it != c.pooled.end()) {
-      it->second.dy = b.dy;  // no ReLU: no mask (y stays null)
-      it->second.argmax = argmax_.data();
-      dx_left_to_conv_ = true;
-    }
-    if (const auto it = c.first_conv.find(b.x); c.fuse.conv_pool_forward && tiles && it != c.first_conv.end()) {
-      it->second.taken = true;
-      conv_ = &it->second;
+    writes_bf16_dy_ = f.writes_bf16_dy;  // Note [A pool's gradient straight into bf16]
+    if (writes_bf16_dy_) bias_acc_.assign(static_cast<std::size_t>(threads_) * l.in.c, 0.0);
+    // Notes [The first convolution and its pool in one pass] in conv.cpp and [The first
+    // convolution in bf16] in bf16.cpp
+    if (f.computes_conv != ConvInPool::kNo) conv_ = first_conv_forward(c, f.conv_spec, f.conv_buffers);
+    if (f.computes_conv == ConvInPool::kBf16) conv_bf16_.emplace(conv_->l, std::max(1, omp_get_max_threads()));
+    if (f.computes_conv == ConvInPool::kFp32)
       conv_weights_.assign(static_cast<std::size_t>(conv_->l.channels) * conv_->l.kernel_h * conv_->l.kernel_w, 0.0f);
+    // Notes [The first convolution reads its pool's gradient] in conv.cpp and [The first
+    // convolution's weight gradient in bf16] in bf16.cpp (with a ReLU: y, its mask)
+    if (f.hands_gradient) {
+      link_->pooled = PooledGradient{b.dy, argmax_.data(), relu_ ? b.y : nullptr};
+      dx_left_to_conv_ = true;
     }
   }
 
@@ -367,7 +334,7 @@ class MaxPool final : public LayerKernel {
 
   void backward(const StepContext&) override {
     if (!dx_ || dx_left_to_conv_) return;
-    if (bf16_gradient_) {  // Note [A pool's gradient straight into bf16]
+    if (writes_bf16_dy_) {  // Note [A pool's gradient straight into bf16]
       const PoolShape p = shape(bx_);
       std::fill(bias_acc_.begin(), bias_acc_.end(), 0.0);
       const std::int64_t channels = l_.in.c;
@@ -375,12 +342,12 @@ class MaxPool final : public LayerKernel {
       for (std::int64_t n = 0; n < b_.batch; ++n) {
         const std::int64_t t = omp_get_thread_num();
         pool_backward_plain_y16_bf16(p, n, b_.dy, b_.y, argmax_.data(), scratch_.data() + t * out_sample_,
-                                     bf16_gradient_->dy, bias_acc_.data() + t * channels);
+                                     link_->dy_bf16, bias_acc_.data() + t * channels);
       }
       for (std::int64_t c = 0; c < channels; ++c) {  // the threads' sums in thread order
         double s = bias_acc_[static_cast<std::size_t>(c)];
         for (int t = 1; t < threads_; ++t) s += bias_acc_[static_cast<std::size_t>(t * channels + c)];
-        bf16_gradient_->db[c] = static_cast<float>(s);
+        link_->db[c] = static_cast<float>(s);
       }
       return;
     }
@@ -430,7 +397,7 @@ class MaxPool final : public LayerKernel {
             : tiles_ || plain_y_tiles_ ? "; dx in one pass"
                                        : "") +
            (relu_ ? "; applies the ReLU before it" : "") +
-           (bf16_gradient_ ? "; writes the convolution's dy in bf16" : "") +
+           (writes_bf16_dy_ ? "; writes the convolution's dy in bf16" : "") +
            (conv_ ? conv_bf16_ ? "; computes the convolution before the ReLU in bf16"
                                : "; computes the convolution before it"
                   : "") +
@@ -452,11 +419,11 @@ class MaxPool final : public LayerKernel {
       for (int i = 0; i < oh; ++i)
         for (int j = 0; j < ow; ++j) {
           int best_at = i * s * iw + j * s;
-          float best = relu_ ? relu(x[best_at]) : x[best_at];
+          float best = pool_start(x[best_at], relu_);
           for (int u = 0; u < k_h; ++u)
             for (int v = 0; v < k_w; ++v) {
               const int at = (i * s + u) * iw + j * s + v;
-              if (x[at] > best) {  // the first maximum wins ties, as in oneDNN and PyTorch
+              if (pool_replaces(x[at], best)) {  // Note [The max pool's tie rule] in pool_rule.hpp
                 best = x[at];
                 best_at = at;
               }
@@ -500,18 +467,24 @@ class MaxPool final : public LayerKernel {
   int threads_ = 1;                         // of them
   bool relu_ = false;                       // Note [A ReLU taken over by its max pool]
   bool dx_left_to_conv_ = false;            // the convolution before reads dy and argmax_ instead of dx
-  const FirstConvForward* conv_ = nullptr;  // the convolution before, computed in this pool's forward
+  std::shared_ptr<ConvPoolLink> link_;      // shared with the convolution before (Note [The fusion plan])
+  std::optional<FirstConvForward> conv_;    // the convolution before, computed in this pool's forward
   std::vector<float> conv_weights_;         // its weights rearranged, each forward
   std::optional<FirstConvBf16> conv_bf16_;  // Note [The first convolution in bf16]
-  Bf16Gradient* bf16_gradient_ = nullptr;   // Note [A pool's gradient straight into bf16]
+  bool writes_bf16_dy_ = false;             // Note [A pool's gradient straight into bf16]: into link_
   std::vector<double> bias_acc_;            // its bias sums, a row per thread
   std::vector<std::int32_t> argmax_;        // in y's order (plain_y_tiles_: x's blocked order): offset of the max within its sample's x
 };
 
 }  // namespace
 
-std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) {
-  return std::make_unique<MaxPool>(c, l, b, training);
+bool exact_2x2(const LayerSpec& l) {
+  return l.kernel_h == 2 && l.kernel_w == 2 && l.stride == 2 && l.in.h == 2 * l.out.h && l.in.w == 2 * l.out.w;
+}
+
+std::unique_ptr<LayerKernel> make_maxpool(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training,
+                                          const LayerFusion& f) {
+  return std::make_unique<MaxPool>(c, l, b, training, f);
 }
 
 }  // namespace mnist_mpi::cpu

@@ -9,7 +9,10 @@ namespace {
 
 class Relu final : public BoundLayer {
  public:
-  Relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) : BoundLayer(c) {
+  // taken: Note [A ReLU taken over by its max pool] in src/backend/cpu/pool.cpp, decided by the
+  // fusion plan (Note [The fusion plan] in fusion.cpp): the pool after it applies it, both ways.
+  Relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training, bool taken)
+      : BoundLayer(c), taken_(taken) {
     MNIST_CHECK(b.x_layout == b.y_layout, ExitCode::kRuntime, "relu: input and output layouts differ");
     const dnnl::memory::dims d{b.batch, static_cast<dnnl::memory::dim>(l.in.size())};  // (N, C*H*W)
     const dnnl::memory::desc md(d, dt::f32, tag::nc);
@@ -29,36 +32,26 @@ class Relu final : public BoundLayer {
                                                 {DNNL_ARG_DIFF_DST, wrap(c, d, tag::nc, b.dy)},
                                                 {DNNL_ARG_DIFF_SRC, wrap(c, d, tag::nc, b.dx)}});
     }
-    // Offered last, once nothing above can throw: an entry is erased only by a built ReLU.
-    if (c.fuse.relu_into_pool) {  // Note [A ReLU taken over by its max pool] in src/backend/cpu/pool.cpp
-      fused_ = &c.relu_before_pool[b.y];
-      *fused_ = ReluBeforePool{b.x, b.dx, false};  // b.dx: null in an inference model
-      y_ = b.y;
-    }
-  }
-  ~Relu() override {
-    if (fused_) c_.relu_before_pool.erase(y_);
   }
   void forward(const StepContext& ctx) override {
-    if (!taken()) BoundLayer::forward(ctx);
+    if (!taken_) BoundLayer::forward(ctx);
   }
   void backward(const StepContext& ctx) override {
-    if (!taken()) BoundLayer::backward(ctx);
+    if (!taken_) BoundLayer::backward(ctx);
   }
   std::string describe() const override {
-    return taken() ? "relu (applied by the max pool after it, both ways)" : BoundLayer::describe();
+    return taken_ ? "relu (applied by the max pool after it, both ways)" : BoundLayer::describe();
   }
 
  private:
-  bool taken() const { return fused_ && fused_->taken; }
-  ReluBeforePool* fused_ = nullptr;  // in c_.relu_before_pool, when a pool after it may take it over
-  const float* y_ = nullptr;
+  bool taken_;
 };
 
 }  // namespace
 
-std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training) {
-  return std::make_unique<Relu>(c, l, b, training);
+std::unique_ptr<LayerKernel> make_relu(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training,
+                                       const LayerFusion& f) {
+  return std::make_unique<Relu>(c, l, b, training, f.relu_in_pool);
 }
 
 }  // namespace mnist_mpi::cpu
