@@ -259,6 +259,35 @@ TEST(BatchNormKernel, TheBackendKeepsItsActivationsBlockedBetweenConvolutions) {
   EXPECT_EQ(l[11], Layout::kPlain);
 }
 
+// A model binds each batch norm to its own range of the state: after one training forward from
+// the initial state, layer i's running mean is momentum x the mean of its own input, channel by
+// channel (kSpec: 4 channels after a conv, 6 units after an fc, plain activations).
+TEST(BatchNormModel, EachLayerMovesItsOwnRunningStatistics) {
+  auto be = make_cpu_backend(1);
+  const ModelSpec spec = bn_spec();
+  std::vector<float> params(static_cast<std::size_t>(spec.param_count)), state(static_cast<std::size_t>(spec.state_count));
+  std::vector<float> grads(params.size());
+  init_params(spec, parse_init_spec("normal:0.3"), parse_init_spec("constant:0.1"), 5, params.data());
+  init_state(spec, state.data());
+  const int batch = 3;
+  Model m(spec, batch, *be, params.data(), grads.data(), state.data());
+  const std::vector<float> x = uniform(static_cast<std::size_t>(batch * spec.input.size()), 9);
+  std::copy(x.begin(), x.end(), m.input());
+  m.forward(StepContext{});
+  for (const StateTensor& t : spec.state) {
+    if (t.initial != 0.0f) continue;  // the means
+    const LayerSpec& l = spec.layers[static_cast<std::size_t>(t.layer)];
+    const int plane = l.in.h * l.in.w;
+    const std::vector<float> in(m.activation(t.layer), m.activation(t.layer) + batch * l.in.size());
+    for (int c = 0; c < l.in.c; ++c) {
+      double mean = 0.0;
+      for (double v : channel(in, batch, l.in.c, plane, c)) mean += v / (batch * plane);
+      EXPECT_NEAR(state[static_cast<std::size_t>(t.offset + c)], l.momentum * mean, 1e-6) << t.name << " channel " << c;
+    }
+    EXPECT_NE(state[static_cast<std::size_t>(t.offset)], 0.0f) << t.name << " never moved";
+  }
+}
+
 TEST(BatchNormModel, AModelWithBatchNormNeedsItsState) {
   auto be = make_cpu_backend(1);
   const ModelSpec spec = bn_spec();
@@ -268,15 +297,21 @@ TEST(BatchNormModel, AModelWithBatchNormNeedsItsState) {
   EXPECT_EQ(m.state(), state.data());
 }
 
-Checkpoint bn_checkpoint(const ModelSpec& spec, const std::vector<float>& state) {
-  std::vector<float> params(static_cast<std::size_t>(spec.param_count), 0.5f), m(params.size(), 0.25f), v(params.size(), 0.125f);
-  CheckpointEncoder enc(spec, "model = x\n", true);
+// The META of a file at step 0 whose counters agree (decode_checkpoint checks them).
+CheckpointMeta meta_of(const ModelSpec& spec, OptimizerKind optimizer) {
   CheckpointMeta meta;
   meta.steps_per_epoch = 1;
   meta.global_batch = 2;
   meta.train_count = 2;
   meta.param_count = spec.param_count;
-  enc.capture(meta, params.data(), m.data(), v.data(), {}, state.data());
+  meta.optimizer_kind = traits(optimizer).checkpoint_code;
+  return meta;
+}
+
+Checkpoint bn_checkpoint(const ModelSpec& spec, const std::vector<float>& state) {
+  std::vector<float> params(static_cast<std::size_t>(spec.param_count), 0.5f), m(params.size(), 0.25f), v(params.size(), 0.125f);
+  CheckpointEncoder enc(spec, "model = x\n", true);
+  enc.capture(meta_of(spec, OptimizerKind::kAdam), params.data(), m.data(), v.data(), {}, state.data());
   enc.seal();
   return decode_checkpoint(enc.bytes(), "bn.ckpt");
 }
@@ -315,13 +350,7 @@ TEST(BatchNormCheckpoint, EveryFlippedByteOfTheNewSectionsIsDetected) {
   const ModelSpec spec = bn_spec();
   std::vector<float> state(static_cast<std::size_t>(spec.state_count), 0.5f), params(static_cast<std::size_t>(spec.param_count));
   CheckpointEncoder enc(spec, "", false);
-  CheckpointMeta meta;
-  meta.steps_per_epoch = 1;
-  meta.global_batch = 2;
-  meta.train_count = 2;
-  meta.param_count = spec.param_count;
-  meta.optimizer_kind = traits(OptimizerKind::kSgd).checkpoint_code;
-  enc.capture(meta, params.data(), params.data(), nullptr, {}, state.data());
+  enc.capture(meta_of(spec, OptimizerKind::kSgd), params.data(), params.data(), nullptr, {}, state.data());
   enc.seal();
   std::vector<std::uint8_t> b(enc.bytes().begin(), enc.bytes().end());
   ASSERT_NO_THROW(decode_checkpoint(b, "x"));

@@ -12,6 +12,9 @@
 
 namespace mnist_mpi {
 
+// A host interval in seconds, as StepTiming holds them.
+inline double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
 // Where a step's time went, in seconds (one step, or a sum or mean over steps), and the bytes
 // each rank reduced per step: the one timing record of the trainer, the monitor and the report.
 struct StepTiming {

@@ -10,26 +10,36 @@
 namespace mnist_mpi {
 namespace {
 
-// Whether the model has a batch norm layer (a token "batchnorm" or "batchnorm:..." of --model).
+// Whether --model has a batch norm layer: a token whose kind (its text before the first ':',
+// blanks dropped) is "batchnorm", as parse_model_spec reads it. The spec itself is parsed where
+// the input's shape is known (src/model/spec.cpp, a layer beside this one: docs/style.md).
 bool batch_norm(const Options& o) {
-  for (std::size_t at = 0; at <= o.model.size();) {
-    std::size_t end = o.model.find(',', at);
-    if (end == std::string::npos) end = o.model.size();
-    std::string token = o.model.substr(at, end - at);
-    std::erase_if(token, [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
-    if (token == "batchnorm" || token.rfind("batchnorm:", 0) == 0) return true;
-    at = end + 1;
+  std::string kind;
+  bool in_kind = true;
+  for (const char ch : o.model + ",") {
+    if (ch == ',') {
+      if (kind == "batchnorm") return true;
+      kind.clear();
+      in_kind = true;
+    } else if (ch == ':') {
+      in_kind = false;
+    } else if (in_kind && ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r') {
+      kind += ch;
+    }
   }
   return false;
 }
 
-// The global batch cut into world x accumulation micro-batches leaves some one image shorter
-// (Note [Uneven slices] in include/mnist_mpi/data/sampler.hpp).
-bool uneven_slices(const Options& o, const RunPlace& p) {
-  if (o.batch_size != 0) return false;  // per rank: every micro-batch has it
-  const std::int64_t global = o.global_batch_size != 0 ? o.global_batch_size : kDefaultGlobalBatch;
-  const std::int64_t parts = std::int64_t{p.world} * std::max<std::int64_t>(o.accumulation_steps, 1);
-  return global % parts != 0;
+// The global batch and the micro-batches it is cut into (ranks x accumulation steps), when the
+// global batch is given (or the default); a per-rank --batch-size makes every micro-batch whole.
+struct Cut {
+  std::int64_t global = 0, parts = 1;
+  bool uneven() const { return global % parts != 0; }
+};
+Cut cut_of(const Options& o, const RunPlace& p) {
+  if (o.batch_size != 0) return {};
+  return {o.global_batch_size != 0 ? o.global_batch_size : kDefaultGlobalBatch,
+          std::int64_t{p.world} * std::max<std::int64_t>(o.accumulation_steps, 1)};
 }
 
 struct Combination {
@@ -64,14 +74,14 @@ constexpr Combination kCombinations[] = {
      }},
     // A shorter micro-batch is padded to the model's batch with rows whose loss gradient is zero,
     // which adds nothing to a sum, but batch statistics would take the padding in.
-    {true, [](const Options& o, const RunPlace& p) { return batch_norm(o) && uneven_slices(o, p); },
+    // (Note [Uneven slices] in include/mnist_mpi/data/sampler.hpp)
+    {true, [](const Options& o, const RunPlace& p) { return batch_norm(o) && cut_of(o, p).uneven(); },
      [](const Options& o, const RunPlace& p) -> std::string {
-       const std::int64_t global = o.global_batch_size != 0 ? o.global_batch_size : kDefaultGlobalBatch;
-       const std::int64_t parts = std::int64_t{p.world} * std::max<std::int64_t>(o.accumulation_steps, 1);
+       const Cut c = cut_of(o, p);
        return "batchnorm in --model needs micro-batches of one size (its statistics would count a shorter one's "
-              "padding): the global batch of " + std::to_string(global) + " does not divide into " +
-              std::to_string(p.world) + " ranks x " + std::to_string(std::max<std::int64_t>(o.accumulation_steps, 1)) +
-              " accumulation steps; give a --global-batch-size that is a multiple of " + std::to_string(parts);
+              "padding): the global batch of " + std::to_string(c.global) + " does not divide into " +
+              std::to_string(p.world) + " ranks x " + std::to_string(c.parts / p.world) +
+              " accumulation steps; give a --global-batch-size that is a multiple of " + std::to_string(c.parts);
      }},
     {false, [](const Options& o, const RunPlace&) { return o.exact_sums && o.cuda_graph; },
      [](const Options&, const RunPlace&) -> std::string {

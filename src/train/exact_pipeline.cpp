@@ -13,7 +13,6 @@ namespace mnist_mpi {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 class ExactGradients final : public GradientPipeline {
  public:

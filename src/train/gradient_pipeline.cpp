@@ -10,7 +10,6 @@ namespace mnist_mpi {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 }  // namespace
 
 // Note [Averaging is a scaled sum]

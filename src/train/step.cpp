@@ -2,18 +2,13 @@
 #include "mnist_mpi/train/step.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
-#include <thread>
 
 #include "mnist_mpi/check.hpp"
-#include "mnist_mpi/rng.hpp"
 
 namespace mnist_mpi {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 }  // namespace
 
 Step::Step(const StepParts& parts, const StepShape& shape)
@@ -59,9 +54,8 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
       StepTiming ignored;  // nothing runs while it is recorded
       graph_->capture([&] { body(step, lr, false, ignored); });
     }
-    graph_->replay();  // host times of the parts are not known: one launch
-    // MNIST_MPI_FAULT=RANK:slow:MS on the host, after the launch: the next step's launch waits.
-    if (shape_.slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(shape_.slow_ms));
+    graph_->replay();        // host times of the parts are not known: one launch
+    pipeline_->slow_down();  // on the host, after the launch: the next step's launch waits
     ++replays_;
   } else {
     body(step, lr, poison, r.timing);

@@ -82,6 +82,9 @@ class GradientPipeline {
   virtual std::string describe_layers() const { return p_.model->describe(); }
   // How the pipeline runs, for the banner ("" when there is nothing to say).
   virtual std::string plan() const { return ""; }
+  // MNIST_MPI_FAULT=RANK:slow:MS (include/mnist_mpi/resilience/fault.hpp): this rank sleeps at the
+  // end of every step's backward, on every path (the passes here, and the step's replayed CUDA graph).
+  void slow_down() const;
 
  protected:
   GradientPipeline(const StepParts& parts, const StepShape& shape);
@@ -97,7 +100,6 @@ class GradientPipeline {
   // backward ended at `end`.
   void record_micro(std::int64_t step, std::int64_t index, bool last, const MicroTimes& at,
                     std::chrono::steady_clock::time_point end, Timeline* tl, StepTiming& timing);
-  void slow_down() const;  // MNIST_MPI_FAULT=RANK:slow:MS
   // What the pipeline does to a layer's gradient once backward has made it final on the last pass,
   // before its buckets may start.
   virtual void finish_layer(int layer) = 0;
