@@ -506,10 +506,24 @@ void give_the_singleton_its_own_session_tree() {
 
 }  // namespace
 
+// Note [Polling that gives way]
+// A rank that waits for its peers polls: the communication thread's MPI_Test loop while the caller
+// sits in wait() (Note [A thread for the sums]), MPI_Wait and the collectives. Open MPI polls at
+// full speed unless it knows the node is oversubscribed; but a peer may share this rank's core
+// without Open MPI knowing (ranks pinned together by a scheduler or taskset, or 2 vCPUs that are
+// one host core's two hardware threads). The waiting rank then takes the time of the very peer it
+// waits for: the faster rank slows the slower one, which stays behind, and an even run names a
+// straggler (tests/e2e_report.sh did so in CI: rank 1 62 % slower, rank 0 waiting 1.5 ms a step).
+// mpirun --oversubscribe does not turn yielding on either: 3 ranks on 2 cores spun. So every rank
+// asks for mpi_yield_when_idle: a poll that found nothing ends with sched_yield(), which returns at
+// once when nothing else wants the core. Measured (docs/performance.md#polling-that-gives-way):
+// 2 ranks pinned to one core 6.1x faster, 3 ranks on 2 cores 2.3x (lenet) and 6.4x (tiny), one
+// rank a core unchanged. A user's own OMPI_MCA_mpi_yield_when_idle is kept.
 int init_mpi(int* argc, char*** argv) {
   const auto lookup = [](const char* name) -> const char* { return std::getenv(name); };
   // Note [Open MPI's point-to-point layer on one node] (include/mnist_mpi/launch/launch_env.hpp)
   if (const char* pml = pml_for_launch(lookup)) setenv("OMPI_MCA_pml", pml, 0);
+  setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);  // Note [Polling that gives way]
   if (launched_alone(lookup)) give_the_singleton_its_own_session_tree();
   int provided = MPI_THREAD_SINGLE;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
