@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   for (int r = 0; r < rounds; ++r) {
     auto t0 = clock::now();
     pass->begin_step(1e-3);  // the step's scalars, as the trainer's step computes them
-    pass->update(p.data(), g.data(), m.data(), v.data(), n, nullptr);
+    pass->update(p.data(), g.data(), m.data(), v.data(), n);
     auto t1 = clock::now();
     stream_pass(p.data(), g.data(), m.data(), v.data(), n);
     auto t2 = clock::now();

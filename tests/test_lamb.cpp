@@ -245,27 +245,5 @@ TEST(Lamb, ShardedOverThreeRanksIsTheUnshardedBitForBit) {
   EXPECT_NE(p_whole, start_params());
 }
 
-// Note [Weight copies kept between passes] (src/backend/cpu/bf16.cpp): the second phase writes
-// each new parameter's bf16 where it is given a copy, and the parameters are those without one;
-// the first phase refuses a copy (it writes no parameter).
-TEST(Lamb, TheSecondPhaseWritesTheBf16Copy) {
-  const OptimizerConfig cfg = lamb_config();
-  Optimizer a(cfg, kCount), b(cfg, kCount);
-  std::vector<float> with = start_params(), without = with;
-  std::vector<std::uint16_t> copy(kCount, 0xffff);
-  for (int t = 1; t <= 3; ++t) {
-    std::vector<float> ga = grads_of_step(t), gb = ga;
-    a.begin_step(0.01);
-    EXPECT_THROW(a.update(with.data(), ga.data(), 0, kCount, copy.data()), Error);
-    a.update(with.data(), ga.data(), 0, kCount);
-    a.finish_first_phase(nullptr);
-    a.update_second(with.data(), ga.data(), 0, 40, copy.data());
-    a.update_second(with.data(), ga.data(), 40, kCount, copy.data() + 40);
-    b.step(without.data(), gb.data(), 0.01);
-  }
-  EXPECT_EQ(with, without);
-  for (std::size_t i = 0; i < copy.size(); ++i) ASSERT_EQ(copy[i], cpu::bf16_bits(with[i])) << i;
-}
-
 }  // namespace
 }  // namespace mnist_mpi

@@ -25,6 +25,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "mnist_mpi/model/spec.hpp"
+#include "mnist_mpi/train/optimizer.hpp"
 #include "reference.hpp"
 #include "test_util.hpp"  // world_rank, world_size, all_ranks, uniform
 
@@ -663,8 +664,8 @@ class PlainLayouts final : public Backend {
   std::unique_ptr<DataSource> make_data_source(const Split& split, int batch) override {
     return be_->make_data_source(split, batch);
   }
-  std::unique_ptr<OptimizerPass> make_optimizer_pass(const OptimizerConfig& cfg) override {
-    return be_->make_optimizer_pass(cfg);
+  std::unique_ptr<OptimizerPass> make_optimizer_pass(const OptimizerConfig& cfg, ParameterStore* store) override {
+    return be_->make_optimizer_pass(cfg, store);
   }
   void add(float* dst, const float* src, std::int64_t n) override { be_->add(dst, src, n); }
   void copy(float* dst, const float* src, std::int64_t n) override { be_->copy(dst, src, n); }
@@ -1419,12 +1420,14 @@ TEST(Model, Bf16GradientsAreTheFp32OnesToBf16Precision) {
       << "the changed parameters did not change the fp32 logits: this check could not tell";
 }
 
-// Note [Weight copies kept between passes] (src/backend/cpu/bf16.cpp): with copies_current a
-// pass reads the bf16 copies of the weights as they are; refresh_copies(from, to) makes again the
-// part of every copy that [from, to) touches. After the parameters change in three ranges (one ends
-// inside the second convolution's weights, one inside the first fc's) and each is refreshed, a
-// pass with copies_current gives the logits and gradients of a model that makes its copies anew;
-// without the refresh it gives the stale copies' logits (so the flag does skip the conversions).
+// Note [The parameters and their copies] (include/mnist_mpi/backend/parameter_store.hpp): a model
+// built on a store keeps its kernels' bf16 copies of the weights between passes and makes again
+// the part of every copy that a reported change touches. After the parameters change in three
+// ranges (one ends inside the second convolution's weights, one inside the first fc's), each
+// reported, a pass gives the logits and gradients of a model on a bare pointer, which makes its
+// copies at every pass; a change not reported leaves the stale copies' logits (so the store's
+// model does skip the conversions). The optimiser's pass writes the fc copies in its own loop,
+// and an evaluation model on the same store makes its copies again at its next pass.
 TEST(Model, Bf16WeightCopiesAreRefreshedWhereTheParametersChanged) {
   if (!cpu_has_bf16()) GTEST_SKIP() << "this CPU has no bf16 instructions";
   auto be = make_cpu_backend(1, {.bf16 = true});
@@ -1434,23 +1437,25 @@ TEST(Model, Bf16WeightCopiesAreRefreshedWhereTheParametersChanged) {
       "conv:5x5:16:same,relu,maxpool:2,conv:3x3:32:same,relu,maxpool:2,flatten,fc:64,fc:10", {1, 28, 28}, 10);
   const int batch = 4;
   const auto P = static_cast<std::size_t>(spec.param_count);
-  std::vector<float> params(P), g_kept(P), g_fresh(P);
-  init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 42, params.data());
-  Model kept(spec, batch, *be, params.data(), g_kept.data());
-  Model fresh(spec, batch, *be, params.data(), g_fresh.data());
+  ParameterStore store(*be, spec.param_count);
+  float* params = store.host();  // the CPU's host image is the buffer itself
+  ASSERT_EQ(params, store.data());
+  std::vector<float> g_kept(P), g_fresh(P);
+  init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 42, params);
+  Model kept(spec, batch, *be, store, g_kept.data(), nullptr);
+  Model fresh(spec, batch, *be, store.data(), g_fresh.data());
   const std::vector<float> x = uniform(static_cast<std::size_t>(batch * 784), 5);
   const std::vector<std::int32_t> labels{0, 1, 2, 3};
-  StepContext made, current;
-  current.copies_current = true;
-  const auto pass = [&](Model& m, const StepContext& ctx, std::vector<float>* logits) {
+  const auto pass = [&](Model& m, std::vector<float>* logits) {
     std::copy(x.begin(), x.end(), m.input());
-    m.forward(ctx);
+    m.forward(StepContext{});
     if (logits) logits->assign(m.logits(), m.logits() + batch * 10);
+    if (!m.training()) return;
     be->softmax_cross_entropy(m.logits(), labels.data(), batch, 10, m.dlogits(), 1.0f / batch);
-    m.backward(ctx);
+    m.backward(StepContext{});
   };
   std::vector<float> lk, lf;
-  pass(kept, made, &lk);  // the copies made
+  pass(kept, &lk);  // the copies made
   const auto offset_of = [&](const std::string& name) {
     const auto t =
         std::find_if(spec.params.begin(), spec.params.end(), [&](const ParamTensor& p) { return p.name == name; });
@@ -1462,44 +1467,65 @@ TEST(Model, Bf16WeightCopiesAreRefreshedWhereTheParametersChanged) {
   std::sort(cuts.begin(), cuts.end());  // the flat buffer holds the last layer first
   std::vector<float> other(P);
   init_params(spec, parse_init_spec("he"), parse_init_spec("constant:-0.2"), 43, other.data());
-  for (std::size_t r = 0; r + 1 < cuts.size(); ++r) {  // as the optimiser's buckets: change, then refresh
-    std::copy(other.begin() + cuts[r], other.begin() + cuts[r + 1], params.begin() + cuts[r]);
-    kept.refresh_copies(params.data() + cuts[r], params.data() + cuts[r + 1]);
+  for (std::size_t r = 0; r + 1 < cuts.size(); ++r) {  // as the optimiser's buckets: change, then report
+    std::copy(other.begin() + cuts[r], other.begin() + cuts[r + 1], params + cuts[r]);
+    store.changed(static_cast<std::int64_t>(cuts[r]), static_cast<std::int64_t>(cuts[r + 1]));
   }
-  pass(kept, current, &lk);
-  pass(fresh, made, &lf);
-  EXPECT_TRUE(same_bits(lk, lf)) << "logits after the refresh";
-  EXPECT_TRUE(same_bits(g_kept, g_fresh)) << "gradients after the refresh";
-  // Changed without a refresh, one kernel's weights at a time: its kept copy is stale, and a pass
-  // with copies_current reads it (a kernel that made its copy anyway would give the fresh logits).
+  pass(kept, &lk);
+  pass(fresh, &lf);
+  EXPECT_TRUE(same_bits(lk, lf)) << "logits after the reported changes";
+  EXPECT_TRUE(same_bits(g_kept, g_fresh)) << "gradients after the reported changes";
+  // Changed without a report, one kernel's weights at a time: its kept copy is stale, and the
+  // store's model reads it (a kernel that made its copy anyway would give the fresh logits).
   for (const std::size_t w : {conv2_w, fc1_w}) {
-    pass(kept, made, &lk);  // every copy current
+    store.changed_all();
+    pass(kept, &lk);  // every copy current
     for (std::size_t i = w; i < w + 100; ++i) params[i] *= 0.5f;
-    pass(kept, current, &lk);
-    pass(fresh, made, &lf);
+    pass(kept, &lk);
+    pass(fresh, &lf);
     EXPECT_FALSE(same_bits(lk, lf)) << (w == conv2_w ? "the second convolution" : "the first fc")
-                                    << " made its copy with copies_current set";
+                                    << " made its copy though no change was reported";
   }
-  // The fc layers' copies are plain: the optimiser's pass writes them (Step::update), which it can
-  // only do for the ranges the model names, exactly the fc weights.
+  // The fc layers' copies are plain: the optimiser's pass writes them in its own loop, which it
+  // can only do for the ranges the store names, exactly the fc weights.
   std::vector<std::pair<const float*, const float*>> named, want;
-  for (const LayerKernel::PlainCopy& c : kept.plain_bf16_copies()) named.emplace_back(c.begin, c.end);
+  for (const LayerKernel::PlainCopy& c : store.plain_bf16_images()) named.emplace_back(c.begin, c.end);
   for (const ParamTensor& t : spec.params)
     if (!t.is_bias && spec.layers[static_cast<std::size_t>(t.layer)].kind == LayerKind::kFc)
-      want.emplace_back(params.data() + t.offset, params.data() + t.offset + t.size);
-  std::sort(named.begin(), named.end());
+      want.emplace_back(params + t.offset, params + t.offset + t.size);
   std::sort(want.begin(), want.end());
-  EXPECT_EQ(named, want) << "the plain copies are the fc weights";
+  EXPECT_EQ(named, want) << "the plain images are the fc weights, in the buffer's order";
   ASSERT_EQ(want.size(), 2u);
-  // A refresh makes again the part it names, not more: the first fc's weights [1000, 2000) changed
-  // beside the first range, which alone is refreshed, and the copies are stale.
-  pass(kept, made, &lk);  // every copy current again
+  // A report makes again the part it names, not more: the first fc's weights [1000, 2000) changed
+  // beside the first range, which alone is reported, and the copies are stale.
+  store.changed_all();
+  pass(kept, &lk);  // every copy current again
   ASSERT_EQ(cuts[1], fc1_w + 1000);
   for (std::size_t i = cuts[0]; i < fc1_w + 2000; ++i) params[i] *= 0.5f;
-  kept.refresh_copies(params.data() + cuts[0], params.data() + cuts[1]);
-  pass(kept, current, &lk);
-  pass(fresh, made, &lf);
-  EXPECT_FALSE(same_bits(lk, lf)) << "a refresh of the first range made the fc weights past it too";
+  store.changed(static_cast<std::int64_t>(cuts[0]), static_cast<std::int64_t>(cuts[1]));
+  pass(kept, &lk);
+  pass(fresh, &lf);
+  EXPECT_FALSE(same_bits(lk, lf)) << "a report of the first range made the fc weights past it too";
+  // The optimiser's pass over the whole buffer in the pieces of a step's buckets, writing the fc
+  // images itself; and an evaluation model on the same store, whose copies were made before.
+  store.changed_all();
+  Model eval(spec, batch, *be, store, nullptr, nullptr);
+  Model eval_fresh(spec, batch, *be, store.data(), nullptr);
+  std::vector<float> le, lef, le_before;
+  pass(eval, &le_before);
+  OptimizerConfig cfg;
+  cfg.kind = OptimizerKind::kAdam;
+  Optimizer opt(cfg, spec.param_count, *be, &store);
+  opt.begin_step(0.05);
+  for (std::size_t r = 0; r + 1 < cuts.size(); ++r)
+    opt.update(params, g_kept.data(), static_cast<std::int64_t>(cuts[r]), static_cast<std::int64_t>(cuts[r + 1]));
+  pass(kept, &lk);
+  pass(fresh, &lf);
+  EXPECT_TRUE(same_bits(lk, lf)) << "logits after the optimiser's pass wrote the parameters and the fc images";
+  pass(eval, &le);
+  pass(eval_fresh, &lef);
+  EXPECT_TRUE(same_bits(le, lef)) << "the evaluation model's logits after the optimiser's pass";
+  EXPECT_FALSE(same_bits(le, le_before)) << "the step did not change the logits: this check could not tell";
 }
 
 TEST(Model, GradientOfEveryParameterTensor) {

@@ -15,6 +15,7 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/backend/cpu.hpp"
+#include "mnist_mpi/backend/model.hpp"
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 #include "reference.hpp"
@@ -213,37 +214,54 @@ TEST(Sgd, PlainMomentumNesterovWeightDecay) {
   EXPECT_NEAR(sgd_by_hand(0.1, 0.9, true, 0.0)[0], 0.4824, 1e-7);
 }
 
-// Note [Weight copies kept between passes] (src/backend/cpu/bf16.cpp): given a bf16 copy, the
-// update writes each new parameter's bf16 (bf16_bits) in the same pass, and the parameters are those
-// of the update without one; sgd (with momentum and nesterov) and adam, over a range cut in two.
-TEST(Optimizer, Bf16CopyIsTheUpdatedParametersInBf16) {
-  for (const OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kSgd}) {
+// Note [The parameters and their copies] (include/mnist_mpi/backend/parameter_store.hpp): an
+// optimiser on a store writes the bf16 image of an fc's weights in the same pass as the weights
+// (bf16_bits of each new parameter), and the parameters are those of an optimiser without a store;
+// sgd (with momentum and nesterov), adam and lamb's two phases, each over a range cut in two
+// (inside the weights, and the bias outside the image).
+TEST(Optimizer, Bf16ImageIsTheUpdatedParametersInBf16) {
+  if (!cpu_has_bf16()) GTEST_SKIP() << "this CPU has no bf16 instructions (no bf16 run keeps images)";
+  auto be = make_cpu_backend(1, {.bf16 = true});
+  const ModelSpec spec = parse_model_spec("flatten,fc:10", {1, 10, 10}, 10);
+  const std::int64_t n = spec.param_count;  // 1000 weights, then 10 biases
+  for (const OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kSgd, OptimizerKind::kLamb}) {
     SCOPED_TRACE(name_of(kind));
     OptimizerConfig cfg;
     cfg.kind = kind;
     cfg.momentum = 0.9;
     cfg.nesterov = true;
     cfg.weight_decay = 0.01;
-    const std::int64_t n = 1000;
-    std::vector<float> p0(static_cast<std::size_t>(n)), g(p0.size());
+    std::vector<float> p0(static_cast<std::size_t>(n)), g(p0.size()), grads(p0.size());
     for (std::int64_t i = 0; i < n; ++i) {
       p0[static_cast<std::size_t>(i)] = std::sin(0.37f * static_cast<float>(i));
       g[static_cast<std::size_t>(i)] = 0.01f * std::cos(1.3f * static_cast<float>(i));
     }
-    std::vector<float> with = p0, without = p0;
-    std::vector<std::uint16_t> copy(p0.size(), 0xffff);
-    Optimizer a(cfg, n), b(cfg, n);
+    ParameterStore store(*be, n);
+    float* with = store.host();
+    std::copy(p0.begin(), p0.end(), with);
+    Model model(spec, 2, *be, store, grads.data(), nullptr);
+    ASSERT_EQ(store.plain_bf16_images().size(), 1u);
+    const LayerKernel::PlainCopy image = store.plain_bf16_images()[0];
+    const std::int64_t w0 = image.begin - with, w1 = image.end - with;
+    ASSERT_TRUE(0 < w0 + 400 && w0 + 400 < w1 && w1 < n) << "the cut is not inside the weights";
+    std::vector<float> without = p0;
+    Optimizer a(cfg, n, *be, &store), b(cfg, n);
     for (int step = 0; step < 3; ++step) {
+      std::vector<float> ga = g;  // lamb writes its direction over the gradients it is given
       a.begin_step(1e-2);
-      a.update(with.data(), g.data(), 0, 400, copy.data());
-      a.update(with.data(), g.data(), 400, n, copy.data() + 400);
-      b.begin_step(1e-2);
-      b.update(without.data(), g.data(), 0, n);
+      a.update(with, ga.data(), 0, w0 + 400);
+      a.update(with, ga.data(), w0 + 400, n);
+      if (a.two_phase()) {  // Note [LAMB in two phases]: the parameters are written by the second
+        a.finish_first_phase(nullptr);
+        a.update_second(with, ga.data(), 0, w0 + 400);
+        a.update_second(with, ga.data(), w0 + 400, n);
+      }
+      b.step(without.data(), g.data(), 1e-2);
     }
-    EXPECT_EQ(with, without) << "the copy changed the update";
-    EXPECT_NE(with, p0) << "nothing was updated";
-    for (std::size_t i = 0; i < copy.size(); ++i)
-      ASSERT_EQ(copy[i], cpu::bf16_bits(with[i])) << "element " << i << " of " << with[i];
+    EXPECT_TRUE(std::equal(without.begin(), without.end(), with)) << "the image changed the update";
+    EXPECT_NE(without, p0) << "nothing was updated";
+    for (std::int64_t i = 0; i < w1 - w0; ++i)
+      ASSERT_EQ(image.copy[i], cpu::bf16_bits(image.begin[i])) << "weight " << i << " of " << image.begin[i];
   }
 }
 

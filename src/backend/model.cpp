@@ -85,12 +85,27 @@ Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* pa
   }
 }
 
+Model::Model(const ModelSpec& spec, int batch, Backend& backend, ParameterStore& params, float* grads, float* state,
+             ModelPart part)
+    : Model(spec, batch, backend, params.data(), grads, state, part) {
+  MNIST_CHECK(params.count() == spec.param_count, ExitCode::kRuntime,
+              "Model: a parameter store of " + std::to_string(params.count()) + " elements for a model of " +
+                  std::to_string(spec.param_count));
+  for (auto& k : kernels_) k->track_copies();
+  store_ = &params;
+  params.attach(this);
+}
+
+Model::~Model() {
+  if (store_) store_->detach(this);
+}
+
 void Model::forward(const StepContext& ctx) {
   for (auto& k : kernels_) k->forward(ctx);
 }
 
-void Model::refresh_copies(const float* from, const float* to) {
-  for (auto& k : kernels_) k->refresh_copies(from, to);
+void Model::parameters_changed(const float* from, const float* to, bool images_written) {
+  for (auto& k : kernels_) k->parameters_changed(from, to, images_written);
 }
 
 std::vector<LayerKernel::PlainCopy> Model::plain_bf16_copies() const {

@@ -89,12 +89,13 @@ CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& spli
                   ", the checkpoint's model takes " + std::to_string(ck.input.h) + "x" + std::to_string(ck.input.w));
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   auto backend = make_cpu_backend(threads);
-  auto params = backend->allocate(spec.param_count);
-  std::copy(ck.params.begin(), ck.params.end(), params->data());
+  ParameterStore params(*backend, spec.param_count);  // its models keep their weight copies between batches
+  std::copy(ck.params.begin(), ck.params.end(), params.host());
+  params.to_backend();
   auto state = backend->allocate(std::max<std::int64_t>(spec.state_count, 1));  // batch norm's running statistics
   std::copy(ck.model_state.begin(), ck.model_state.end(), state->data());
   const int eb = static_cast<int>(std::clamp<std::int64_t>(split.count, 1, batch));
-  Model model(spec, eb, *backend, params->data(), nullptr, state->data());
+  Model model(spec, eb, *backend, params, nullptr, state->data());
   const int classes = spec.num_classes();
   CheckpointEvaluation r;
   r.classes = classes;
@@ -114,7 +115,6 @@ CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& spli
     for (std::int64_t k = 0; k < n * pixels; ++k) x[k] = static_cast<float>(src[k]) * (1.0f / 255.0f);
     for (std::int64_t i = 0; i < n; ++i)
       labels[static_cast<std::size_t>(i)] = split.labels[static_cast<std::size_t>(first + i)];
-    ctx.copies_current = first > 0;  // the weights' copies made by the first batch hold for the rest
     model.forward(ctx);
     const LossStats s =
         backend->softmax_cross_entropy(model.logits(), labels.data(), static_cast<int>(n), classes, nullptr, 0.0f);

@@ -45,10 +45,8 @@ StepContext GradientPipeline::forward_and_loss(std::int64_t step, const Slice& s
   at.start = Clock::now();
   p_.data->gather(slice.position, slice.count, p_.model->input());
   at.data = Clock::now();
-  StepContext ctx{true, shape_.seed, step, slice.first};
-  ctx.copies_current = copies_current_;  // Note [Weight copies kept between passes] in src/backend/cpu/bf16.cpp
+  const StepContext ctx{true, shape_.seed, step, slice.first};
   p_.model->forward(ctx);
-  copies_current_ = true;  // made by this pass (and its backward): only the step's update writes the parameters
   p_.backend->softmax_cross_entropy(p_.model->logits(), p_.data->labels(), static_cast<int>(slice.count),
                                     spec.num_classes(), p_.model->dlogits(), grad_scale_, loss);
   if (slice.count < shape_.batch) {  // a short micro-batch: its rows past the slice add nothing

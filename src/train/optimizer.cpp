@@ -28,19 +28,19 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count)
   set_tensors({{0, count, true}});
 }
 
-Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend)
-    : Optimizer(cfg, count, backend, {{ParamRange{0, count}}}, 0) {
+Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend, ParameterStore* store)
+    : Optimizer(cfg, count, backend, {{ParamRange{0, count}}}, 0, store) {
   every_rank_.clear();  // unsharded
 }
 
 Optimizer::Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend,
-                     std::vector<std::vector<ParamRange>> every_rank, int rank)
+                     std::vector<std::vector<ParamRange>> every_rank, int rank, ParameterStore* store)
     : cfg_(cfg),
       count_(count),
       owned_(every_rank.at(static_cast<std::size_t>(rank))),
       every_rank_(std::move(every_rank)),
       backend_(&backend),
-      pass_(backend.make_optimizer_pass(cfg)) {
+      pass_(backend.make_optimizer_pass(cfg, store)) {
   std::int64_t prev_end = 0;
   for (const ParamRange& r : owned_) {  // Note [Sharded optimiser state]
     MNIST_CHECK(prev_end <= r.begin && r.begin < r.end && r.end <= count, ExitCode::kRuntime,
@@ -122,7 +122,7 @@ std::int64_t Optimizer::state_offset(std::int64_t begin, std::int64_t end) const
   return owned_offset_[static_cast<std::size_t>(it - owned_.begin())] + (begin - it->begin);
 }
 
-void Optimizer::update(float* params, float* grads, std::int64_t begin, std::int64_t end, std::uint16_t* bf16_copy) {
+void Optimizer::update(float* params, float* grads, std::int64_t begin, std::int64_t end) {
   MNIST_CHECK(begun_ > 0 && 0 <= begin && begin <= end && end <= count_, ExitCode::kRuntime,
               "Optimizer::update: range outside the buffer or no begin_step()");
   if (begin == end) return;
@@ -130,12 +130,11 @@ void Optimizer::update(float* params, float* grads, std::int64_t begin, std::int
   float* m = m_.data() + at;
   float* v = v_.empty() ? nullptr : v_.data() + at;  // sgd has no second moment
   if (!two_phase()) {
-    pass_->update(params + begin, grads + begin, m, v, end - begin, bf16_copy);
+    pass_->update(params + begin, grads + begin, m, v, end - begin);
     return;
   }
   // Note [LAMB in two phases]: the first phase, tensor by tensor (each piece to its tensor's norms).
-  MNIST_CHECK(phase_ == 1 && bf16_copy == nullptr, ExitCode::kRuntime,
-              "Optimizer::update: the first phase after the step's norms, or with a bf16 copy");
+  MNIST_CHECK(phase_ == 1, ExitCode::kRuntime, "Optimizer::update: the first phase after the step's norms");
   for_tensor_parts(begin, end, [&](std::size_t t, std::int64_t lo, std::int64_t hi) {
     pass_->direction(params + lo, grads + lo, m + (lo - begin), v + (lo - begin), hi - lo, slot_[t]);
   });
@@ -207,14 +206,13 @@ double Optimizer::finish_first_phase(Communicator* comm) {
   return waited;
 }
 
-void Optimizer::update_second(float* params, const float* u, std::int64_t begin, std::int64_t end,
-                              std::uint16_t* bf16_copy) {
+void Optimizer::update_second(float* params, const float* u, std::int64_t begin, std::int64_t end) {
   MNIST_CHECK(phase_ == 2 && 0 <= begin && begin <= end && end <= count_, ExitCode::kRuntime,
               "Optimizer::update_second: range outside the buffer or before finish_first_phase()");
   if (begin == end) return;
   state_offset(begin, end);  // checks that the range is this rank's
   for_tensor_parts(begin, end, [&](std::size_t t, std::int64_t lo, std::int64_t hi) {
-    pass_->apply_direction(params + lo, u + lo, hi - lo, rates_[t], bf16_copy ? bf16_copy + (lo - begin) : nullptr);
+    pass_->apply_direction(params + lo, u + lo, hi - lo, rates_[t]);
   });
 }
 

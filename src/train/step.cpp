@@ -22,7 +22,6 @@ Step::Step(const StepParts& parts, const StepShape& shape)
   // made in code that has it is a program error.
   MNIST_CHECK(!shape_.graph || !p_.exact, ExitCode::kRuntime, "Step: a CUDA graph of the exact step");
   MNIST_CHECK(!shape_.graph || graph_, ExitCode::kRuntime, "Step: a CUDA graph on a backend that has none");
-  plain_copies_ = p_.model->plain_bf16_copies();
   pipeline_ = make_gradient_pipeline(p_, shape_);
 }
 
@@ -67,35 +66,15 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
   return r;
 }
 
-// The optimiser's update of [begin, end), with the model's weight copies made again where it
-// changes them (Note [Weight copies kept between passes] in src/backend/cpu/bf16.cpp): the plain
-// bf16 copies by the optimiser's own pass, the others (small, a convolution's) by the next pass.
+// The optimiser's pass over [begin, end); it reports what it wrote to the parameter store (Note
+// [The parameters and their copies] in include/mnist_mpi/backend/parameter_store.hpp).
 void Step::update(std::int64_t begin, std::int64_t end) {
   float* p = p_.params->data();
   float* g = p_.grads->data();
-  Optimizer& opt = *p_.optimizer;
-  const bool second = opt.two_phase();
-  const auto pass = [&](std::int64_t lo, std::int64_t hi, std::uint16_t* copy) {
-    if (second)
-      opt.update_second(p, g, lo, hi, copy);
-    else
-      opt.update(p, g, lo, hi, copy);
-  };
-  const auto rest = [&](std::int64_t lo, std::int64_t hi) {  // a range outside every plain copy
-    if (lo >= hi) return;
-    pass(lo, hi, nullptr);
-    p_.model->refresh_copies(p + lo, p + hi);
-  };
-  std::int64_t at = begin;
-  for (const LayerKernel::PlainCopy& c : plain_copies_) {  // in the buffer's order
-    const std::int64_t c0 = c.begin - p, c1 = c.end - p;
-    const std::int64_t lo = std::max(at, c0), hi = std::min(end, c1);
-    if (lo >= hi) continue;
-    rest(at, lo);
-    pass(lo, hi, c.copy + (lo - c0));
-    at = hi;
-  }
-  rest(at, end);
+  if (p_.optimizer->two_phase())
+    p_.optimizer->update_second(p, g, begin, end);
+  else
+    p_.optimizer->update(p, g, begin, end);
 }
 
 // The optimiser waits only for what it needs: bucket k's parameters are updated as soon as its
@@ -166,9 +145,8 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
   const auto r0 = Clock::now();
   for (std::size_t k = 0; k < buckets.size(); ++k) {  // the other ranks' shards, gathered
     const ParamRange mine = reducer.shard(k);
-    float* p = p_.params->data();
-    p_.model->refresh_copies(p + buckets[k].begin, p + mine.begin);
-    p_.model->refresh_copies(p + mine.end, p + buckets[k].end);
+    p_.params->changed(buckets[k].begin, mine.begin);
+    p_.params->changed(mine.end, buckets[k].end);
   }
   t.optimizer += seconds(Clock::now() - r0);
   if (!agreed) p_.guard->agree(reducer.communicator());

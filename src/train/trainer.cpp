@@ -181,19 +181,18 @@ void Trainer::make_training_state() {
     backend_->check_model_fits(spec_, batch_, std::min(opt_.eval_batch_size, largest), opt_.optimizer.kind,
                                /*evaluates=*/true);  // every rank (Note [Every rank evaluates a share])
   }
-  params_ = backend_->allocate(spec_.param_count);
+  params_ = std::make_unique<ParameterStore>(*backend_, spec_.param_count);
   grads_ = backend_->allocate(spec_.param_count);
-  params_copy_ = backend_->make_host_copy({params_->data()}, spec_.param_count);
-  init_params(spec_, wi, bi, opt_.seed, params_copy_->host(0));
-  params_copy_->to_backend();
+  init_params(spec_, wi, bi, opt_.seed, params_->host());
+  params_->to_backend();
   if (spec_.state_count > 0) {
     state_ = backend_->allocate(spec_.state_count);
     state_copy_ = backend_->make_host_copy({state_->data()}, spec_.state_count);
     init_state(spec_, state_copy_->host(0));
     state_copy_->to_backend();
   }
-  train_model_ = std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, params_->data(), grads_->data(),
-                                         model_state());
+  train_model_ =
+      std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, *params_, grads_->data(), model_state());
   // Note [Choosing cuDNN algorithms] (src/backend/cuda/conv.cpp): rank 0 times its convolutions
   // here, local work, and takes its choice at once (its banner shows it); the others take it in
   // run() (share_measured_convolutions).
@@ -213,16 +212,16 @@ void Trainer::make_training_state() {
   }
   reducer_ = std::make_unique<Reducer>(
       *grad_comm_, flat(*grads_), plan_buckets(spec_, mb_to_elems(opt_.bucket_mb), mb_to_elems(opt_.first_bucket_mb)),
-      !opt_.no_overlap, sharded_ ? flat(*params_) : std::span<float>(),
+      !opt_.no_overlap, sharded_ ? params_->span() : std::span<float>(),
       exact_ ? exact_->fixed() : std::span<std::int64_t>());
   // Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp)
   if (sharded_) {
     std::vector<std::vector<ParamRange>> every_rank;
     for (int r = 0; r < comm_.size(); ++r) every_rank.push_back(reducer_->owned(r));
-    optimizer_ =
-        std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_, std::move(every_rank), comm_.rank());
+    optimizer_ = std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_, std::move(every_rank),
+                                             comm_.rank(), params_.get());
   } else {
-    optimizer_ = std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_);
+    optimizer_ = std::make_unique<Optimizer>(opt_.optimizer, spec_.param_count, *backend_, params_.get());
   }
   std::vector<OptimizerTensor> tensors;  // Note [LAMB in two phases]: weights take a trust ratio, biases not
   for (const ParamTensor& t : spec_.params) tensors.push_back({t.offset, t.offset + t.size, !t.is_bias});
@@ -240,7 +239,7 @@ void Trainer::make_training_state() {
 void Trainer::make_evaluation() {
   const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
   const int eb = static_cast<int>(std::min(opt_.eval_batch_size, largest));
-  eval_model_ = std::make_unique<Model>(spec_, eb, *backend_, params_->data(), nullptr, model_state());
+  eval_model_ = std::make_unique<Model>(spec_, eb, *backend_, *params_, nullptr, model_state());
   if (data_.validation.count > 0) validation_data_ = backend_->make_data_source(data_.validation, eb);
   test_data_ = backend_->make_data_source(data_.test, eb);
   eval_loss_ = backend_->make_loss_meter();
@@ -292,10 +291,7 @@ std::string Trainer::job_description() const {
          "optimizer sharded = " + (sharded_ ? "yes" : "no") + "\n";  // --shard-optimizer auto, resolved here
 }
 
-const float* Trainer::host_params() {
-  params_copy_->to_host();
-  return params_copy_->host(0);
-}
+const float* Trainer::host_params() { return params_->read(); }
 
 std::vector<float> Trainer::params_to_host() {
   const float* p = host_params();
@@ -394,7 +390,6 @@ LossStats Trainer::evaluate_batches(const Split& split, std::int64_t first, std:
     const std::int64_t rows = std::min<std::int64_t>(eb, split.count - at);
     source->slice(at, rows, eval_model_->input());
     // A short last batch: the rows past `rows` are stale and their outputs are ignored.
-    ctx.copies_current = b > first;  // the weights' copies made by the first batch hold for the rest
     eval_model_->forward(ctx);
     backend_->softmax_cross_entropy(eval_model_->logits(), source->labels(), static_cast<int>(rows),
                                     spec_.num_classes(), nullptr, 0.0f, *eval_loss_);
@@ -466,7 +461,7 @@ RunResult Trainer::run() {
   grad_comm_->connect();  // NCCL: the collective part of its set-up
   share_measured_convolutions();
   // A checkpoint's parameters and optimiser state, on every rank (none: first_step 0).
-  const std::int64_t first_step = checkpointer_->restore(params_copy_->host(0), [&](const RestoredState& r) {
+  const std::int64_t first_step = checkpointer_->restore(params_->host(), [&](const RestoredState& r) {
     optimizer_->restore(r.first_moment, r.second_moment, r.steps);
     if (exact_) exact_->set_limits(r.exact_limits);  // checked against the mode when it was chosen
     if (state_) {  // the sizes were checked against the spec (Checkpointer::restore)
@@ -474,10 +469,11 @@ RunResult Trainer::run() {
       state_copy_->to_backend();
     }
   });
-  if (first_step > 0) params_copy_->to_backend();
+  if (first_step > 0) params_->to_backend();
   res.first_step = first_step;
   // Rank 0's initial parameters are everyone's: no rank trains weights of its own.
-  grad_comm_->broadcast(std::span<float>(params_->data(), static_cast<std::size_t>(spec_.param_count)), 0);
+  grad_comm_->broadcast(params_->span(), 0);
+  params_->changed_all();
   check_replicas(first_step);
   monitor_->start(comm_);
   start_rank_times();
@@ -505,13 +501,12 @@ RunResult Trainer::run() {
     average_model_state();  // batch norm's running statistics: every rank the same
     if (fault_.kind == FaultKind::kDiverge && fault_.armed_for(comm_.rank(), step)) {
       host_params();  // a GPU's parameters into the host copy
-      float* p = params_copy_->host(0);
+      float* p = params_->host();
       std::uint32_t bits;
       std::memcpy(&bits, p, sizeof bits);
       bits ^= 1u;
       std::memcpy(p, &bits, sizeof bits);
-      params_copy_->to_backend();
-      train_model_->refresh_copies(params_->data(), params_->data() + 1);  // Note [Weight copies kept between passes]
+      params_->to_backend();
     }
 
     monitor_->on_step(step, r.timing, r.end);

@@ -27,7 +27,8 @@
 
 namespace mnist_mpi {
 
-class Communicator;  // include/mnist_mpi/comm/communicator.hpp
+class Communicator;    // include/mnist_mpi/comm/communicator.hpp
+class ParameterStore;  // include/mnist_mpi/backend/parameter_store.hpp
 
 struct LossStats {
   double loss_sum = 0.0;  // sum over the batch of -log softmax(logits)[label]
@@ -139,8 +140,9 @@ class Backend {
   virtual std::unique_ptr<DataSource> make_data_source(const Split& split, int batch) = 0;
 
   // The optimiser's pass and step count on this backend's memory (Note [The optimiser's step
-  // count] in include/mnist_mpi/backend/optimizer_pass.hpp).
-  virtual std::unique_ptr<OptimizerPass> make_optimizer_pass(const OptimizerConfig& cfg) = 0;
+  // count] in include/mnist_mpi/backend/optimizer_pass.hpp), writing the parameters of store (may
+  // be null: parameters no model keeps copies of).
+  virtual std::unique_ptr<OptimizerPass> make_optimizer_pass(const OptimizerConfig& cfg, ParameterStore* store) = 0;
   // dst[i] += src[i] and dst[i] = src[i] on the backend's buffers (gradient accumulation).
   virtual void add(float* dst, const float* src, std::int64_t n) = 0;
   virtual void copy(float* dst, const float* src, std::int64_t n) = 0;

@@ -15,11 +15,19 @@ struct StepContext {
   std::uint64_t seed = 0;
   std::int64_t step = 0;          // global step (dropout key)
   std::int64_t first_sample = 0;  // position of this batch's row 0 within the global batch
-  // The kernels' copies of their weights (bf16 copies, blocked layouts) hold the parameters as they
-  // are now, so no pass needs to make them again (Note [Weight copies kept between passes] in
-  // src/backend/cpu/bf16.cpp). Set only by a caller that knows it: the later batches of one
-  // evaluation and micro-batches of one step, and a step after its update refreshed them.
-  bool copies_current = false;
+};
+
+// One copy that a kernel keeps of its weights (a bf16 image, a blocked layout): Note [The
+// parameters and their copies] in include/mnist_mpi/backend/parameter_store.hpp. Stale until made,
+// and again when its weights change; in a model without a store (untracked) made at every pass.
+struct KeptCopy {
+  bool stale = true;
+  // Whether the pass about to read the copy must make it first; afterwards it is current.
+  bool take(bool tracked) {
+    const bool make = stale || !tracked;
+    stale = false;
+    return make;
+  }
 };
 
 // Note [Activation layouts]
@@ -85,13 +93,18 @@ class LayerKernel {
     return 0;
   }
   virtual void finish_weight_gradient() {}
+
+  // Note [The parameters and their copies] in include/mnist_mpi/backend/parameter_store.hpp.
+  // The model was built on a parameter store, which from now on reports every change of the
+  // parameters (parameters_changed): the kernel may keep its copies between passes.
+  void track_copies() { copies_tracked_ = true; }
   // The parameters in [from, to) (of the flat buffer its weights are in) changed: a kernel that
-  // keeps a copy of any of them makes that copy again, now or at its next pass that reads it (Note
-  // [Weight copies kept between passes]).
-  virtual void refresh_copies(const float* /*from*/, const float* /*to*/) {}
+  // keeps a copy of any of them makes that copy again, now or at its next pass that reads it.
+  // image_written: the writer also wrote the plain bf16 image over [from, to) (plain_bf16_copy).
+  virtual void parameters_changed(const float* /*from*/, const float* /*to*/, bool /*image_written*/) {}
   // A copy of some of its weights that is a plain bf16 image of them ([begin, end) of the flat
-  // buffer, copy[i] the bf16 of begin[i]), which the optimiser may write as it updates them; none
-  // by default.
+  // buffer, copy[i] the bf16 of begin[i]), which a writer of the parameters may write as it writes
+  // them; none by default.
   struct PlainCopy {
     const float* begin = nullptr;
     const float* end = nullptr;
@@ -100,6 +113,9 @@ class LayerKernel {
   virtual PlainCopy plain_bf16_copy() const { return {}; }
   // The implementation chosen, for logs ("conv: jit:avx2").
   virtual std::string describe() const = 0;
+
+ protected:
+  bool copies_tracked_ = false;  // track_copies()
 };
 
 }  // namespace mnist_mpi

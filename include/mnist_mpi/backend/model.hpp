@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/backend/parameter_store.hpp"
 #include "mnist_mpi/model/spec.hpp"
 
 namespace mnist_mpi {
@@ -34,6 +35,15 @@ class Model {
   // A model without state (a spec with no batch norm).
   Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads, ModelPart part = {})
       : Model(spec, batch, backend, params, grads, nullptr, part) {}
+  // The same on the parameters of a store, which tells the model's kernels of every change, so that
+  // they keep their copies of the weights between passes (Note [The parameters and their copies] in
+  // include/mnist_mpi/backend/parameter_store.hpp). The store must outlive the model. A model on a
+  // bare pointer makes its kernels' copies at every pass.
+  Model(const ModelSpec& spec, int batch, Backend& backend, ParameterStore& params, float* grads, float* state,
+        ModelPart part = {});
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
   const ModelSpec& spec() const { return spec_; }
   float* state() const { return state_; }  // the model state it was built with (null: none)
@@ -49,13 +59,6 @@ class Model {
   const float* activation_gradient(int i) const { return dact_ptr_.at(static_cast<std::size_t>(i)); }
 
   void forward(const StepContext& ctx);
-  // The parameters in [from, to) changed: every kernel's copies of them are made again (now, or by
-  // the pass that next reads them), so that the next pass may run with StepContext::copies_current (Note [Weight copies kept between
-  // passes] in src/backend/cpu/bf16.cpp).
-  void refresh_copies(const float* from, const float* to);
-  // The kernels' plain bf16 copies of their weights (LayerKernel::plain_bf16_copy), in the order of
-  // the flat buffer.
-  std::vector<LayerKernel::PlainCopy> plain_bf16_copies() const;
   // Runs backward from dlogits() down to the first layer. on_layer_done(i) is called as soon as
   // layer i's parameter gradients are final (the reducer starts buckets from there).
   void backward(const StepContext& ctx, const std::function<void(int layer)>& on_layer_done = {});
@@ -74,7 +77,14 @@ class Model {
   void finish_weight_gradient(int layer) { kernels_.at(static_cast<std::size_t>(layer - first_))->finish_weight_gradient(); }
 
  private:
+  friend class ParameterStore;
+  // From the store (Note [The parameters and their copies]): the kernels' plain bf16 copies, and
+  // a change of the parameters in [from, to).
+  std::vector<LayerKernel::PlainCopy> plain_bf16_copies() const;
+  void parameters_changed(const float* from, const float* to, bool images_written);
+
   const ModelSpec& spec_;
+  ParameterStore* store_ = nullptr;  // null: built on a bare pointer
   float* state_;
   int batch_;
   bool training_;

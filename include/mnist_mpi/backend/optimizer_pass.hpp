@@ -26,6 +26,8 @@
 
 namespace mnist_mpi {
 
+class ParameterStore;
+
 struct OptimizerScalars {
   float step_size = 0.0f;     // Adam: lr / (1 - beta1^t)
   float inv_sqrt_bc2 = 0.0f;  // Adam, LAMB: 1 / sqrt(1 - beta2^t)
@@ -97,11 +99,10 @@ class OptimizerPass {
   virtual std::int64_t read() = 0;       // t
   virtual void set(std::int64_t t) = 0;  // a checkpoint's count
   // params -= update(grads) over n elements at the begun step, with the moments m and v (v unused
-  // by sgd); every pointer in the backend's memory. bf16_copy (may be null): where each new
-  // parameter also goes as bf16, in the same pass (Note [Weight copies kept between passes] in
-  // src/backend/cpu/bf16.cpp); only the CPU's pass takes one.
-  virtual void update(float* params, const float* grads, float* m, float* v, std::int64_t n,
-                      std::uint16_t* bf16_copy) = 0;
+  // by sgd); every pointer in the backend's memory. A pass made with a parameter store writes
+  // parameters of that store and reports what it wrote to it (Note [The parameters and their
+  // copies] in include/mnist_mpi/backend/parameter_store.hpp).
+  virtual void update(float* params, const float* grads, float* m, float* v, std::int64_t n) = 0;
 
   // LAMB's two phases (Note [LAMB in two phases] in include/mnist_mpi/train/optimizer.hpp); the
   // optimiser calls these instead of update() for a kind whose traits say two_phase.
@@ -116,14 +117,16 @@ class OptimizerPass {
   // host memory) and sets them to zero. A synchronisation on a device.
   virtual void take_norms(std::span<std::int64_t> limbs) = 0;
   // The second phase: params -= rate * u over n elements (rate = lr * the tensor's trust ratio,
-  // the same float on every backend); bf16_copy as for update().
-  virtual void apply_direction(float* params, const float* u, std::int64_t n, float rate, std::uint16_t* bf16_copy) = 0;
+  // the same float on every backend), reported as update()'s.
+  virtual void apply_direction(float* params, const float* u, std::int64_t n, float rate) = 0;
 };
 
 #ifndef __CUDACC__
 // The CPU's pass on host memory (src/backend/cpu/optimizer.cpp): the CPU backend's, and that of an
-// optimiser made without a backend (tests, benchmarks).
-std::unique_ptr<OptimizerPass> make_host_optimizer_pass(const OptimizerConfig& cfg);
+// optimiser made without a backend (tests, benchmarks). With a store, it writes the plain bf16
+// images of the parameters it updates in the same loop (Note [Weight copies kept between passes]
+// in src/backend/cpu/bf16.cpp).
+std::unique_ptr<OptimizerPass> make_host_optimizer_pass(const OptimizerConfig& cfg, ParameterStore* store = nullptr);
 #endif
 
 }  // namespace mnist_mpi

@@ -36,7 +36,7 @@ namespace mnist_mpi {
 struct StepParts {
   Backend* backend = nullptr;
   Model* model = nullptr;  // the training model, bound to params and grads
-  Buffer* params = nullptr;
+  ParameterStore* params = nullptr;
   Buffer* grads = nullptr;
   Reducer* reducer = nullptr;  // sums grads across the ranks, bucket by bucket
   Optimizer* optimizer = nullptr;
@@ -109,9 +109,6 @@ class GradientPipeline {
   float grad_scale_;               // 1 / global batch (Note [Averaging is a scaled sum] in src/train/gradient_pipeline.cpp)
   std::unique_ptr<Buffer> zeros_;  // (batch, classes) of zeros, when some micro-batch is short
   std::vector<std::pair<std::int64_t, std::int64_t>> layer_params_;  // (offset, size) per layer
-  // Note [Weight copies kept between passes] (src/backend/cpu/bf16.cpp): the model's copies of its
-  // weights hold the parameters: set by a pass, kept by the step's update, which refreshes what it changes.
-  bool copies_current_ = false;
   std::function<void(int)> on_layer_done_;  // made once: finish_layer, then the layer's buckets start
 };
 

@@ -19,6 +19,7 @@ class Backend;
 class Buffer;
 class Communicator;
 class HostCopy;
+class ParameterStore;
 
 // A range of the flat parameter buffer, [begin, end) in elements.
 struct ParamRange {
@@ -74,13 +75,15 @@ class Optimizer {
  public:
   // State in host memory, the pass on the host.
   Optimizer(const OptimizerConfig& cfg, std::int64_t count);
-  // State allocated by the backend (device memory on a GPU), the pass run by it.
-  Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend);
+  // State allocated by the backend (device memory on a GPU), the pass run by it. With a store
+  // (may be null), the parameters updated are the store's, and the pass reports every write to it
+  // (Note [The parameters and their copies] in include/mnist_mpi/backend/parameter_store.hpp).
+  Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend, ParameterStore* store = nullptr);
   // The same for this rank's ranges alone (Note [Sharded optimiser state]): every_rank[r] holds rank
   // r's owned ranges (ascending, disjoint, non-empty; none at all when r owns no element), and
   // this rank is `rank`; rank 0 puts every rank's moments in place for a checkpoint.
   Optimizer(const OptimizerConfig& cfg, std::int64_t count, Backend& backend,
-            std::vector<std::vector<ParamRange>> every_rank, int rank);
+            std::vector<std::vector<ParamRange>> every_rank, int rank, ParameterStore* store = nullptr);
   ~Optimizer();
   // params -= update(grads); count elements; lr for this step. params and grads in the memory of
   // the backend given at construction (host memory without one). The same as begin_step(lr)
@@ -92,10 +95,9 @@ class Optimizer {
   // Counts the step (on a device: unless the guard refused it, Note [The optimiser's step count]).
   void begin_step(double lr);
   // [begin, end) must lie inside one owned range.
-  // bf16_copy (may be null): where the new params[begin, end) also go as bf16, in the same pass.
   // For a two-phase kind this is the first phase (Note [LAMB in two phases]): the parameters are
-  // not changed (bf16_copy must be null), grads[begin, end) becomes the direction.
-  void update(float* params, float* grads, std::int64_t begin, std::int64_t end, std::uint16_t* bf16_copy = nullptr);
+  // not changed, grads[begin, end) becomes the direction.
+  void update(float* params, float* grads, std::int64_t begin, std::int64_t end);
 
   // Note [LAMB in two phases]. True when the step must call finish_first_phase() once every
   // bucket's update() is done, and then update_second() over the same ranges.
@@ -112,9 +114,8 @@ class Optimizer {
   // The same with the sum done here: comm null unsharded, else an allreduce on comm (collective).
   // Returns the seconds spent in the allreduce.
   double finish_first_phase(Communicator* comm);
-  // The second phase: params[begin, end) -= rate * u, bf16_copy as for update().
-  void update_second(float* params, const float* u, std::int64_t begin, std::int64_t end,
-                     std::uint16_t* bf16_copy = nullptr);
+  // The second phase: params[begin, end) -= rate * u.
+  void update_second(float* params, const float* u, std::int64_t begin, std::int64_t end);
   // The trust ratio of tensor t at the last finish_first_phase (tests, reports).
   double trust_ratio_of(std::size_t t) const { return ratios_.at(t); }
   std::int64_t steps_taken() const;  // a synchronisation on a device

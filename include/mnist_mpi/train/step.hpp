@@ -39,9 +39,9 @@ class Step {
   // The step's work, queued (or, inside a graph capture, recorded); adds host times to `timing`.
   void body(std::int64_t step, double lr, bool poison, StepTiming& timing);
   void use_order(std::int64_t epoch);  // the data source's order is that of `epoch`
-  // The optimiser's pass that writes the parameters of the flat range [begin, end) (its one pass,
-  // or a two-phase optimiser's second: Note [LAMB in two phases] in
-  // include/mnist_mpi/train/optimizer.hpp), and the weight copies it changes.
+  // The optimiser's pass that writes the parameters of the flat range [begin, end): its one pass,
+  // or a two-phase optimiser's second (Note [LAMB in two phases] in
+  // include/mnist_mpi/train/optimizer.hpp).
   void update(std::int64_t begin, std::int64_t end);
   // A two-phase optimiser's norms and second phase over this rank's shard of every bucket, each
   // bucket's gather started (sharded) once it is written; agreed: whether the ranks have agreed on
@@ -55,8 +55,7 @@ class Step {
 
   StepParts p_;
   StepShape shape_;
-  std::vector<LayerKernel::PlainCopy> plain_copies_;  // the model's, which the optimiser writes
-  std::unique_ptr<GradientPipeline> pipeline_;        // made once: summed or exact
+  std::unique_ptr<GradientPipeline> pipeline_;  // made once: summed or exact
   std::int64_t order_epoch_ = -1;           // the epoch whose order p_.data holds
   std::unique_ptr<StepGraph> graph_;        // --cuda-graph: the step, captured at its second run
   std::int64_t runs_ = 0;                   // steps run by this Step

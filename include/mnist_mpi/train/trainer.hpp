@@ -169,8 +169,11 @@ class Trainer final : private CheckpointSource {
   std::unique_ptr<Communicator> gpu_comm_;
   Communicator* grad_comm_ = nullptr;
   bool shared_gpus_ = false;
-  std::unique_ptr<Buffer> params_, grads_;  // flat, spec_.param_count each (Note [Reverse layer order])
-  std::unique_ptr<HostCopy> params_copy_;   // params_ in host memory: hashes, initialisation, resume
+  // Flat, spec_.param_count each (Note [Reverse layer order]); the parameters with their host image
+  // (hashes, initialisation, resume) and the models built on them (Note [The parameters and their
+  // copies] in include/mnist_mpi/backend/parameter_store.hpp).
+  std::unique_ptr<ParameterStore> params_;
+  std::unique_ptr<Buffer> grads_;
   // The model state (Note [State that is not trained] in include/mnist_mpi/model/spec.hpp) and its
   // host copy; null without batch norm.
   std::unique_ptr<Buffer> state_;

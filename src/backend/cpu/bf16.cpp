@@ -43,23 +43,23 @@ namespace mnist_mpi::cpu {
 // A bf16 layer multiplies a bf16 copy of its weights (and a convolution a copy in oneDNN's blocked
 // layout). Made at every forward, lenet's fc1 copy (3.2 M weights, read 12.8 MB, write 6.4 MB) took
 // 0.73 ms of a 14.9 ms bf16 step on 2 ranks, and as much again for every batch of an evaluation,
-// whose weights do not change. StepContext::copies_current tells a pass that the copies already hold
-// the parameters, so it makes none; only a caller that knows it sets it: an evaluation from its
-// second batch on, a step's micro-batches from the second on, and a step after Step::apply, which
-// after the optimiser writes a bucket's range calls Model::refresh_copies on it while it is in
-// cache (the fc's copy is plain (O, I), so the range is converted alone; a convolution's small
-// blocked copies are marked stale when a range touches them, and made whole once, by the next pass
-// that reads them) and after the gathers the ranges the other ranks wrote. An fc's copy within the rank's own shard is written by the optimiser's pass
-// itself, as it updates each weight (Step::update; 0.2 ms less a lenet step than converting it
-// after). Anything else that writes the parameters (a resume, the broadcast at the start) happens
-// before the first pass, which makes every copy (the testing hook MNIST_MPI_FAULT=R:S:diverge
-// writes one parameter and leaves the copies be). Every fc copy has one rounding, bf16_bits
-// (bf16.hpp), which is VCVTNEPS2BF16's (Bf16.TheRoundingIsTheInstructions), so a pass, a refresh
-// and the optimiser give the same bits; bf16 runs kept their bits when this came in (lenet, 60
-// steps, 1 and 2 ranks, with and without accumulation, sharded or not).
-// Model.Bf16WeightCopiesAreRefreshedWhereTheParametersChanged checks the refresh against copies
-// made anew, and that copies_current does skip them; tests/e2e_cli.sh that a sharded run with
-// buckets that cut the tensors apart keeps the unsharded run's bits.
+// whose weights do not change. So a model built on a parameter store keeps its copies between
+// passes, and the store tells it what changed (Note [The parameters and their copies] in
+// include/mnist_mpi/backend/parameter_store.hpp): an fc of a training model converts a changed
+// range at once, while it is in cache (its copy is plain (O, I), so the range is converted alone);
+// a convolution's small blocked copies are marked stale when a range touches them, and made whole
+// once, by the next pass that reads them; an evaluation model's copies are made whole by its next
+// pass. Within the rank's own shard the fc copies are written by the CPU optimiser's pass itself,
+// as it updates each weight (the store names the plain images to it: 0.2 ms less a lenet step
+// than converting them after). Every fc copy has one rounding, bf16_bits (bf16.hpp), which is
+// VCVTNEPS2BF16's (Bf16.TheRoundingIsTheInstructions), so a pass, a reported change and the
+// optimiser give the same bits; bf16 runs kept their bits when this came in (lenet, 60 steps, 1
+// and 2 ranks, with and without accumulation, sharded or not), and again when the store took over
+// from the flags its callers set. Model.Bf16WeightCopiesAreRefreshedWhereTheParametersChanged
+// checks the kept copies against copies made anew after reported changes, the optimiser's pass
+// and an evaluation model, and that a change not reported is not seen (the copies are kept);
+// tests/e2e_cli.sh that a sharded run with buckets that cut the tensors apart keeps the unsharded
+// run's bits.
 
 bool cpu_has_avx512_bf16() {
   unsigned a = 0, b = 0, c = 0, d = 0;

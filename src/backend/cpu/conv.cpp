@@ -733,19 +733,17 @@ class Conv final : public LayerKernel {
                                                              {DNNL_ARG_DIFF_BIAS, wrap(c, bia, tag::x, dbias)}});
   }
 
-  void forward(const StepContext& ctx) override {
+  void forward(const StepContext& /*ctx*/) override {
     if (forward_in_pool_) return;  // the pool computes it (Note [The fusion plan] in fusion.cpp)
-    if (!ctx.copies_current || fwd_stale_) w_fwd_.run(c_);  // Note [Weight copies kept between passes]
-    fwd_stale_ = false;
+    if (w_fwd_copy_.take(copies_tracked_)) w_fwd_.run(c_);  // Note [Weight copies kept between passes]
     if (x_to_bf16_) x_to_bf16_->run(c_);
     fwd_.run(c_);
   }
-  void backward(const StepContext& ctx) override {
+  void backward(const StepContext& /*ctx*/) override {
     const bool pool_wrote_dy = pool_writes_bf16_dy_;  // and the bias's gradient
     if (dy_to_bf16_ && !pool_wrote_dy) dy_to_bf16_->run(c_);
     if (bwd_data_) {
-      if (!ctx.copies_current || bwd_stale_) w_bwd_.run(c_);
-      bwd_stale_ = false;
+      if (w_bwd_copy_.take(copies_tracked_)) w_bwd_.run(c_);
       bwd_data_->run(c_);
     }
     // The bias's gradient, after the weights' (l_ and b_ are set where an own loop needs them).
@@ -776,9 +774,9 @@ class Conv final : public LayerKernel {
   }
   // The weights' copies (a blocked layout, bf16) are made whole, once, by the next pass that reads
   // them: a step's update and gathers may touch a convolution's weights in several ranges.
-  void refresh_copies(const float* from, const float* to) override {
+  void parameters_changed(const float* from, const float* to, bool /*image_written: none is plain*/) override {
     if (from >= to || from >= w_end_ || to <= w_begin_) return;
-    fwd_stale_ = bwd_stale_ = true;
+    w_fwd_copy_.stale = w_bwd_copy_.stale = true;
   }
   std::string describe() const override {
     return (forward_in_pool_ ? "forward in the max pool's pass; " : "") + desc_ +
@@ -869,7 +867,7 @@ class Conv final : public LayerKernel {
   bool pool_writes_bf16_dy_;            // the pool writes the bf16 dy (link_->dy_bf16) and the bias's gradient
   bool own_bias_ = false;               // Note [Bias gradient of a blocked convolution]
   std::optional<FirstConvWeightGradBf16> bf16_grad_;  // Note [The first convolution's weight gradient in bf16]
-  bool fwd_stale_ = false, bwd_stale_ = false;        // refresh_copies: w_fwd_ / w_bwd_ to be made again
+  KeptCopy w_fwd_copy_, w_bwd_copy_;                  // the state of w_fwd_'s and w_bwd_'s copies
   std::vector<double> bias_acc_;                      // (O)
 };
 

@@ -301,8 +301,8 @@ class CpuBackend final : public Backend {
     return std::make_unique<HostDataSource>(split, batch);
   }
 
-  std::unique_ptr<OptimizerPass> make_optimizer_pass(const OptimizerConfig& cfg) override {
-    return make_host_optimizer_pass(cfg);  // src/backend/cpu/optimizer.cpp
+  std::unique_ptr<OptimizerPass> make_optimizer_pass(const OptimizerConfig& cfg, ParameterStore* store) override {
+    return make_host_optimizer_pass(cfg, store);  // src/backend/cpu/optimizer.cpp
   }
   void add(float* dst, const float* src, std::int64_t n) override {
     for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];

@@ -12,7 +12,14 @@ namespace {
 class Fc final : public BoundLayer {
  public:
   Fc(Context& c, const LayerSpec& l, const LayerBuffers& b, bool training)
-      : BoundLayer(c), batch_(b.batch), in_(l.in.size()), out_(l.channels), x_(b.x), dy_(b.dy), dw_(b.dw) {
+      : BoundLayer(c),
+        training_(training),
+        batch_(b.batch),
+        in_(l.in.size()),
+        out_(l.channels),
+        x_(b.x),
+        dy_(b.dy),
+        dw_(b.dw) {
     using dims = dnnl::memory::dims;
     if (c.fuse.bf16) {  // Note [bf16 on the CPU] in src/backend/cpu/cpu_backend.cpp
       build_bf16(l, b, training);
@@ -103,22 +110,28 @@ class Fc final : public BoundLayer {
 
   void forward(const StepContext& ctx) override {
     if (x_to_bf16_) {
-      if (!ctx.copies_current) to_bf16(w_, w_bf_, out_ * in_);  // Note [Weight copies kept between passes]
+      if (w_copy_.take(copies_tracked_)) to_bf16(w_, w_bf_, out_ * in_);  // Note [Weight copies kept between passes]
       x_to_bf16_->run(c_);
     }
     BoundLayer::forward(ctx);
   }
 
+  // A training model's copy is written where the parameters change (by their writer, or here while
+  // the range is in cache); an evaluation model's is made whole by its next pass.
   PlainCopy plain_bf16_copy() const override {
-    if (w_bf_ == nullptr) return {};
+    if (w_bf_ == nullptr || !training_) return {};
     return {w_, w_ + out_ * in_, w_bf_};
   }
 
-  void refresh_copies(const float* from, const float* to) override {
+  void parameters_changed(const float* from, const float* to, bool image_written) override {
     if (w_bf_ == nullptr) return;
     const float* lo = std::max(from, w_);
     const float* hi = std::min(to, w_ + out_ * in_);
-    if (lo < hi) to_bf16(lo, w_bf_ + (lo - w_), hi - lo);
+    if (lo >= hi) return;
+    if (!training_)
+      w_copy_.stale = true;
+    else if (!image_written)
+      to_bf16(lo, w_bf_ + (lo - w_), hi - lo);
   }
 
   void backward(const StepContext& ctx) override {
@@ -209,7 +222,7 @@ class Fc final : public BoundLayer {
           dnnl::inner_product_backward_data::desc(src_f, wei_bf, dst_bf), user_scratchpad(), c_.engine, fwd);
       desc_ += ", bwd-data " + impl(bd);
       // The same plain copy as the forward's, kept as it is (a reorder of its own would be made
-      // again every backward, whatever copies_current says).
+      // again every backward, however current the copy).
       MNIST_CHECK(bd.weights_desc() == wei_bf, ExitCode::kRuntime,
                   "bf16 fc: oneDNN asked for other backward-data weights than plain bf16");
       bwd_data_ = bind<dnnl::inner_product_backward_data>(c_, bd,
@@ -232,6 +245,8 @@ class Fc final : public BoundLayer {
   MaybeReorder w_fwd_, dw_mem_;                  // --precision bf16: W's bf16 copy, dW back to (O, I)
   const float* w_ = nullptr;                     // --precision bf16: W (O, I) ...
   std::uint16_t* w_bf_ = nullptr;                // ... and its copy, in w_fwd_
+  KeptCopy w_copy_;                              // w_bf_'s state between passes
+  bool training_ = false;
   std::optional<Bound> x_to_bf16_, dy_to_bf16_;  // --precision bf16
   static constexpr std::int64_t kTileBytes = 512 * 1024;  // a tile's floats and its integers: 12 bytes an element
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mnist_mpi/backend/optimizer_pass.hpp"
+#include "mnist_mpi/backend/parameter_store.hpp"
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/cpu_clones.hpp"
 #include "mnist_mpi/exact_norm.hpp"
@@ -134,18 +135,47 @@ void host_pass(const OptimizerConfig& cfg, const OptimizerScalars& s, float* __r
   }
 }
 
+// Note [The parameters and their copies] (include/mnist_mpi/backend/parameter_store.hpp): a write
+// of params[0, n) in pieces, write(lo, hi, image), image the plain bf16 image over the piece (or
+// null), and each piece reported to the store. Elementwise passes: the pieces do not move a bit.
+template <typename Write>
+void write_and_report(ParameterStore* store, float* params, std::int64_t n, Write&& write) {
+  if (!store) {
+    write(0, n, nullptr);
+    return;
+  }
+  std::int64_t at = 0;
+  const auto plain = [&](std::int64_t hi) {
+    if (at >= hi) return;
+    write(at, hi, nullptr);
+    store->changed(params + at, params + hi);
+    at = hi;
+  };
+  for (const LayerKernel::PlainCopy& c : store->plain_bf16_images()) {  // in the buffer's order
+    const std::int64_t lo = std::max<std::int64_t>(at, c.begin - params),
+                       hi = std::min<std::int64_t>(n, c.end - params);
+    if (lo >= hi) continue;
+    plain(lo);
+    write(lo, hi, c.copy + (params + lo - c.begin));
+    store->changed(params + lo, params + hi, ParameterStore::Images::kWritten);
+    at = hi;
+  }
+  plain(n);
+}
+
 class HostOptimizerPass final : public OptimizerPass {
  public:
-  explicit HostOptimizerPass(const OptimizerConfig& cfg) : cfg_(cfg) {}
+  HostOptimizerPass(const OptimizerConfig& cfg, ParameterStore* store) : cfg_(cfg), store_(store) {}
   void begin_step(double lr) override {
     ++t_;
     scalars_ = optimizer_scalars(cfg_.beta1, cfg_.beta2, lr, t_);
   }
   std::int64_t read() override { return t_; }
   void set(std::int64_t t) override { t_ = t; }
-  void update(float* params, const float* grads, float* m, float* v, std::int64_t n,
-              std::uint16_t* bf16_copy) override {
-    host_pass(cfg_, scalars_, params, grads, m, v, bf16_copy, n);
+  void update(float* params, const float* grads, float* m, float* v, std::int64_t n) override {
+    write_and_report(store_, params, n, [&](std::int64_t lo, std::int64_t hi, std::uint16_t* image) {
+      host_pass(cfg_, scalars_, params + lo, grads + lo, m + lo, v ? v + lo : nullptr, image, hi - lo);
+    });
   }
   void set_norm_slots(std::int64_t slots) override {
     norms_.assign(static_cast<std::size_t>(2 * slots), SquaredNorm{});
@@ -172,15 +202,18 @@ class HostOptimizerPass final : public OptimizerPass {
       norms_[i].clear();
     }
   }
-  void apply_direction(float* params, const float* u, std::int64_t n, float rate, std::uint16_t* bf16_copy) override {
-    if (bf16_copy)
-      lamb_apply_pass_copy(rate, params, u, bf16_copy, n);
-    else
-      lamb_apply_pass(rate, params, u, n);
+  void apply_direction(float* params, const float* u, std::int64_t n, float rate) override {
+    write_and_report(store_, params, n, [&](std::int64_t lo, std::int64_t hi, std::uint16_t* image) {
+      if (image)
+        lamb_apply_pass_copy(rate, params + lo, u + lo, image, hi - lo);
+      else
+        lamb_apply_pass(rate, params + lo, u + lo, hi - lo);
+    });
   }
 
  private:
   OptimizerConfig cfg_;
+  ParameterStore* store_;
   std::int64_t t_ = 0;
   OptimizerScalars scalars_;
   std::vector<SquaredNorm> norms_;  // (slots, {w, u})
@@ -188,8 +221,8 @@ class HostOptimizerPass final : public OptimizerPass {
 
 }  // namespace
 
-std::unique_ptr<OptimizerPass> make_host_optimizer_pass(const OptimizerConfig& cfg) {
-  return std::make_unique<HostOptimizerPass>(cfg);
+std::unique_ptr<OptimizerPass> make_host_optimizer_pass(const OptimizerConfig& cfg, ParameterStore* store) {
+  return std::make_unique<HostOptimizerPass>(cfg, store);
 }
 
 }  // namespace mnist_mpi

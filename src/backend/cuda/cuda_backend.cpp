@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "mnist_mpi/backend/parameter_store.hpp"
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/exact_norm.hpp"
 
@@ -328,7 +329,8 @@ class CudaBackend final : public Backend {
   // count] in include/mnist_mpi/backend/optimizer_pass.hpp).
   class DeviceOptimizerPass final : public OptimizerPass {
    public:
-    DeviceOptimizerPass(CudaBackend& b, const OptimizerConfig& cfg) : b_(b), cfg_(cfg) {}
+    DeviceOptimizerPass(CudaBackend& b, const OptimizerConfig& cfg, ParameterStore* store)
+        : b_(b), cfg_(cfg), store_(store) {}
     void begin_step(double lr) override {
       MNIST_CHECK(b_.c_.host_args.lr == lr, ExitCode::kRuntime,
                   "the optimizer's step: the step's device arguments hold another learning rate (call "
@@ -347,10 +349,9 @@ class CudaBackend final : public Backend {
       CUDA_CHECK(cudaMemcpyAsync(&state_.get()->t, &t, sizeof t, cudaMemcpyHostToDevice, b_.c_.stream));
       b_.c_.wait_for_stream();
     }
-    void update(float* params, const float* grads, float* m, float* v, std::int64_t n,
-                std::uint16_t* bf16_copy) override {
-      MNIST_CHECK(bf16_copy == nullptr, ExitCode::kRuntime, "the GPU's optimiser pass writes no bf16 copy");
+    void update(float* params, const float* grads, float* m, float* v, std::int64_t n) override {
       launch_optimizer(b_.c_.stream, cfg_, state_.get(), params, grads, m, v, n, b_.guard_.get());
+      if (store_) store_->changed(params, params + n);  // Note [The parameters and their copies]
     }
     // LAMB (Note [LAMB in two phases] in include/mnist_mpi/train/optimizer.hpp). The norms' device
     // limbs take under 2^32 per element (kernels.cu), so a slot is exact up to 2^32 elements a step.
@@ -393,14 +394,15 @@ class CudaBackend final : public Backend {
       }
       std::fill(counted_.begin(), counted_.end(), 0);
     }
-    void apply_direction(float* params, const float* u, std::int64_t n, float rate, std::uint16_t* bf16_copy) override {
-      MNIST_CHECK(bf16_copy == nullptr, ExitCode::kRuntime, "the GPU's optimiser pass writes no bf16 copy");
+    void apply_direction(float* params, const float* u, std::int64_t n, float rate) override {
       launch_lamb_apply(b_.c_.stream, params, u, n, rate, b_.guard_.get());
+      if (store_) store_->changed(params, params + n);
     }
 
    private:
     CudaBackend& b_;
     OptimizerConfig cfg_;
+    ParameterStore* store_;
     DeviceArray<DeviceStepState> state_{1};  // zero: t = 0
     DeviceArray<unsigned long long> norms_;  // (slots, kLambNormWords)
     std::vector<unsigned long long> host_norms_;
@@ -410,8 +412,8 @@ class CudaBackend final : public Backend {
     return std::make_unique<DevicePasses>(c_, count, slots);
   }
   bool host_buffers() const override { return false; }
-  std::unique_ptr<OptimizerPass> make_optimizer_pass(const OptimizerConfig& cfg) override {
-    return std::make_unique<DeviceOptimizerPass>(*this, cfg);
+  std::unique_ptr<OptimizerPass> make_optimizer_pass(const OptimizerConfig& cfg, ParameterStore* store) override {
+    return std::make_unique<DeviceOptimizerPass>(*this, cfg, store);
   }
 
   // Note [Non-finite steps] (include/mnist_mpi/backend/step_guard.hpp), on the device. The flag
