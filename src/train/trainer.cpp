@@ -242,8 +242,7 @@ void Trainer::make_evaluation() {
   eval_model_ = std::make_unique<Model>(spec_, eb, *backend_, *params_, nullptr, model_state());
   if (data_.validation.count > 0) validation_data_ = backend_->make_data_source(data_.validation, eb);
   test_data_ = backend_->make_data_source(data_.test, eb);
-  eval_loss_ = backend_->make_loss_meter();
-  if (exact_) batch_losses_.reserve(static_cast<std::size_t>((largest + eb - 1) / eb));  // no allocation later
+  eval_loss_ = make_evaluation_loss(*backend_, exact_ != nullptr, (largest + eb - 1) / eb);
 }
 
 // What the banner says (Monitor::on_start).
@@ -339,10 +338,7 @@ EvalResult Trainer::evaluate(const Split& split) {
   const std::int64_t batches = eval_batches(split);
   const std::int64_t first = part_first(batches, comm_.size(), comm_.rank());
   const LossStats mine = evaluate_batches(split, first, part_count(batches, comm_.size(), comm_.rank()));
-  if (exact_) return eval_result(split.count, exact_loss_sum(batches, mine.correct));
-  double v[2] = {mine.loss_sum, static_cast<double>(mine.correct)};
-  comm_.allreduce_sum(std::span<double>(v, 2));
-  return eval_result(split.count, LossStats{v[0], static_cast<std::int64_t>(v[1])});
+  return eval_result(split.count, eval_loss_->total(comm_, batches, mine));
 }
 
 EvalResult Trainer::evaluate_alone(const Split& split) {
@@ -381,10 +377,8 @@ LossStats Trainer::evaluate_batches(const Split& split, std::int64_t first, std:
   }
   StepContext ctx;
   ctx.training = false;
-  eval_loss_->reset();
+  eval_loss_->start();
   eval_images_ = 0;
-  batch_losses_.clear();
-  LossStats batches;  // --exact-sums: the batches' losses added in order, and their correct counts
   for (std::int64_t b = first; b < first + n; ++b) {
     const std::int64_t at = b * eb;
     const std::int64_t rows = std::min<std::int64_t>(eb, split.count - at);
@@ -392,39 +386,11 @@ LossStats Trainer::evaluate_batches(const Split& split, std::int64_t first, std:
     // A short last batch: the rows past `rows` are stale and their outputs are ignored.
     eval_model_->forward(ctx);
     backend_->softmax_cross_entropy(eval_model_->logits(), source->labels(), static_cast<int>(rows),
-                                    spec_.num_classes(), nullptr, 0.0f, *eval_loss_);
+                                    spec_.num_classes(), nullptr, 0.0f, eval_loss_->meter());
     eval_images_ += rows;
-    if (exact_) {  // each batch's loss on its own, summed exactly by evaluate()
-      const LossStats one = eval_loss_->read();
-      eval_loss_->reset();
-      batch_losses_.push_back(one.loss_sum);
-      batches.loss_sum += one.loss_sum;
-      batches.correct += one.correct;
-    }
+    eval_loss_->batch_done();
   }
-  return exact_ ? batches : eval_loss_->read();  // the one synchronisation of an evaluation (default mode)
-}
-
-// --exact-sums: the split's loss as an exact sum of its batches' losses (Note [Exact sums in fixed
-// point], the shift from the largest batch loss of every rank), so that it is the same bits on any
-// number of ranks, like the accuracy. The loss of a batch is >= 0; a non-finite one makes it NaN.
-LossStats Trainer::exact_loss_sum(std::int64_t batches, std::int64_t correct) {
-  std::int64_t top[2] = {-1100, 0};  // the largest exponent (double's least is -1074), non-finite seen
-  for (const double l : batch_losses_) {
-    if (!std::isfinite(l)) top[1] = 1;
-    int e = 0;
-    if (std::isfinite(l) && l > 0.0) std::frexp(l, &e);
-    if (l > 0.0) top[0] = std::max<std::int64_t>(top[0], e);
-  }
-  comm_.allreduce_max(top);
-  // Note [Exact sums in fixed point]'s shift for the largest batch loss of every rank.
-  const int shift = shift_for_limit(static_cast<int>(std::max<std::int64_t>(top[0], -1000)), std::max<std::int64_t>(batches, 1));
-  std::int64_t v[2] = {0, correct};
-  if (top[1] == 0)
-    for (const double l : batch_losses_) v[0] += std::llrint(std::ldexp(l, shift));  // exact scaling, then rounded
-  comm_.allreduce_sum(v);
-  return LossStats{top[1] ? std::numeric_limits<double>::quiet_NaN() : std::ldexp(static_cast<double>(v[0]), -shift),
-                   v[1]};
+  return eval_loss_->mine();
 }
 
 void Trainer::check_replicas(std::int64_t step) {

@@ -17,6 +17,7 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/backend/device.hpp"
+#include "mnist_mpi/backend/model.hpp"
 #include "mnist_mpi/checkpoint/checkpointer.hpp"
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/config/options.hpp"
@@ -24,11 +25,11 @@
 #include "mnist_mpi/data/sampler.hpp"
 #include "mnist_mpi/hash.hpp"  // hash_floats, hex64
 #include "mnist_mpi/launch/launch_env.hpp"
-#include "mnist_mpi/backend/model.hpp"
 #include "mnist_mpi/report/monitor.hpp"
 #include "mnist_mpi/resilience/fault.hpp"
-#include "mnist_mpi/train/optimizer.hpp"
+#include "mnist_mpi/train/evaluation_loss.hpp"
 #include "mnist_mpi/train/exact_sums.hpp"
+#include "mnist_mpi/train/optimizer.hpp"
 #include "mnist_mpi/train/reducer.hpp"
 #include "mnist_mpi/train/step.hpp"
 #include "mnist_mpi/train/step_boundary.hpp"
@@ -132,7 +133,6 @@ class Trainer final : private CheckpointSource {
   std::int64_t eval_batches(const Split& split) const;
   LossStats evaluate_batches(const Split& split, std::int64_t first, std::int64_t n);
   // --exact-sums: the split's loss from every rank's batch losses, and the correct count.
-  LossStats exact_loss_sum(std::int64_t batches, std::int64_t correct);
   static EvalResult eval_result(std::int64_t count, const LossStats& s);
   EvalResult evaluate_during_training(std::int64_t step, bool epoch_end, bool eval_now);
   bool target_reached(std::int64_t step, const EvalResult& validation, TargetFacts& target);
@@ -194,9 +194,9 @@ class Trainer final : private CheckpointSource {
   std::unique_ptr<Sampler> sampler_;
   std::int64_t batch_ = 0, global_batch_ = 0, steps_per_epoch_ = 0, total_steps_ = 0;
   std::unique_ptr<DataSource> train_data_, validation_data_, test_data_;  // where the backend computes
-  std::unique_ptr<LossMeter> train_loss_, eval_loss_;
-  std::int64_t eval_images_ = 0;  // images this rank evaluated in the last evaluation
-  std::vector<double> batch_losses_;  // --exact-sums: this rank's batch losses of the evaluation
+  std::unique_ptr<LossMeter> train_loss_;
+  std::unique_ptr<EvaluationLoss> eval_loss_;  // default or exact, chosen at build
+  std::int64_t eval_images_ = 0;               // images this rank evaluated in the last evaluation
   std::vector<std::uint64_t> replica_hashes_;  // (world)
   std::unique_ptr<Monitor> monitor_;           // progress, metrics file, TensorBoard, timeline, report (src/report/)
   // Note [Every rank's step times]: this rank's sums since the last gather; on rank 0 every
