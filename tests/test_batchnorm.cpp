@@ -295,6 +295,15 @@ TEST(BatchNormModel, AModelWithBatchNormNeedsItsState) {
   EXPECT_THROW(Model(spec, 2, *be, params.data(), nullptr, nullptr), Error);
   Model m(spec, 2, *be, params.data(), nullptr, state.data());
   EXPECT_EQ(m.state(), state.data());
+  // On a parameter store the state is the store's; a store without it, or of other sizes, is refused.
+  ParameterStore store(*be, spec.param_count, spec.state_count);
+  ASSERT_NE(store.state(), nullptr);
+  Model on_store(spec, 2, *be, store, nullptr);
+  EXPECT_EQ(on_store.state(), store.state());
+  ParameterStore without(*be, spec.param_count);
+  EXPECT_THROW(Model(spec, 2, *be, without, nullptr), Error);
+  ParameterStore other(*be, spec.param_count + 1, spec.state_count);
+  EXPECT_THROW(Model(spec, 2, *be, other, nullptr), Error);
 }
 
 // The META of a file at step 0 whose counters agree (decode_checkpoint checks them).

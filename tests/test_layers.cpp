@@ -1442,7 +1442,7 @@ TEST(Model, Bf16WeightCopiesAreRefreshedWhereTheParametersChanged) {
   ASSERT_EQ(params, store.data());
   std::vector<float> g_kept(P), g_fresh(P);
   init_params(spec, parse_init_spec("he"), parse_init_spec("constant:0.1"), 42, params);
-  Model kept(spec, batch, *be, store, g_kept.data(), nullptr);
+  Model kept(spec, batch, *be, store, g_kept.data());
   Model fresh(spec, batch, *be, store.data(), g_fresh.data());
   const std::vector<float> x = uniform(static_cast<std::size_t>(batch * 784), 5);
   const std::vector<std::int32_t> labels{0, 1, 2, 3};
@@ -1509,7 +1509,7 @@ TEST(Model, Bf16WeightCopiesAreRefreshedWhereTheParametersChanged) {
   // The optimiser's pass over the whole buffer in the pieces of a step's buckets, writing the fc
   // images itself; and an evaluation model on the same store, whose copies were made before.
   store.changed_all();
-  Model eval(spec, batch, *be, store, nullptr, nullptr);
+  Model eval(spec, batch, *be, store, nullptr);
   Model eval_fresh(spec, batch, *be, store.data(), nullptr);
   std::vector<float> le, lef, le_before;
   pass(eval, &le_before);

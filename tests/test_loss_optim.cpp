@@ -239,7 +239,7 @@ TEST(Optimizer, Bf16ImageIsTheUpdatedParametersInBf16) {
     ParameterStore store(*be, n);
     float* with = store.host();
     std::copy(p0.begin(), p0.end(), with);
-    Model model(spec, 2, *be, store, grads.data(), nullptr);
+    Model model(spec, 2, *be, store, grads.data());
     ASSERT_EQ(store.plain_bf16_images().size(), 1u);
     const LayerKernel::PlainCopy image = store.plain_bf16_images()[0];
     const std::int64_t w0 = image.begin - with, w1 = image.end - with;

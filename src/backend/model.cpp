@@ -85,15 +85,20 @@ Model::Model(const ModelSpec& spec, int batch, Backend& backend, const float* pa
   }
 }
 
-Model::Model(const ModelSpec& spec, int batch, Backend& backend, ParameterStore& params, float* grads, float* state,
-             ModelPart part)
-    : Model(spec, batch, backend, params.data(), grads, state, part) {
-  MNIST_CHECK(params.count() == spec.param_count, ExitCode::kRuntime,
-              "Model: a parameter store of " + std::to_string(params.count()) + " elements for a model of " +
-                  std::to_string(spec.param_count));
+// The sizes are checked first: the delegated constructor binds the kernels to the buffers.
+Model::Model(const ModelSpec& spec, int batch, Backend& backend, ParameterStore& store, float* grads, ModelPart part)
+    : Model(spec, batch, backend, checked_params(spec, store), grads, store.state(), part) {
   for (auto& k : kernels_) k->track_copies();
-  store_ = &params;
-  params.attach(this);
+  store_ = &store;
+  store.attach(this);
+}
+
+const float* Model::checked_params(const ModelSpec& spec, ParameterStore& store) {
+  MNIST_CHECK(store.count() == spec.param_count && store.state_count() == spec.state_count, ExitCode::kRuntime,
+              "Model: a parameter store of " + std::to_string(store.count()) + " parameters and " +
+                  std::to_string(store.state_count()) + " values of state for a model of " +
+                  std::to_string(spec.param_count) + " and " + std::to_string(spec.state_count));
+  return store.data();
 }
 
 Model::~Model() {

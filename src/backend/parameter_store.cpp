@@ -9,8 +9,15 @@
 
 namespace mnist_mpi {
 
-ParameterStore::ParameterStore(Backend& backend, std::int64_t count)
-    : count_(count), buffer_(backend.allocate(count)), host_(backend.make_host_copy({buffer_->data()}, count)) {}
+ParameterStore::ParameterStore(Backend& backend, std::int64_t count, std::int64_t state_count)
+    : count_(count),
+      state_count_(state_count),
+      buffer_(backend.allocate(count)),
+      host_(backend.make_host_copy({buffer_->data()}, count)) {
+  if (state_count == 0) return;
+  state_ = backend.allocate(state_count);
+  state_host_ = backend.make_host_copy({state_->data()}, state_count);
+}
 
 ParameterStore::~ParameterStore() = default;
 
@@ -24,6 +31,18 @@ float* ParameterStore::host() { return host_->host(0); }
 void ParameterStore::to_backend() {
   host_->to_backend();
   changed_all();
+}
+
+const float* ParameterStore::read_state() {
+  if (!state_) return nullptr;
+  state_host_->to_host();
+  return state_host_->host(0);
+}
+
+float* ParameterStore::state_host() { return state_ ? state_host_->host(0) : nullptr; }
+
+void ParameterStore::state_to_backend() {
+  if (state_) state_host_->to_backend();
 }
 
 void ParameterStore::changed(const float* from, const float* to, Images images) {

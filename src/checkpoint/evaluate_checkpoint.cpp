@@ -81,6 +81,15 @@ void declare_checkpoint_input(const std::string& path, FileRoles& roles) {
   for (const auto& [step, name] : list_checkpoints(path)) roles.input("--checkpoint (its " + name + ")", path + "/" + name);
 }
 
+std::unique_ptr<ParameterStore> checkpoint_parameters(const Checkpoint& ck, const ModelSpec& spec, Backend& backend) {
+  auto store = std::make_unique<ParameterStore>(backend, spec.param_count, spec.state_count);
+  std::copy(ck.params.begin(), ck.params.end(), store->host());  // the sizes: checkpoint_model_spec
+  store->to_backend();
+  std::copy(ck.model_state.begin(), ck.model_state.end(), store->state_host());
+  store->state_to_backend();
+  return store;
+}
+
 CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& split, int batch, int threads,
                                          bool keep_logits) {
   const ModelSpec spec = checkpoint_model_spec(ck);
@@ -89,13 +98,9 @@ CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& spli
                   ", the checkpoint's model takes " + std::to_string(ck.input.h) + "x" + std::to_string(ck.input.w));
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   auto backend = make_cpu_backend(threads);
-  ParameterStore params(*backend, spec.param_count);  // its models keep their weight copies between batches
-  std::copy(ck.params.begin(), ck.params.end(), params.host());
-  params.to_backend();
-  auto state = backend->allocate(std::max<std::int64_t>(spec.state_count, 1));  // batch norm's running statistics
-  std::copy(ck.model_state.begin(), ck.model_state.end(), state->data());
+  const std::unique_ptr<ParameterStore> params = checkpoint_parameters(ck, spec, *backend);
   const int eb = static_cast<int>(std::clamp<std::int64_t>(split.count, 1, batch));
-  Model model(spec, eb, *backend, params, nullptr, state->data());
+  Model model(spec, eb, *backend, *params, nullptr);
   const int classes = spec.num_classes();
   CheckpointEvaluation r;
   r.classes = classes;

@@ -119,13 +119,9 @@ std::vector<std::vector<float>> classify(const Checkpoint& ck, Backend& backend,
   const ModelSpec spec = checkpoint_model_spec(ck);
   std::vector<std::vector<float>> out;
   if (inputs.empty()) return out;
-  ParameterStore params(backend, spec.param_count);  // its model keeps its weight copies between batches
-  backend.upload(ck.params, params.data());
-  params.changed_all();
-  auto state = backend.allocate(std::max<std::int64_t>(spec.state_count, 1));  // batch norm's running statistics
-  if (spec.state_count > 0) backend.upload(ck.model_state, state->data());
+  const std::unique_ptr<ParameterStore> params = checkpoint_parameters(ck, spec, backend);
   const int batch = static_cast<int>(std::min<std::size_t>(inputs.size(), kPredictBatch));
-  Model model(spec, batch, backend, params, nullptr, state->data());
+  Model model(spec, batch, backend, *params, nullptr);
   const int classes = spec.num_classes();
   const auto pixels = static_cast<std::size_t>(spec.input.size());
   std::vector<float> x(static_cast<std::size_t>(batch) * pixels);        // (batch, 1, H, W)

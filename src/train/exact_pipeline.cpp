@@ -200,13 +200,12 @@ void ExactGradients::build_tail(int first) {
   const ModelSpec& spec = p_.model->spec();
   const int c = static_cast<int>(shape_.batch), k = static_cast<int>(shape_.my_chunks.count);
   Backend& be = *p_.backend;
-  tail_ =
-      std::make_unique<Model>(spec, k * c, be, *p_.params, p_.grads->data(), p_.model->state(), ModelPart{first, -1});
+  tail_ = std::make_unique<Model>(spec, k * c, be, *p_.params, p_.grads->data(), ModelPart{first, -1});
   const std::int64_t row = spec.activation(static_cast<std::size_t>(first)).size();
   if (first > 0)
     for (int j = 0; j < k; ++j) {
       const std::int64_t at = static_cast<std::int64_t>(j) * c * row;
-      heads_.push_back(std::make_unique<Model>(spec, c, be, *p_.params, p_.grads->data(), p_.model->state(),
+      heads_.push_back(std::make_unique<Model>(spec, c, be, *p_.params, p_.grads->data(),
                                                ModelPart{0, first, const_cast<float*>(tail_->activation(first)) + at,
                                                          const_cast<float*>(tail_->activation_gradient(first)) + at}));
     }

@@ -181,18 +181,13 @@ void Trainer::make_training_state() {
     backend_->check_model_fits(spec_, batch_, std::min(opt_.eval_batch_size, largest), opt_.optimizer.kind,
                                /*evaluates=*/true);  // every rank (Note [Every rank evaluates a share])
   }
-  params_ = std::make_unique<ParameterStore>(*backend_, spec_.param_count);
+  params_ = std::make_unique<ParameterStore>(*backend_, spec_.param_count, spec_.state_count);
   grads_ = backend_->allocate(spec_.param_count);
   init_params(spec_, wi, bi, opt_.seed, params_->host());
   params_->to_backend();
-  if (spec_.state_count > 0) {
-    state_ = backend_->allocate(spec_.state_count);
-    state_copy_ = backend_->make_host_copy({state_->data()}, spec_.state_count);
-    init_state(spec_, state_copy_->host(0));
-    state_copy_->to_backend();
-  }
-  train_model_ =
-      std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, *params_, grads_->data(), model_state());
+  init_state(spec_, params_->state_host());
+  params_->state_to_backend();
+  train_model_ = std::make_unique<Model>(spec_, static_cast<int>(batch_), *backend_, *params_, grads_->data());
   // Note [Choosing cuDNN algorithms] (src/backend/cuda/conv.cpp): rank 0 times its convolutions
   // here, local work, and takes its choice at once (its banner shows it); the others take it in
   // run() (share_measured_convolutions).
@@ -239,7 +234,7 @@ void Trainer::make_training_state() {
 void Trainer::make_evaluation() {
   const std::int64_t largest = std::max({data_.validation.count, data_.test.count, std::int64_t{1}});
   const int eb = static_cast<int>(std::min(opt_.eval_batch_size, largest));
-  eval_model_ = std::make_unique<Model>(spec_, eb, *backend_, *params_, nullptr, model_state());
+  eval_model_ = std::make_unique<Model>(spec_, eb, *backend_, *params_, nullptr);
   if (data_.validation.count > 0) validation_data_ = backend_->make_data_source(data_.validation, eb);
   test_data_ = backend_->make_data_source(data_.test, eb);
   eval_loss_ = make_evaluation_loss(*backend_, exact_ != nullptr, (largest + eb - 1) / eb);
@@ -307,7 +302,7 @@ TrainingState Trainer::state() {
           optimizer_->steps_taken(),
           &optimizer_->config(),
           exact_ ? std::span<const std::int32_t>(exact_->limits()) : std::span<const std::int32_t>(),
-          model_state_to_host()};
+          params_->read_state()};
 }
 
 // Note [State that is not trained] (include/mnist_mpi/model/spec.hpp): each rank's running
@@ -317,9 +312,9 @@ TrainingState Trainer::state() {
 // checkpoints need nothing more, and a resumed run repeats the straight one bit for bit. In exact
 // arithmetic the mean follows running = (1 - momentum) running + momentum mean_r(batch_r).
 void Trainer::average_model_state() {
-  if (!state_ || comm_.size() == 1) return;
-  grad_comm_->allreduce_sum(std::span<float>(state_->data(), static_cast<std::size_t>(spec_.state_count)));
-  backend_->scale(state_->data(), 1.0f / static_cast<float>(comm_.size()), spec_.state_count);
+  if (spec_.state_count == 0 || comm_.size() == 1) return;
+  grad_comm_->allreduce_sum(params_->state_span());
+  backend_->scale(params_->state(), 1.0f / static_cast<float>(comm_.size()), spec_.state_count);
 }
 
 // Note [Every rank evaluates a share]
@@ -430,9 +425,9 @@ RunResult Trainer::run() {
   const std::int64_t first_step = checkpointer_->restore(params_->host(), [&](const RestoredState& r) {
     optimizer_->restore(r.first_moment, r.second_moment, r.steps);
     if (exact_) exact_->set_limits(r.exact_limits);  // checked against the mode when it was chosen
-    if (state_) {  // the sizes were checked against the spec (Checkpointer::restore)
-      std::copy(r.model_state.begin(), r.model_state.end(), state_copy_->host(0));
-      state_copy_->to_backend();
+    if (spec_.state_count > 0) {                     // the sizes were checked against the spec (Checkpointer::restore)
+      std::copy(r.model_state.begin(), r.model_state.end(), params_->state_host());
+      params_->state_to_backend();
     }
   });
   if (first_step > 0) params_->to_backend();

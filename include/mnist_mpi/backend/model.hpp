@@ -35,12 +35,11 @@ class Model {
   // A model without state (a spec with no batch norm).
   Model(const ModelSpec& spec, int batch, Backend& backend, const float* params, float* grads, ModelPart part = {})
       : Model(spec, batch, backend, params, grads, nullptr, part) {}
-  // The same on the parameters of a store, which tells the model's kernels of every change, so that
-  // they keep their copies of the weights between passes (Note [The parameters and their copies] in
-  // include/mnist_mpi/backend/parameter_store.hpp). The store must outlive the model. A model on a
-  // bare pointer makes its kernels' copies at every pass.
-  Model(const ModelSpec& spec, int batch, Backend& backend, ParameterStore& params, float* grads, float* state,
-        ModelPart part = {});
+  // The same on the parameters and model state of a store, which tells the model's kernels of
+  // every change of the parameters, so that they keep their copies of the weights between passes
+  // (Note [The parameters and their copies] in include/mnist_mpi/backend/parameter_store.hpp). The
+  // store must outlive the model. A model on a bare pointer makes its kernels' copies at every pass.
+  Model(const ModelSpec& spec, int batch, Backend& backend, ParameterStore& store, float* grads, ModelPart part = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -78,6 +77,7 @@ class Model {
 
  private:
   friend class ParameterStore;
+  static const float* checked_params(const ModelSpec& spec, ParameterStore& store);
   // From the store (Note [The parameters and their copies]): the kernels' plain bf16 copies, and
   // a change of the parameters in [from, to).
   std::vector<LayerKernel::PlainCopy> plain_bf16_copies() const;

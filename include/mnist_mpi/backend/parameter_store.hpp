@@ -1,6 +1,6 @@
-// The flat parameters of a run, their host image, and the copies that the backend's kernels keep
-// of them: where the writers of the parameters and the kernels that read them meet, so that no
-// caller of a model or an optimiser deals with a kernel's copy.
+// The flat parameters of a run and its model state, their host images, and the copies that the
+// backend's kernels keep of the parameters: where the writers of the parameters and the kernels
+// that read them meet, so that no caller of a model or an optimiser deals with a kernel's copy.
 #pragma once
 
 #include <cstdint>
@@ -33,10 +33,15 @@ class Model;
 //     changed(..., kImagesWritten), which leaves those images alone.
 // A model built on a bare pointer has no store to tell it anything, so its kernels make their
 // copies at every pass (what a test that changes the parameters between passes needs).
+//
+// The store also holds the model state (Note [State that is not trained] in
+// include/mnist_mpi/model/spec.hpp: batch norm's running statistics), so that a layer with state
+// needs nothing of its own in the trainer, the checkpoint writer or the commands that load a model.
 class ParameterStore {
  public:
-  // count zero-filled parameters in the backend's memory, with a host image of them.
-  ParameterStore(Backend& backend, std::int64_t count);
+  // count zero-filled parameters and state_count values of model state in the backend's memory,
+  // each with a host image.
+  ParameterStore(Backend& backend, std::int64_t count, std::int64_t state_count = 0);
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
   ~ParameterStore();
@@ -59,6 +64,15 @@ class ParameterStore {
   void changed(std::int64_t begin, std::int64_t end) { changed(data() + begin, data() + end); }
   void changed_all() { changed(0, count_); }
 
+  // The model state (null when state_count is 0), as the parameters: read() and host() its host
+  // image, to_backend() to write it. Kernels keep no copy of it.
+  float* state() { return state_ ? state_->data() : nullptr; }
+  std::int64_t state_count() const { return state_count_; }
+  std::span<float> state_span() { return {state(), static_cast<std::size_t>(state_count_)}; }
+  const float* read_state();
+  float* state_host();
+  void state_to_backend();
+
   // The plain bf16 images of ranges of the parameters (LayerKernel::PlainCopy) that a writer may
   // write as it writes the parameters, in the buffer's order; empty in fp32 and on a GPU.
   std::span<const LayerKernel::PlainCopy> plain_bf16_images() const { return images_; }
@@ -68,9 +82,9 @@ class ParameterStore {
   void attach(Model* model);
   void detach(Model* model);
 
-  std::int64_t count_;
-  std::unique_ptr<Buffer> buffer_;
-  std::unique_ptr<HostCopy> host_;
+  std::int64_t count_, state_count_;
+  std::unique_ptr<Buffer> buffer_, state_;
+  std::unique_ptr<HostCopy> host_, state_host_;
   std::vector<Model*> models_;
   std::vector<LayerKernel::PlainCopy> images_;
 };

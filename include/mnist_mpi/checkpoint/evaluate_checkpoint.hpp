@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "mnist_mpi/backend/parameter_store.hpp"
 #include "mnist_mpi/checkpoint/checkpoint.hpp"
 #include "mnist_mpi/data/idx.hpp"
 #include "mnist_mpi/io/file_roles.hpp"
@@ -28,6 +30,10 @@ Checkpoint pick_checkpoint(const std::string& path, std::string& chosen);
 // What pick_checkpoint() may read, as inputs of `roles` (Note [No output is an input] in
 // include/mnist_mpi/io/file_roles.hpp): FILE, or every checkpoint of the directory.
 void declare_checkpoint_input(const std::string& path, FileRoles& roles);
+
+// A decoded checkpoint's parameters and model state in the backend's memory, for a model of spec
+// (checkpoint_model_spec(ck)). Shared by evaluate and predict.
+std::unique_ptr<ParameterStore> checkpoint_parameters(const Checkpoint& ck, const ModelSpec& spec, Backend& backend);
 
 // Evaluates a decoded checkpoint on a split (threads: 0 = all cores).
 CheckpointEvaluation evaluate_checkpoint(const Checkpoint& ck, const Split& split, int batch, int threads,

@@ -146,12 +146,6 @@ class Trainer final : private CheckpointSource {
   // Collective, after every step: every rank's model state becomes its mean over the ranks (Note
   // [State that is not trained] in include/mnist_mpi/model/spec.hpp). Nothing without batch norm.
   void average_model_state();
-  float* model_state() { return state_ ? state_->data() : nullptr; }
-  const float* model_state_to_host() {  // for a checkpoint; null without batch norm
-    if (!state_) return nullptr;
-    state_copy_->to_host();
-    return state_copy_->host(0);
-  }
   TrainingState state() override;
 
   Options opt_;
@@ -169,15 +163,11 @@ class Trainer final : private CheckpointSource {
   std::unique_ptr<Communicator> gpu_comm_;
   Communicator* grad_comm_ = nullptr;
   bool shared_gpus_ = false;
-  // Flat, spec_.param_count each (Note [Reverse layer order]); the parameters with their host image
-  // (hashes, initialisation, resume) and the models built on them (Note [The parameters and their
-  // copies] in include/mnist_mpi/backend/parameter_store.hpp).
+  // Flat, spec_.param_count each (Note [Reverse layer order]); the parameters and the model state
+  // with their host images (hashes, initialisation, checkpoints, resume) and the models built on
+  // them (Note [The parameters and their copies] in include/mnist_mpi/backend/parameter_store.hpp).
   std::unique_ptr<ParameterStore> params_;
   std::unique_ptr<Buffer> grads_;
-  // The model state (Note [State that is not trained] in include/mnist_mpi/model/spec.hpp) and its
-  // host copy; null without batch norm.
-  std::unique_ptr<Buffer> state_;
-  std::unique_ptr<HostCopy> state_copy_;
   std::unique_ptr<Model> train_model_, eval_model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Reducer> reducer_;
