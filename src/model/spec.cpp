@@ -88,7 +88,94 @@ void check_activation(const std::string& what, const Shape& out) {
                                     " a tensor can hold; use fewer channels or units, or pool before it");
 }
 
-}  // namespace
+// One layer of a spec from its token (f: its fields split at ':'), on an input of shape cur: its
+// kind, fields and output shape; a bad token is an Error(kUsage) naming it.
+LayerSpec parse_layer(const std::string& token, const std::vector<std::string>& f, Shape cur) {
+  LayerSpec l;
+  l.text = token;
+  l.in = cur;
+  const std::string& kind = f[0];
+  if (kind == "conv") {
+    if (f.size() < 3 || f.size() > 5) bad(token, "expected conv:KHxKW:CHANNELS[:same|valid][:sSTRIDE]");
+    std::vector<std::string> k = split(f[1], 'x');
+    if (k.size() == 1) k.push_back(k[0]);
+    if (k.size() != 2) bad(token, "kernel must be KxK or K");
+    l.kind = LayerKind::kConv;
+    l.kernel_h = to_int(token, k[0]);
+    l.kernel_w = to_int(token, k[1]);
+    l.channels = to_int(token, f[2]);
+    l.same = true;
+    for (std::size_t i = 3; i < f.size(); ++i) {
+      if (f[i] == "same")
+        l.same = true;
+      else if (f[i] == "valid")
+        l.same = false;
+      else if (f[i].size() > 1 && f[i][0] == 's')
+        l.stride = to_int(token, f[i].substr(1));
+      else
+        bad(token, "unknown field " + quote_input(f[i], 40) + " (same, valid or sSTRIDE)");
+    }
+    // In 64 bits: a kernel or stride near INT32_MAX overflows the sums in int (Note [Sizes of a model]).
+    auto resolve = [&](int in, int ksize, int& lo, int& hi) {
+      const std::int64_t in64 = in, k64 = ksize, s64 = l.stride;
+      std::int64_t out = 0;
+      if (l.same) {
+        out = (in64 + s64 - 1) / s64;
+        const std::int64_t total = std::max<std::int64_t>((out - 1) * s64 + k64 - in64, 0);
+        if (total / 2 + 1 > kMaxDim) bad(token, "its padding " + std::to_string(total) + " is too large");
+        lo = static_cast<int>(total / 2);  // TensorFlow's SAME: the extra row/column goes at the end
+        hi = static_cast<int>(total - total / 2);
+      } else {
+        if (in < ksize) bad(token, "kernel larger than its input " + std::to_string(in));
+        out = (in64 - k64) / s64 + 1;
+        lo = hi = 0;
+      }
+      return static_cast<int>(out);  // <= in
+    };
+    l.out.c = l.channels;
+    l.out.h = resolve(cur.h, l.kernel_h, l.pad_top, l.pad_bottom);
+    l.out.w = resolve(cur.w, l.kernel_w, l.pad_left, l.pad_right);
+  } else if (kind == "maxpool") {
+    if (f.size() < 2 || f.size() > 3) bad(token, "expected maxpool:K[:STRIDE]");
+    l.kind = LayerKind::kMaxPool;
+    l.kernel_h = l.kernel_w = to_int(token, f[1]);
+    l.stride = f.size() == 3 ? to_int(token, f[2]) : l.kernel_h;
+    if (cur.h < l.kernel_h || cur.w < l.kernel_w) bad(token, "window larger than its input");
+    l.out = {cur.c, (cur.h - l.kernel_h) / l.stride + 1, (cur.w - l.kernel_w) / l.stride + 1};
+  } else if (kind == "relu") {
+    if (f.size() != 1) bad(token, "relu takes no fields");
+    l.kind = LayerKind::kRelu;
+    l.out = cur;
+  } else if (kind == "flatten") {
+    if (f.size() != 1) bad(token, "flatten takes no fields");
+    l.kind = LayerKind::kFlatten;
+    l.out = {static_cast<int>(cur.size()), 1, 1};  // <= kMaxDim: checked for the input and every layer
+  } else if (kind == "fc") {
+    if (f.size() != 2) bad(token, "expected fc:UNITS");
+    l.kind = LayerKind::kFc;
+    l.channels = to_int(token, f[1]);
+    l.out = {l.channels, 1, 1};  // an fc on a (C, H, W) input flattens it in C, H, W order
+  } else if (kind == "dropout") {
+    if (f.size() != 2) bad(token, "expected dropout:RATE");
+    l.kind = LayerKind::kDropout;
+    l.drop_rate = to_float("model spec: dropout rate in " + quote_input(token), f[1]);
+    if (!(l.drop_rate >= 0.0f && l.drop_rate < 1.0f)) bad(token, "rate must be in [0, 1)");
+    l.out = cur;
+  } else if (kind == "batchnorm") {
+    if (f.size() > 3) bad(token, "expected batchnorm[:MOMENTUM[:EPS]]");
+    l.kind = LayerKind::kBatchNorm;
+    if (f.size() >= 2) l.momentum = to_float("model spec: batchnorm momentum in " + quote_input(token), f[1]);
+    if (f.size() == 3) l.eps = to_float("model spec: batchnorm eps in " + quote_input(token), f[2]);
+    if (!(l.momentum > 0.0f && l.momentum <= 1.0f)) bad(token, "momentum must be in (0, 1]");
+    if (!(l.eps > 0.0f)) bad(token, "eps must be positive");
+    l.channels = cur.c;  // statistics per channel (per unit after an fc)
+    l.out = cur;
+  } else {
+    bad(token,
+        "unknown layer kind " + quote_input(kind, 40) + " (conv, maxpool, relu, flatten, fc, dropout, batchnorm)");
+  }
+  return l;
+}
 
 // Note [Reverse layer order]
 // Parameters, gradients and optimiser state each live in one flat buffer, and the tensors are laid
@@ -96,111 +183,8 @@ void check_activation(const std::string& what, const Shape& out) {
 // gradients that are ready first sit at the start of the buffer and a bucket is always one
 // contiguous range [begin, end) of it: the allreduce runs in place, with no copy into a bucket.
 // Within a layer the weight comes before the bias.
-// Long on purpose (Note [Why a function is long] in docs/style.md): one case per layer kind, each
-// with its shape arithmetic and messages, then the parameter layout of Note [Reverse layer order].
-ModelSpec parse_model_spec(const std::string& text, Shape input, int num_classes) {
-  ModelSpec spec;
-  spec.text = text;
-  spec.input = input;
-  Shape cur = input;
-  check_activation("the input has", input);  // from the data, or from a checkpoint being evaluated
-  for (const std::string& token : split(text, ',')) {
-    if (token.empty())
-      throw_error(ExitCode::kUsage, "model spec " + quote_input(text) + ": empty layer " +
-                                        std::to_string(spec.layers.size()) + " (two commas?)");
-    std::vector<std::string> f = split(token, ':');
-    LayerSpec l;
-    l.text = token;
-    l.in = cur;
-    const std::string& kind = f[0];
-    if (kind == "conv") {
-      if (f.size() < 3 || f.size() > 5) bad(token, "expected conv:KHxKW:CHANNELS[:same|valid][:sSTRIDE]");
-      std::vector<std::string> k = split(f[1], 'x');
-      if (k.size() == 1) k.push_back(k[0]);
-      if (k.size() != 2) bad(token, "kernel must be KxK or K");
-      l.kind = LayerKind::kConv;
-      l.kernel_h = to_int(token, k[0]);
-      l.kernel_w = to_int(token, k[1]);
-      l.channels = to_int(token, f[2]);
-      l.same = true;
-      for (std::size_t i = 3; i < f.size(); ++i) {
-        if (f[i] == "same")
-          l.same = true;
-        else if (f[i] == "valid")
-          l.same = false;
-        else if (f[i].size() > 1 && f[i][0] == 's')
-          l.stride = to_int(token, f[i].substr(1));
-        else
-          bad(token, "unknown field " + quote_input(f[i], 40) + " (same, valid or sSTRIDE)");
-      }
-      // In 64 bits: a kernel or stride near INT32_MAX overflows the sums in int (Note [Sizes of a model]).
-      auto resolve = [&](int in, int ksize, int& lo, int& hi) {
-        const std::int64_t in64 = in, k64 = ksize, s64 = l.stride;
-        std::int64_t out = 0;
-        if (l.same) {
-          out = (in64 + s64 - 1) / s64;
-          const std::int64_t total = std::max<std::int64_t>((out - 1) * s64 + k64 - in64, 0);
-          if (total / 2 + 1 > kMaxDim) bad(token, "its padding " + std::to_string(total) + " is too large");
-          lo = static_cast<int>(total / 2);  // TensorFlow's SAME: the extra row/column goes at the end
-          hi = static_cast<int>(total - total / 2);
-        } else {
-          if (in < ksize) bad(token, "kernel larger than its input " + std::to_string(in));
-          out = (in64 - k64) / s64 + 1;
-          lo = hi = 0;
-        }
-        return static_cast<int>(out);  // <= in
-      };
-      l.out.c = l.channels;
-      l.out.h = resolve(cur.h, l.kernel_h, l.pad_top, l.pad_bottom);
-      l.out.w = resolve(cur.w, l.kernel_w, l.pad_left, l.pad_right);
-    } else if (kind == "maxpool") {
-      if (f.size() < 2 || f.size() > 3) bad(token, "expected maxpool:K[:STRIDE]");
-      l.kind = LayerKind::kMaxPool;
-      l.kernel_h = l.kernel_w = to_int(token, f[1]);
-      l.stride = f.size() == 3 ? to_int(token, f[2]) : l.kernel_h;
-      if (cur.h < l.kernel_h || cur.w < l.kernel_w) bad(token, "window larger than its input");
-      l.out = {cur.c, (cur.h - l.kernel_h) / l.stride + 1, (cur.w - l.kernel_w) / l.stride + 1};
-    } else if (kind == "relu") {
-      if (f.size() != 1) bad(token, "relu takes no fields");
-      l.kind = LayerKind::kRelu;
-      l.out = cur;
-    } else if (kind == "flatten") {
-      if (f.size() != 1) bad(token, "flatten takes no fields");
-      l.kind = LayerKind::kFlatten;
-      l.out = {static_cast<int>(cur.size()), 1, 1};  // <= kMaxDim: checked for the input and every layer
-    } else if (kind == "fc") {
-      if (f.size() != 2) bad(token, "expected fc:UNITS");
-      l.kind = LayerKind::kFc;
-      l.channels = to_int(token, f[1]);
-      l.out = {l.channels, 1, 1};  // an fc on a (C, H, W) input flattens it in C, H, W order
-    } else if (kind == "dropout") {
-      if (f.size() != 2) bad(token, "expected dropout:RATE");
-      l.kind = LayerKind::kDropout;
-      l.drop_rate = to_float("model spec: dropout rate in " + quote_input(token), f[1]);
-      if (!(l.drop_rate >= 0.0f && l.drop_rate < 1.0f)) bad(token, "rate must be in [0, 1)");
-      l.out = cur;
-    } else if (kind == "batchnorm") {
-      if (f.size() > 3) bad(token, "expected batchnorm[:MOMENTUM[:EPS]]");
-      l.kind = LayerKind::kBatchNorm;
-      if (f.size() >= 2) l.momentum = to_float("model spec: batchnorm momentum in " + quote_input(token), f[1]);
-      if (f.size() == 3) l.eps = to_float("model spec: batchnorm eps in " + quote_input(token), f[2]);
-      if (!(l.momentum > 0.0f && l.momentum <= 1.0f)) bad(token, "momentum must be in (0, 1]");
-      if (!(l.eps > 0.0f)) bad(token, "eps must be positive");
-      l.channels = cur.c;  // statistics per channel (per unit after an fc)
-      l.out = cur;
-    } else {
-      bad(token, "unknown layer kind " + quote_input(kind, 40) +
-                     " (conv, maxpool, relu, flatten, fc, dropout, batchnorm)");
-    }
-    check_activation("layer " + std::to_string(spec.layers.size()) + " " + quote_input(token) + " outputs", l.out);
-    cur = l.out;
-    spec.layers.push_back(l);
-  }
-  if (spec.layers.empty() || cur.size() != num_classes)
-    throw_error(ExitCode::kUsage, "model spec " + quote_input(text) + " ends with " + std::to_string(cur.size()) +
-                                      " outputs; the data has " + std::to_string(num_classes) +
-                                      " classes (end it with fc:" + std::to_string(num_classes) + ")");
-
+// The model state (Note [State that is not trained]) is laid out in the same order.
+void lay_out_parameters(ModelSpec& spec) {
   std::int64_t offset = 0, state_offset = 0;
   for (int i = static_cast<int>(spec.layers.size()) - 1; i >= 0; --i) {
     const LayerSpec& l = spec.layers[static_cast<std::size_t>(i)];
@@ -259,6 +243,30 @@ ModelSpec parse_model_spec(const std::string& text, Shape input, int num_classes
   }
   spec.param_count = offset;
   spec.state_count = state_offset;
+}
+
+}  // namespace
+
+ModelSpec parse_model_spec(const std::string& text, Shape input, int num_classes) {
+  ModelSpec spec;
+  spec.text = text;
+  spec.input = input;
+  Shape cur = input;
+  check_activation("the input has", input);  // from the data, or from a checkpoint being evaluated
+  for (const std::string& token : split(text, ',')) {
+    if (token.empty())
+      throw_error(ExitCode::kUsage, "model spec " + quote_input(text) + ": empty layer " +
+                                        std::to_string(spec.layers.size()) + " (two commas?)");
+    const LayerSpec l = parse_layer(token, split(token, ':'), cur);
+    check_activation("layer " + std::to_string(spec.layers.size()) + " " + quote_input(token) + " outputs", l.out);
+    cur = l.out;
+    spec.layers.push_back(l);
+  }
+  if (spec.layers.empty() || cur.size() != num_classes)
+    throw_error(ExitCode::kUsage, "model spec " + quote_input(text) + " ends with " + std::to_string(cur.size()) +
+                                      " outputs; the data has " + std::to_string(num_classes) +
+                                      " classes (end it with fc:" + std::to_string(num_classes) + ")");
+  lay_out_parameters(spec);
   return spec;
 }
 
