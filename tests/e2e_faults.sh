@@ -62,7 +62,9 @@ if grep -q '"skipped_steps":1,' "$work/m.jsonl" && grep -qE '"test_accuracy":[0-
 else failed=$((failed + 1)); echo "FAIL skipped step not reported"; cat "$work/m.jsonl"; fi
 
 # A replica that went its own way (one bit of one parameter on rank 1 after step 3): the replica
-# check after that step stops every rank, naming both ranks' digests.
+# check after that step stops every rank, naming both ranks' digests. Every rank finds it after the
+# same allgather and stops there; rank 0 says so (before it was agreed, the first rank to report
+# ended the job, and the ASan build's run once printed rank 1's message alone, 2026-12-06).
 expect replicas_diverge 1 30 "error on rank 0 .*replicas diverged after step 3: rank 1 holds parameters [0-9a-f]{16}, rank 0 holds" -- \
   env MNIST_MPI_FAULT=1:3:diverge "${job[@]}" --check-replicas-every 1
 

@@ -393,11 +393,18 @@ void Trainer::check_replicas(std::int64_t step) {
   // content_digest (27 GB/s here) rather than params_hash's FNV-1a (1 GB/s, byte by byte): lenet's
   // 13 MB took 13 ms a check, 0.13 ms a step at the default of one check every 100 steps.
   comm_.allgather(content_digest(host_params(), static_cast<std::size_t>(spec_.param_count) * sizeof(float)), hashes);
+  // Every rank holds the same digests, so every rank finds a divergence here and stops at this
+  // point (an AgreedError: rank 0 prints it, none is left in a collective, all exit through
+  // MPI_Finalize). An error of one rank's own, with MPI_Abort, let whichever rank printed first
+  // end the job, so the message came from either rank.
   for (std::size_t r = 1; r < hashes.size(); ++r)
-    MNIST_CHECK(hashes[r] == hashes[0], ExitCode::kRuntime,
-                "replicas diverged after step " + std::to_string(step) + ": rank " + std::to_string(r) +
-                    " holds parameters " + hex64(hashes[r]) + ", rank 0 holds " + hex64(hashes[0]) +
-                    " (every rank must hold identical parameters; this is a bug, please report it)");
+    if (hashes[r] != hashes[0])
+      throw AgreedError(ExitCode::kRuntime,
+                        !rank0_
+                            ? std::string()
+                            : "replicas diverged after step " + std::to_string(step) + ": rank " + std::to_string(r) +
+                                  " holds parameters " + hex64(hashes[r]) + ", rank 0 holds " + hex64(hashes[0]) +
+                                  " (every rank must hold identical parameters; this is a bug, please report it)");
 }
 
 // --conv-algos measured (Note [Choosing cuDNN algorithms] in src/backend/cuda/conv.cpp): rank 0's
