@@ -293,6 +293,33 @@ TEST(Options, OptimizerIsOneOfTheKnownKinds) {
   EXPECT_NE(msg.find("--optimizer must be adam or sgd or lamb, got 'rmsprop'"), std::string::npos) << msg;
 }
 
+// 0 is --batch-size's and --global-batch-size's "not given"; one given as 0, on the command line
+// or in a config file, is a usage error naming it, and the command line's 0 does not fall back to
+// the default over a config file's value (it once trained silently with a global batch of 100).
+TEST(Options, AnExplicitZeroBatchIsRefusedNamingTheOption) {
+  const TempFile ini("batch-size = 128\n");
+  for (const std::string name : {"batch-size", "global-batch-size"}) {
+    const TempFile zero(name + " = 0\n");
+    for (const auto& args : std::vector<std::vector<std::string>>{
+             {"--" + name, "0"}, {"--config", zero.str()}, {"--config", ini.str(), "--" + name, "0"}}) {
+      const auto [code, msg] = parse_within_10s(args);
+      EXPECT_EQ(code, ExitCode::kUsage) << args.back();
+      EXPECT_NE(msg.find("--" + name + " must be > 0, got 0"), std::string::npos) << msg;
+    }
+  }
+  // Neither given: the default global batch; a config file's value: that value.
+  for (const auto& [args, want] : std::vector<std::pair<std::vector<std::string>, std::int64_t>>{
+           {{}, kDefaultGlobalBatch}, {{"--config", ini.str()}, 0}}) {
+    std::vector<const char*> argv{"mnist_mpi"};
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    Options o;
+    std::string text;
+    ASSERT_EQ(parse_options(static_cast<int>(argv.size()), argv.data(), o, text), ParseOutcome::kRun);
+    EXPECT_EQ(o.global_batch_size, want);
+    EXPECT_EQ(o.batch_size, args.empty() ? 0 : 128);
+  }
+}
+
 // One table of the pairs of options (src/config/combinations.cpp): the parser refuses the pairs of
 // options alone, naming both and the fix; the rows about the machine wait for the trainer's place,
 // and refuse there what the parser let through.

@@ -485,7 +485,7 @@ void store_config_file(const std::string& path, const po::options_description& a
 // The checks on values that the rest of the program relies on, and what follows from them: the
 // default global batch, the resolved --shard-optimizer. (The real-valued options: Note [One check
 // for every floating-point option].)
-void check_counts(const Options& o) {
+void check_counts(const Options& o, const po::variables_map& vm) {
   auto positive = [](std::int64_t v, const char* name, bool allow_zero) {
     if (v < 0 || (!allow_zero && v == 0))
       throw_error(ExitCode::kUsage, std::string("--") + name + " must be " + (allow_zero ? ">= 0" : "> 0") + ", got " +
@@ -493,8 +493,15 @@ void check_counts(const Options& o) {
   };
   positive(o.validation_size, "validation-size", true);
   positive(o.train_limit, "train-limit", true);
-  positive(o.batch_size, "batch-size", true);
-  positive(o.global_batch_size, "global-batch-size", true);
+  // 0 is these two options' "not given" (the default global batch follows from neither being given),
+  // so a 0 that was given, on the command line or in a config file, is refused by name here rather
+  // than taken for "not given".
+  for (const auto& [v, name] : {std::pair{o.batch_size, "batch-size"}, std::pair{o.global_batch_size, "global-batch-size"}}) {
+    positive(v, name, true);
+    if (v == 0 && vm.count(name) != 0 && !vm[name].defaulted())
+      throw_error(ExitCode::kUsage, std::string("--") + name + " must be > 0, got 0 (leave it out for the default global batch of " +
+                                        std::to_string(kDefaultGlobalBatch) + ")");
+  }
   positive(o.epochs, "epochs", false);
   positive(o.accumulation_steps, "accumulation-steps", false);
   positive(o.exact_chunk, "exact-chunk", true);
@@ -598,7 +605,7 @@ ParseOutcome parse_options(int argc, const char* const* argv, Options& o, std::s
   } catch (const po::error& e) {
     throw_error(ExitCode::kUsage, option_error_message(e, argc, argv) + " (see --help)");
   }
-  check_counts(o);
+  check_counts(o, vm);
   check_choices(o, choice);
   o.resolved = resolved_text(vm, o);
   return ParseOutcome::kRun;
