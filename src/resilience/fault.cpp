@@ -18,7 +18,8 @@ Fault parse_fault(const std::string& text) {
                 "MNIST_MPI_FAULT=" + quote_input(text) +
                     " is not RANK:STEP:KIND with KIND one of kill, segv, throw, stop, hang, nan, diverge, "
                     "nor RANK:thread:NAME with NAME one of checkpoint-writer, communication, watchdog, "
-                    "nor RANK:slow:MS with MS from 1 to 10000 (a testing hook; unset it for a normal run)");
+                    "nor RANK:slow:MS with MS from 1 to 10000, nor RANK:dropout:local (a testing hook; unset it "
+                    "for a normal run)");
   };
   Fault f;
   if (text.size() > 200) return bad();
@@ -41,6 +42,11 @@ Fault parse_fault(const std::string& text) {
       f.kind = FaultKind::kSlow;
       f.slow_ms = std::stoll(ms, &used);
       if (used != ms.size() || f.slow_ms < 1 || f.slow_ms > 10000) return bad();
+      return f;
+    }
+    if (s == "dropout") {
+      if (text.substr(c2 + 1) != "local") return bad();
+      f.kind = FaultKind::kLocalDropoutKey;
       return f;
     }
     f.step = std::stoll(s, &used);
@@ -121,6 +127,7 @@ void fire_fault(const Fault& f) {
     case FaultKind::kDiverge:
     case FaultKind::kThreadStart:
     case FaultKind::kSlow:
+    case FaultKind::kLocalDropoutKey:
       break;
   }
 }

@@ -331,7 +331,7 @@ Clock::time_point ExactGradients::exact_pass_tail(std::int64_t step, bool probe,
   for (std::int64_t j = 0; j < k; ++j) {
     const Slice slice = p_.sampler->slice(step, shape_.my_chunks.first + j, shape_.chunks);  // c images
     MNIST_CHECK(slice.count == c, ExitCode::kRuntime, "exact sums: a chunk shorter than its size");
-    if (j == 0) first_sample = slice.first;
+    if (j == 0) first_sample = shape_.local_dropout_key ? 0 : slice.first;
     p_.data->gather(slice.position, c, chunk_input(j));
     std::copy_n(p_.data->labels(), c, tail_labels_.data() + j * c);
   }

@@ -45,7 +45,7 @@ StepContext GradientPipeline::forward_and_loss(std::int64_t step, const Slice& s
   at.start = Clock::now();
   p_.data->gather(slice.position, slice.count, p_.model->input());
   at.data = Clock::now();
-  const StepContext ctx{true, shape_.seed, step, slice.first};
+  const StepContext ctx{true, shape_.seed, step, shape_.local_dropout_key ? 0 : slice.first};
   p_.model->forward(ctx);
   p_.backend->softmax_cross_entropy(p_.model->logits(), p_.data->labels(), static_cast<int>(slice.count),
                                     spec.num_classes(), p_.model->dlogits(), grad_scale_, loss);

@@ -82,7 +82,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
                 scratch_loss_.get()},
       StepShape{comm_.rank(), comm_.size(), accumulation_, batch_, global_batch_, opt_.seed, opt_.skip_nonfinite_steps,
                 opt_.cuda_graph, exact_ ? global_batch_ / exact_chunk_ : 0, my_chunks_,
-                fault_.slow_ms_for(comm_.rank())});
+                fault_.slow_ms_for(comm_.rank()), fault_.local_dropout_key_for(comm_.rank())});
   monitor_->on_start(start_facts(threads, gpus));  // which GPU (every rank), the banner, the "start" event
 }
 

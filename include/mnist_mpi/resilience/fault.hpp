@@ -6,6 +6,9 @@
 // (checkpoint-writer, communication or watchdog): Note [Threads are joined on every path].
 // "RANK:slow:MS" makes rank RANK sleep MS milliseconds in the backward pass of every step (a
 // straggler: Note [Naming a straggler] in src/report/ranks.cpp).
+// "RANK:dropout:local" makes rank RANK key its dropout masks by a sample's position in its own
+// slice instead of in the global batch (the mistake Note [Dropout masks do not depend on the rank]
+// in src/backend/cpu/dropout.cpp rules out), so that a test can show its bound would catch it.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +27,7 @@ enum class FaultKind {
   kDiverge,      // after the step the rank flips the last bit of its first parameter (a replica gone its own way)
   kThreadStart,  // the rank throws right after starting the thread named by Fault::thread
   kSlow,         // the rank sleeps Fault::slow_ms in every step's backward (a straggler)
+  kLocalDropoutKey,  // the rank keys dropout by the position in its own slice (a wrong mask)
 };
 
 struct Fault {
@@ -34,6 +38,8 @@ struct Fault {
   std::int64_t slow_ms = 0;  // kSlow
   // kSlow: this rank's sleep per step in milliseconds, else 0.
   std::int64_t slow_ms_for(int r) const { return kind == FaultKind::kSlow && rank == r ? slow_ms : 0; }
+  // kLocalDropoutKey: whether rank r keys its dropout masks by its own slice's positions.
+  bool local_dropout_key_for(int r) const { return kind == FaultKind::kLocalDropoutKey && rank == r; }
   bool armed_for(int r, std::int64_t step0) const { return kind != FaultKind::kNone && rank == r && step == step0 + 1; }
 };
 

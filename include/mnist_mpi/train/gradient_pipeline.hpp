@@ -63,6 +63,7 @@ struct StepShape {
   std::int64_t chunks = 0;
   ChunkRange my_chunks;
   std::int64_t slow_ms = 0;  // MNIST_MPI_FAULT=RANK:slow:MS: this rank sleeps in every step's backward
+  bool local_dropout_key = false;  // MNIST_MPI_FAULT=RANK:dropout:local: a wrong mask, on purpose
 };
 
 class GradientPipeline {
