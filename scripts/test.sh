@@ -5,6 +5,7 @@
 # model_use and real_data labels), the rank's threads under ThreadSanitizer (build-tsan), and each libFuzzer
 # target for a bounded time (build-fuzz, clang). Prints each stage's time at the end.
 # MNIST_MPI_SANITIZERS=0 runs only the normal suite. Arguments go to the normal suite's ctest.
+# At the end: every test that skipped and why (tests/skipped.py), and each stage's time.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -20,8 +21,13 @@ stage() {  # closes the stage before (its time) and names the next
   last=$now
   [ -z "$1" ] || echo "== $1 ($(date +%T))"
 }
+junit=()  # STAGE=FILE: each suite's results, for the list of what skipped (tests/skipped.py)
 summary() {
   stage ""
+  if [ ${#junit[@]} -gt 0 ]; then
+    echo "== skipped tests, and why"
+    python3 tests/skipped.py "${junit[@]}" || true
+  fi
   echo "== stage times"
   printf '%s\n' "${times[@]}"
   printf '  %-58s %4d s\n' "total" $(($(date +%s) - t0))
@@ -35,7 +41,9 @@ scripts/fetch_mnist.sh
 stage "the suite: build/"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Two tests at a time (the whole suite passed so with -j2 here, Slurm tests serialised by RESOURCE_LOCK).
-ctest --test-dir build --output-on-failure --timeout 900 -j"$(nproc)" "$@"
+junit+=("normal=$root/build/ctest-results.xml")
+rm -f "$root/build/ctest-results.xml"  # not an earlier run's
+ctest --test-dir build --output-on-failure --timeout 900 -j"$(nproc)" --output-junit "$root/build/ctest-results.xml" "$@"
 [ "${MNIST_MPI_SANITIZERS:-1}" = 1 ] || exit 0
 
 jobs=$(nproc)
@@ -54,14 +62,19 @@ stage "AddressSanitizer + UndefinedBehaviorSanitizer: build-asan"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DMNIST_MPI_CUDA=OFF -DMNIST_MPI_SANITIZE=address,undefined >/dev/null
 env "${asan_env[@]}" cmake --build build-asan -j"$jobs"
 stage "AddressSanitizer + UndefinedBehaviorSanitizer: the suite"
-env "${asan_env[@]}" ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs" -LE "slurm|gpu|model_use|real_data"
+junit+=("ASan+UBSan=$root/build-asan/ctest-results.xml")
+rm -f "$root/build-asan/ctest-results.xml"
+env "${asan_env[@]}" ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs" -LE "slurm|gpu|model_use|real_data" \
+  --output-junit "$root/build-asan/ctest-results.xml"
 
 stage "ThreadSanitizer: build-tsan (thread_tests)"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Release -DMNIST_MPI_CUDA=OFF -DMNIST_MPI_SANITIZE=thread >/dev/null
 cmake --build build-tsan -j"$jobs" --target thread_tests
 stage "ThreadSanitizer: thread_tests on 2 and 3 ranks"
+junit+=("TSan=$root/build-tsan/ctest-results.xml")
+rm -f "$root/build-tsan/ctest-results.xml"
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp" \
-  ctest --test-dir build-tsan --output-on-failure --timeout 600 -L threads
+  ctest --test-dir build-tsan --output-on-failure --timeout 600 -L threads --output-junit "$root/build-tsan/ctest-results.xml"
 
 stage "libFuzzer: build-fuzz"
 cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DMNIST_MPI_FUZZ=ON >/dev/null

@@ -35,7 +35,6 @@ for t in 0:checkpoint-writer 1:communication 1:watchdog; do
   expect "throw_after_start_${t#*:}" 1 30 "error on rank ${t%%:*} .*fails right after starting its ${t#*:} thread" -- \
     env MNIST_MPI_FAULT="${t%%:*}:thread:${t#*:}" "${job[@]}" --optimizer sgd --max-steps 20 --checkpoint-dir ck_t
 done
-grep -q "terminate called" "$work/out" && { echo "FAIL a thread's owner called std::terminate"; failed=$((failed + 1)); }
 
 # 2. Not a regular file where a checkpoint is expected: said as what it is, and never waited on.
 mkfifo ck/step-00000011.ckpt  # named like the newest checkpoint

@@ -48,7 +48,8 @@ left_behind() {
 
 # expect NAME CODE MAX_SECONDS PATTERN -- command...   (CODE "nz": any non-zero exit code)
 # Runs the command (killed after 120 s), then checks its exit code, that it ended within
-# MAX_SECONDS, that its output matches the extended regex PATTERN, and that no rank outlived it.
+# MAX_SECONDS, that its output matches the extended regex PATTERN and holds no "terminate called",
+# and that no rank outlived it.
 expect() {
   local name=$1 want=$2 max_s=$3 pattern=$4
   shift 5
@@ -63,6 +64,9 @@ expect() {
   elif [ "$rc" -ne "$want" ]; then echo "FAIL $name: exit code $rc, expected $want"; ok=0; fi
   if [ "${took%.*}" -ge "$max_s" ]; then echo "FAIL $name: took ${took}s, limit ${max_s}s"; ok=0; fi
   if ! grep -qE -- "$pattern" "$work/out"; then echo "FAIL $name: output lacks /$pattern/"; ok=0; fi
+  # However a rank ends, it is never through std::terminate (a thread left joinable, an exception
+  # out of a destructor or a thread): checked after every case.
+  if grep -q "terminate called" "$work/out"; then echo "FAIL $name: a rank called std::terminate"; ok=0; fi
   # No rank may be left behind (stopped or spinning); one that mpirun killed is waited for.
   left_behind
   if [ -n "$left" ]; then echo "FAIL $name: process(es) $left outlived mpirun"; ok=0; kill -KILL ${left%%(*} 2>/dev/null; fi

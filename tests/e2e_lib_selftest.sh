@@ -5,7 +5,8 @@
 #      that leaves a rank mpirun killed still there when mpirun returns; RUN_SERIAL in CTest):
 #      every run passes, and the check had to wait for such a rank (else this test did not make
 #      the race);
-#   2. a process of the job that nobody killed is named at once.
+#   2. a process of the job that nobody killed is named at once;
+#   3. a case whose output holds "terminate called" fails.
 # Usage: e2e_lib_selftest.sh MNIST_MPI MAKE_SYNTHETIC_MNIST
 set -uo pipefail
 bin=$1 make_data=$2
@@ -48,6 +49,15 @@ else
   echo "FAIL stray_process_is_named: left_behind named '$left', expected '$stray '"; failed=$((failed + 1))
 fi
 kill "$stray"; wait "$stray" 2>/dev/null
+
+# 3. A case whose output says "terminate called" fails, whatever else it matched.
+before=$failed
+expect terminate_is_a_failure nz 10 "abort" -- bash -c 'echo "terminate called without an active exception; abort" >&2; exit 134' >/dev/null
+if [ $failed -eq $((before + 1)) ]; then
+  failed=$before; passed=$((passed + 1)); echo "ok   terminate_is_a_failure"
+else
+  echo "FAIL terminate_is_a_failure: expect() let a \"terminate called\" through"; failed=$((before + 1))
+fi
 
 echo "passed $passed, failed $failed"
 [ "$failed" -eq 0 ]
