@@ -19,10 +19,13 @@ from collections import OrderedDict
 GTEST_SKIP = re.compile(r"^[^\n]*: Skipped\n(.*?)\n\[  SKIPPED \] (\S+)", re.M | re.S)
 SLURM_SKIP = re.compile(r"^=== SKIPPED: (.*) ===$", re.M)
 SCRIPT_SKIP = re.compile(r"^(SKIP\b.*)$", re.M)
+# GoogleTest colours its lines under mpirun (a terminal there); CTest writes ESC as this text.
+COLOUR = re.compile(r"(?:\[NON-XML-CHAR-0x1B\]|\x1b)\[[0-9;]*m")
 
 
 def reasons(out):
     """(test inside, reason) pairs found in one test's output."""
+    out = COLOUR.sub("", out)
     found = [(name, " ".join(msg.split())) for msg, name in GTEST_SKIP.findall(out)]
     found += [("", m) for m in SLURM_SKIP.findall(out)]
     found += [("", m) for m in SCRIPT_SKIP.findall(out)]

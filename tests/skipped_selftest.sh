@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/skipped.py on a JUnit file of the three kinds of skip it must list, and a passed test
-# it must not: a test CTest skipped (GTEST_SKIP, its reason), a gtest under mpirun that passed
-# with one test skipped inside, a script that printed "SKIP (loud): ...".
+# it must not: a test CTest skipped (GTEST_SKIP, its reason; plain, and in GoogleTest's colours as
+# under mpirun), a gtest under mpirun that passed with one test skipped inside, a script that
+# printed "SKIP (loud): ...".
 # Usage: skipped_selftest.sh REPO_ROOT
 set -uo pipefail
 root=$1
@@ -28,6 +29,14 @@ this CPU has no bf16 instructions
 [  SKIPPED ] Sharding.Bf16Images (0 ms)
 </system-out>
   </testcase>
+  <testcase name="gpu_np2.GpuNccl.SumsAreExact" classname="gpu_np2.GpuNccl.SumsAreExact" time="0.1" status="notrun">
+    <skipped message="SKIP_REGULAR_EXPRESSION_MATCHED"/>
+    <system-out>[NON-XML-CHAR-0x1B][0;32m[ RUN      ] [NON-XML-CHAR-0x1B][mGpuNccl.SumsAreExact
+tests/test_gpu.cpp:90: Skipped
+no usable GPU: no NVIDIA driver is loaded
+[NON-XML-CHAR-0x1B][0;32m[  SKIPPED ] [NON-XML-CHAR-0x1B][mGpuNccl.SumsAreExact (98 ms)
+</system-out>
+  </testcase>
   <testcase name="e2e_exact_sums" classname="e2e_exact_sums" time="30" status="run">
     <system-out>ok   exact: np1 = np2
 SKIP (loud): the row-wise tail is untested here
@@ -43,7 +52,9 @@ out=$(python3 "$root/tests/skipped.py" "normal=$work/r.xml" "asan=$work/missing.
 echo "$out"
 fail=0
 want() { grep -qF -- "$1" <<<"$out" || { echo "FAIL: the list lacks: $1"; fail=1; }; }
-want "normal: 3 skipped:"
+want "normal: 4 skipped:"
+want "    no usable GPU: no NVIDIA driver is loaded"
+want "      gpu_np2.GpuNccl.SumsAreExact"
 want "    this CPU has no bf16 instructions"
 want "      Layers.Bf16ConvMatchesFp32"
 want "      mpi_tests_np2 (passed; Sharding.Bf16Images skipped)"

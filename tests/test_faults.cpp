@@ -49,6 +49,17 @@ TEST(Fault, ParsesAThreadStart) {
     EXPECT_THROW(parse_fault(bad), Error) << bad;
 }
 
+TEST(Fault, ParsesALocalDropoutKey) {
+  const Fault f = parse_fault("1:dropout:local");
+  EXPECT_EQ(f.kind, FaultKind::kLocalDropoutKey);
+  EXPECT_TRUE(f.local_dropout_key_for(1));
+  EXPECT_FALSE(f.local_dropout_key_for(0));
+  EXPECT_FALSE(f.armed_for(1, 0));  // never a step fault
+  EXPECT_FALSE(parse_fault("1:slow:5").local_dropout_key_for(1));
+  for (const char* bad : {"1:dropout:", "1:dropout:global", "1:dropouts:local", "x:dropout:local"})
+    EXPECT_THROW(parse_fault(bad), Error) << bad;
+}
+
 // An owner like the Checkpointer: starts a thread waiting on its condition variable, then throws
 // from its constructor (Note [Threads are joined on every path]). Its destructor never runs; the
 // JoinedThread member must stop and join the thread while the mutex and condition variable exist.
