@@ -441,6 +441,51 @@ TEST(HtmlReport, ChartsHaveRoundTicksAndOneBarPerRank) {
   EXPECT_NE(html.find(">97.0 %</text>"), std::string::npos);  // accuracy ticks in percent
 }
 
+// The values of a chart's tick labels of class `cls` ("tick-y", "tick-x"), in the page's order:
+// the number a label starts with (97.5 of "97.5 %").
+std::vector<double> tick_values(const std::string& html, const std::string& title, const std::string& cls) {
+  const auto c = html.find("<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" data-title=\"" + title + "\"");
+  EXPECT_NE(c, std::string::npos) << title;
+  const std::string chart = c == std::string::npos ? "" : html.substr(c, html.find("</svg>", c) - c);
+  std::vector<double> v;
+  for (auto p = chart.find("class=\"" + cls); p != std::string::npos; p = chart.find("class=\"" + cls, p + 1))
+    v.push_back(std::strtod(chart.c_str() + chart.find('>', p) + 1, nullptr));
+  return v;
+}
+
+// Note [An axis of a fraction]: accuracy's axis stays within 0 % .. 100 % and is zoomed to its
+// points; one point, or a flat series, gets a few round ticks around it.
+TEST(HtmlReport, AFractionAxisStaysWithin0To100PercentZoomedToItsPoints) {
+  for (const double lo : {0.0, 1e-4, 0.13, 0.5, 0.93, 0.986, 0.9999, 1.0})
+    for (const double span : {0.0, 1e-4, 0.007, 0.05, 0.3, 1.0}) {
+      const double hi = std::min(1.0, lo + span);
+      const std::vector<double> t = axis_ticks(lo, hi, 1);
+      ASSERT_GE(t.size(), 2u) << lo << " .. " << hi;
+      EXPECT_GE(t.front(), 0.0) << lo << " .. " << hi;
+      EXPECT_LE(t.back(), 1.0) << lo << " .. " << hi;
+      EXPECT_LE(t.front(), lo) << hi;
+      EXPECT_GE(t.back(), hi) << lo;
+    }
+  // One evaluation at 98.6 %: not 40 % to 160 %.
+  const std::vector<double> one = axis_ticks(0.986, 0.986, 1);
+  EXPECT_GE(one.size(), 3u);
+  EXPECT_GE(one.front(), 0.95);
+  EXPECT_LE(one.back(), 1.0);
+  EXPECT_EQ(axis_ticks(1, 1, 1).back(), 1.0);
+  EXPECT_EQ(axis_ticks(0, 0, 1).front(), 0.0);
+  EXPECT_GT(axis_ticks(0, 0, 1).back(), 0.0);
+  EXPECT_EQ(axis_ticks(2, 2, 0), nice_ticks(1.5, 2.5, 5));  // other axes with one value: half a unit around it
+  EXPECT_EQ(axis_ticks(0.5969, 2.31, 0), nice_ticks(0.5969, 2.31, 5));
+  // In the page: a run whose one test evaluation is 98.6 %.
+  ReportData d;
+  d.train = {{10, 0.3, 0.001, 1000}, {20, 0.2, 0.001, 1000}};
+  d.evals = {{"test", 20, 0.986, 0.05}};
+  const std::vector<double> percent = tick_values(render_html_report(d), "accuracy", "tick-y");
+  ASSERT_GE(percent.size(), 3u);
+  EXPECT_GE(percent.front(), 95.0);
+  EXPECT_LE(percent.back(), 100.0);
+}
+
 // ---- outputs that cannot be written (Note [When an output cannot be written]) ----
 
 bool have_dev_full() { return fs::is_character_file("/dev/full"); }

@@ -75,6 +75,33 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
   return t;
 }
 
+// Note [An axis of a fraction]
+// Accuracy is a fraction: its axis never passes 100 % nor goes below 0 %, which no value can be.
+// Like every value axis it is zoomed to the data, but over at least kFractionSpan, centred on the
+// data and moved inside [0, 1] where it would pass an end, so that one evaluation (or a flat
+// series) gets a few round ticks around it, not an axis of zero height or one padded past 100 %.
+// Other axes with one value are padded by half a unit or a tenth of the value, whichever is more.
+std::vector<double> axis_ticks(double lo, double hi, int unit_kind) {
+  if (static_cast<Unit>(unit_kind) != Unit::kFraction) {
+    if (hi == lo) {
+      lo -= std::max(0.5, std::fabs(lo) * 0.1);
+      hi += std::max(0.5, std::fabs(hi) * 0.1);
+    }
+    return nice_ticks(lo, hi, 5);
+  }
+  constexpr double kFractionSpan = 0.02;  // two percentage points
+  lo = std::clamp(lo, 0.0, 1.0);
+  hi = std::clamp(hi, 0.0, 1.0);
+  if (hi - lo < kFractionSpan) {
+    lo = std::clamp((lo + hi - kFractionSpan) / 2, 0.0, 1.0 - kFractionSpan);
+    hi = lo + kFractionSpan;
+  }
+  // The ticks, from the last at or below lo to the first at or above hi, stay within [0, 1]: over a
+  // span of at most 1 the step is at most 0.2 (1, 2 or 5 times a negative power of ten), which
+  // divides 1, so 1 is a tick.
+  return nice_ticks(lo, hi, 5);
+}
+
 std::string format_value(double v, int unit_kind, double step) {
   const auto unit = static_cast<Unit>(unit_kind);
   // Enough decimals to tell ticks `step` apart, no more.
@@ -143,11 +170,7 @@ std::string line_chart(const std::string& title, const std::string& y_title, Uni
     x0 = std::min(0.0, x0);
     if (x1 == x0) x1 = x0 + 1;
   }
-  if (y1 == y0) {
-    y0 -= std::max(0.5, std::fabs(y0) * 0.1);
-    y1 += std::max(0.5, std::fabs(y1) * 0.1);
-  }
-  const std::vector<double> yt = nice_ticks(y0, y1, 5);
+  const std::vector<double> yt = axis_ticks(y0, y1, static_cast<int>(unit));  // Note [An axis of a fraction]
   std::vector<double> xt = nice_ticks(x0, x1, 8);
   if (xt.size() > 1 && xt[1] - xt[0] < 1) xt = nice_ticks(x0, std::max(x1, x0 + 8), 8);  // steps are whole
   const double ys = yt.size() > 1 ? yt[1] - yt[0] : 0, xs = xt.size() > 1 ? xt[1] - xt[0] : 0;

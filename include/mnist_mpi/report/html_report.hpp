@@ -50,6 +50,9 @@ std::string report_json(const ReportData& data);
 // shown as %, 2 a rate as 72.9k, 3 milliseconds), with the decimals that ticks `step` apart need.
 std::vector<double> nice_ticks(double lo, double hi, int target);
 std::string format_value(double v, int unit, double step);
+// A value axis's ticks for data in [lo, hi] (unit as above): nice_ticks, with an axis of some height
+// for one value, and a fraction's within [0, 1] (Note [An axis of a fraction]).
+std::vector<double> axis_ticks(double lo, double hi, int unit);
 std::string render_html_report(const ReportData& data);
 // Several runs' data overlaid in one page (`mnist_mpi report`), each under its label.
 struct LabelledRun {
