@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <regex>
 #include <string>
@@ -484,6 +485,69 @@ TEST(HtmlReport, AFractionAxisStaysWithin0To100PercentZoomedToItsPoints) {
   ASSERT_GE(percent.size(), 3u);
   EXPECT_GE(percent.front(), 95.0);
   EXPECT_LE(percent.back(), 100.0);
+}
+
+// Note [A bounded sample that keeps the extremes]: a long series drawn from at most four points a
+// step range, which keep its first, last, lowest and highest points and a one-step spike; a short
+// one whole.
+TEST(HtmlReport, ALongSeriesIsDrawnFromABoundedSampleThatKeepsItsExtremes) {
+  std::vector<std::pair<double, double>> few;  // 4 points a range, unevenly spaced: a sample would thin it
+  for (int i = 0; i < 400; ++i) few.emplace_back(i * i, std::sin(i));
+  std::vector<std::size_t> all(few.size());
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  EXPECT_EQ(bounded_sample(few, 100), all);
+  // A loss curve of 200,000 steps: highest at its start, lowest near its end, with a spike of one
+  // step (lower than the start, so not the series' highest) and a dip of one step in its middle.
+  constexpr std::size_t kSpike = 120007, kDip = 77777;
+  std::vector<std::pair<double, double>> loss;
+  for (int s = 1; s <= 200000; ++s)
+    loss.emplace_back(s, 0.05 + 2.25 * std::exp(-s / 20000.0) + 0.02 * std::sin(s * 0.37));
+  loss[kSpike].second = 1.5;
+  loss[kDip].second = 0.01;
+  const std::vector<std::size_t> kept = bounded_sample(loss, 1000);
+  EXPECT_LE(kept.size(), 4000u);
+  EXPECT_GE(kept.size(), 2000u);
+  EXPECT_TRUE(std::is_sorted(kept.begin(), kept.end()));
+  EXPECT_EQ(std::adjacent_find(kept.begin(), kept.end()), kept.end());  // each point once
+  const auto has = [&](std::size_t i) { return std::binary_search(kept.begin(), kept.end(), i); };
+  const auto y_less = [](const auto& a, const auto& b) { return a.second < b.second; };
+  const auto lowest = static_cast<std::size_t>(std::min_element(loss.begin(), loss.end(), y_less) - loss.begin());
+  const auto highest = static_cast<std::size_t>(std::max_element(loss.begin(), loss.end(), y_less) - loss.begin());
+  EXPECT_EQ(lowest, kDip);
+  EXPECT_TRUE(has(0) && has(loss.size() - 1)) << "first and last";
+  EXPECT_TRUE(has(lowest)) << "the lowest point, " << lowest;
+  EXPECT_TRUE(has(highest)) << "the highest point, " << highest;
+  EXPECT_TRUE(has(kSpike)) << "the spike";
+  // A step that is not a number is kept, so the line's gap shows; still at most 5 points a range.
+  loss[150100].second = std::nan("");  // inside a range, neither its first nor its last
+  const std::vector<std::size_t> gap = bounded_sample(loss, 1000);
+  EXPECT_TRUE(std::binary_search(gap.begin(), gap.end(), std::size_t{150100}));
+  EXPECT_LE(gap.size(), 5000u);
+
+  // The page of such a run: the loss curve drawn from the sample, up to the spike, and the JSON of
+  // the rows drawn, saying how many were logged.
+  ReportData d;
+  for (int s = 1; s <= 200000; ++s)
+    d.train.push_back({s, 0.05 + 2.25 * std::exp(-s / 20000.0) + 0.02 * std::sin(s * 0.37), 0.001,
+                       70000 + 2000 * std::sin(s / 977.0)});
+  d.train[kSpike].loss = 9.5;
+  d.evals = {{"test", 200000, 0.986, 0.05}};
+  const std::string html = render_html_report(d);
+  EXPECT_LE(html.size(), std::size_t{3} << 20);
+  const std::string name = "data-name=\"training loss (training split)\" data-points=\"";
+  const auto at = html.find(name);
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_LE(std::stoul(html.substr(at + name.size())), 4000u);
+  EXPECT_GE(tick_values(html, "loss", "tick-y").back(), 9.5);
+  const std::string open = "<script type=\"application/json\" id=\"mnist-mpi-report\">\n";
+  const auto b = html.find(open);
+  ASSERT_NE(b, std::string::npos);
+  const Json json = Json::parse(html.substr(b + open.size(), html.find("\n</script>", b) - b - open.size()));
+  EXPECT_EQ(json["logged"]["train"], 200000);
+  EXPECT_LE(json["train"].size(), 6000u);  // each range's first, last, lowest and highest loss and images/s
+  bool spike = false;
+  for (const Json& p : json["train"]) spike = spike || p["loss"] == 9.5;
+  EXPECT_TRUE(spike);
 }
 
 // ---- outputs that cannot be written (Note [When an output cannot be written]) ----
