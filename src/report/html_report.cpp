@@ -233,8 +233,10 @@ std::string line_chart(const std::string& title, const std::string& y_title, Uni
   auto py = [&](double y) { return T + (y1 - y) / (y1 - y0) * (H - T - B); };
   char b[256];
   for (const double y : yt) {
-    std::snprintf(b, sizeof b, "<line x1=\"%g\" x2=\"%g\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#e6e6e6\"/>", L, kW - R,
-                  py(y), py(y));
+    std::snprintf(b, sizeof b,
+                  "<line class=\"grid-y\" data-value=\"%g\" x1=\"%g\" x2=\"%g\" y1=\"%.1f\" y2=\"%.1f\" "
+                  "stroke=\"#e6e6e6\"/>",
+                  y, L, kW - R, py(y), py(y));
     o << b << "<text class=\"tick-y\" x=\"" << L - 6 << "\" y=\"" << py(y) + 4 << "\" text-anchor=\"end\">"
       << esc(format_value(y, static_cast<int>(unit), ys)) << "</text>";
   }
