@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <regex>
 #include <string>
@@ -439,6 +440,114 @@ TEST(HtmlReport, ChartsHaveRoundTicksAndOneBarPerRank) {
     }
   }
   EXPECT_NE(html.find(">97.0 %</text>"), std::string::npos);  // accuracy ticks in percent
+}
+
+// The values of a chart's tick labels of class `cls` ("tick-y", "tick-x"), in the page's order:
+// the number a label starts with (97.5 of "97.5 %").
+std::vector<double> tick_values(const std::string& html, const std::string& title, const std::string& cls) {
+  const auto c = html.find("<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" data-title=\"" + title + "\"");
+  EXPECT_NE(c, std::string::npos) << title;
+  const std::string chart = c == std::string::npos ? "" : html.substr(c, html.find("</svg>", c) - c);
+  std::vector<double> v;
+  for (auto p = chart.find("class=\"" + cls); p != std::string::npos; p = chart.find("class=\"" + cls, p + 1))
+    v.push_back(std::strtod(chart.c_str() + chart.find('>', p) + 1, nullptr));
+  return v;
+}
+
+// Note [An axis of a fraction]: accuracy's axis stays within 0 % .. 100 % and is zoomed to its
+// points; one point, or a flat series, gets a few round ticks around it.
+TEST(HtmlReport, AFractionAxisStaysWithin0To100PercentZoomedToItsPoints) {
+  for (const double lo : {0.0, 1e-4, 0.13, 0.5, 0.93, 0.986, 0.9999, 1.0})
+    for (const double span : {0.0, 1e-4, 0.007, 0.05, 0.3, 1.0}) {
+      const double hi = std::min(1.0, lo + span);
+      const std::vector<double> t = axis_ticks(lo, hi, 1);
+      ASSERT_GE(t.size(), 2u) << lo << " .. " << hi;
+      EXPECT_GE(t.front(), 0.0) << lo << " .. " << hi;
+      EXPECT_LE(t.back(), 1.0) << lo << " .. " << hi;
+      EXPECT_LE(t.front(), lo) << hi;
+      EXPECT_GE(t.back(), hi) << lo;
+    }
+  // One evaluation at 98.6 %: not 40 % to 160 %.
+  const std::vector<double> one = axis_ticks(0.986, 0.986, 1);
+  EXPECT_GE(one.size(), 3u);
+  EXPECT_GE(one.front(), 0.95);
+  EXPECT_LE(one.back(), 1.0);
+  EXPECT_EQ(axis_ticks(1, 1, 1).back(), 1.0);
+  EXPECT_EQ(axis_ticks(0, 0, 1).front(), 0.0);
+  EXPECT_GT(axis_ticks(0, 0, 1).back(), 0.0);
+  EXPECT_EQ(axis_ticks(2, 2, 0), nice_ticks(1.5, 2.5, 5));  // other axes with one value: half a unit around it
+  EXPECT_EQ(axis_ticks(0.5969, 2.31, 0), nice_ticks(0.5969, 2.31, 5));
+  // In the page: a run whose one test evaluation is 98.6 %.
+  ReportData d;
+  d.train = {{10, 0.3, 0.001, 1000}, {20, 0.2, 0.001, 1000}};
+  d.evals = {{"test", 20, 0.986, 0.05}};
+  const std::vector<double> percent = tick_values(render_html_report(d), "accuracy", "tick-y");
+  ASSERT_GE(percent.size(), 3u);
+  EXPECT_GE(percent.front(), 95.0);
+  EXPECT_LE(percent.back(), 100.0);
+}
+
+// Note [A bounded sample that keeps the extremes]: a long series drawn from at most four points a
+// step range, which keep its first, last, lowest and highest points and a one-step spike; a short
+// one whole.
+TEST(HtmlReport, ALongSeriesIsDrawnFromABoundedSampleThatKeepsItsExtremes) {
+  std::vector<std::pair<double, double>> few;  // 4 points a range, unevenly spaced: a sample would thin it
+  for (int i = 0; i < 400; ++i) few.emplace_back(i * i, std::sin(i));
+  std::vector<std::size_t> all(few.size());
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  EXPECT_EQ(bounded_sample(few, 100), all);
+  // A loss curve of 200,000 steps: highest at its start, lowest near its end, with a spike of one
+  // step (lower than the start, so not the series' highest) and a dip of one step in its middle.
+  constexpr std::size_t kSpike = 120007, kDip = 77777;
+  std::vector<std::pair<double, double>> loss;
+  for (int s = 1; s <= 200000; ++s)
+    loss.emplace_back(s, 0.05 + 2.25 * std::exp(-s / 20000.0) + 0.02 * std::sin(s * 0.37));
+  loss[kSpike].second = 1.5;
+  loss[kDip].second = 0.01;
+  const std::vector<std::size_t> kept = bounded_sample(loss, 1000);
+  EXPECT_LE(kept.size(), 4000u);
+  EXPECT_GE(kept.size(), 2000u);
+  EXPECT_TRUE(std::is_sorted(kept.begin(), kept.end()));
+  EXPECT_EQ(std::adjacent_find(kept.begin(), kept.end()), kept.end());  // each point once
+  const auto has = [&](std::size_t i) { return std::binary_search(kept.begin(), kept.end(), i); };
+  const auto y_less = [](const auto& a, const auto& b) { return a.second < b.second; };
+  const auto lowest = static_cast<std::size_t>(std::min_element(loss.begin(), loss.end(), y_less) - loss.begin());
+  const auto highest = static_cast<std::size_t>(std::max_element(loss.begin(), loss.end(), y_less) - loss.begin());
+  EXPECT_EQ(lowest, kDip);
+  EXPECT_TRUE(has(0) && has(loss.size() - 1)) << "first and last";
+  EXPECT_TRUE(has(lowest)) << "the lowest point, " << lowest;
+  EXPECT_TRUE(has(highest)) << "the highest point, " << highest;
+  EXPECT_TRUE(has(kSpike)) << "the spike";
+  // A step that is not a number is kept, so the line's gap shows; still at most 5 points a range.
+  loss[150100].second = std::nan("");  // inside a range, neither its first nor its last
+  const std::vector<std::size_t> gap = bounded_sample(loss, 1000);
+  EXPECT_TRUE(std::binary_search(gap.begin(), gap.end(), std::size_t{150100}));
+  EXPECT_LE(gap.size(), 5000u);
+
+  // The page of such a run: the loss curve drawn from the sample, up to the spike, and the JSON of
+  // the rows drawn, saying how many were logged.
+  ReportData d;
+  for (int s = 1; s <= 200000; ++s)
+    d.train.push_back({s, 0.05 + 2.25 * std::exp(-s / 20000.0) + 0.02 * std::sin(s * 0.37), 0.001,
+                       70000 + 2000 * std::sin(s / 977.0)});
+  d.train[kSpike].loss = 9.5;
+  d.evals = {{"test", 200000, 0.986, 0.05}};
+  const std::string html = render_html_report(d);
+  EXPECT_LE(html.size(), std::size_t{3} << 20);
+  const std::string name = "data-name=\"training loss (training split)\" data-points=\"";
+  const auto at = html.find(name);
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_LE(std::stoul(html.substr(at + name.size())), 4000u);
+  EXPECT_GE(tick_values(html, "loss", "tick-y").back(), 9.5);
+  const std::string open = "<script type=\"application/json\" id=\"mnist-mpi-report\">\n";
+  const auto b = html.find(open);
+  ASSERT_NE(b, std::string::npos);
+  const Json json = Json::parse(html.substr(b + open.size(), html.find("\n</script>", b) - b - open.size()));
+  EXPECT_EQ(json["logged"]["train"], 200000);
+  EXPECT_LE(json["train"].size(), 6000u);  // each range's first, last, lowest and highest loss and images/s
+  bool spike = false;
+  for (const Json& p : json["train"]) spike = spike || p["loss"] == 9.5;
+  EXPECT_TRUE(spike);
 }
 
 // ---- outputs that cannot be written (Note [When an output cannot be written]) ----

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "mnist_mpi/check.hpp"
@@ -75,6 +77,79 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
   return t;
 }
 
+// Note [An axis of a fraction]
+// Accuracy is a fraction: its axis never passes 100 % nor goes below 0 %, which no value can be.
+// Like every value axis it is zoomed to the data, but over at least kFractionSpan, centred on the
+// data and moved inside [0, 1] where it would pass an end, so that one evaluation (or a flat
+// series) gets a few round ticks around it, not an axis of zero height or one padded past 100 %.
+// Other axes with one value are padded by half a unit or a tenth of the value, whichever is more.
+std::vector<double> axis_ticks(double lo, double hi, int unit_kind) {
+  if (static_cast<Unit>(unit_kind) != Unit::kFraction) {
+    if (hi == lo) {
+      lo -= std::max(0.5, std::fabs(lo) * 0.1);
+      hi += std::max(0.5, std::fabs(hi) * 0.1);
+    }
+    return nice_ticks(lo, hi, 5);
+  }
+  constexpr double kFractionSpan = 0.02;  // two percentage points
+  lo = std::clamp(lo, 0.0, 1.0);
+  hi = std::clamp(hi, 0.0, 1.0);
+  if (hi - lo < kFractionSpan) {
+    lo = std::clamp((lo + hi - kFractionSpan) / 2, 0.0, 1.0 - kFractionSpan);
+    hi = lo + kFractionSpan;
+  }
+  // The ticks, from the last at or below lo to the first at or above hi, stay within [0, 1]: over a
+  // span of at most 1 the step is at most 0.2 (1, 2 or 5 times a negative power of ten), which
+  // divides 1, so 1 is a tick.
+  return nice_ticks(lo, hi, 5);
+}
+
+// Note [A bounded sample that keeps the extremes]
+// A long run logs many more points than a chart has columns of pixels: drawn one by one they make a
+// page of megabytes that a browser is slow to open, for a line no finer than the pixels. So a
+// series is drawn from a bounded sample: its step range is cut into `buckets` equal ranges, and of
+// each range its first, last, lowest and highest points are kept (and its first that is not a
+// number, so a gap in the line still shows). Drawn in order, those make the same line as every
+// point, down to a range's width (the M4 aggregation, Jugel et al., VLDB 2014): a loss spike of
+// one step is still drawn to its height, where an evenly spaced or random sample (TensorBoard's
+// reservoir) would most likely drop it. A series that fits in four points a range is drawn whole.
+// kBuckets is about one range per pixel column of a chart at the page's widest, so thinner ranges
+// would draw nothing more; at that, a series of a long run draws a few thousand points.
+std::vector<std::size_t> bounded_sample(const std::vector<std::pair<double, double>>& points, std::size_t buckets) {
+  std::vector<std::size_t> kept(points.size());
+  std::iota(kept.begin(), kept.end(), std::size_t{0});
+  if (points.size() <= 4 * buckets) return kept;
+  kept.clear();
+  const auto by_step = [](const auto& a, const auto& b) { return a.first < b.first; };
+  const auto [lo, hi] = std::minmax_element(points.begin(), points.end(), by_step);
+  const double x0 = lo->first, span = hi->first - lo->first;
+  const auto bucket = [&](double x) {
+    return span > 0 ? std::min(buckets - 1, static_cast<std::size_t>((x - x0) / span * static_cast<double>(buckets)))
+                    : 0;
+  };
+  // A run of consecutive points in one range at a time: one per range, the points being in step
+  // order as a run logs them.
+  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  for (std::size_t begin = 0, end = 0; begin < points.size(); begin = end) {
+    const std::size_t b = bucket(points[begin].first);
+    std::size_t low = kNone, high = kNone, gap = kNone;
+    for (end = begin; end < points.size() && bucket(points[end].first) == b; ++end) {
+      const double y = points[end].second;
+      if (!std::isfinite(y)) {
+        if (gap == kNone) gap = end;
+      } else {
+        if (low == kNone || y < points[low].second) low = end;
+        if (high == kNone || y > points[high].second) high = end;
+      }
+    }
+    std::size_t picks[] = {begin, low, high, gap, end - 1};
+    std::sort(std::begin(picks), std::end(picks));  // kNone last
+    for (const std::size_t i : picks)
+      if (i != kNone && (kept.empty() || kept.back() != i)) kept.push_back(i);
+  }
+  return kept;
+}
+
 std::string format_value(double v, int unit_kind, double step) {
   const auto unit = static_cast<Unit>(unit_kind);
   // Enough decimals to tell ticks `step` apart, no more.
@@ -105,6 +180,9 @@ std::string format_value(double v, int unit_kind, double step) {
 namespace {
 
 constexpr double kW = 960;  // the viewBox's width; the page scales it to its own
+// Note [A bounded sample that keeps the extremes]: a plot is 832 of kW's units wide, in a page at
+// most 1100 px wide, so about 950 px.
+constexpr std::size_t kBuckets = 1000;
 
 // A line chart: nice ticks on both axes, axis titles, epoch marks, a legend row under the title.
 std::string line_chart(const std::string& title, const std::string& y_title, Unit unit, const std::vector<Series>& series,
@@ -143,11 +221,7 @@ std::string line_chart(const std::string& title, const std::string& y_title, Uni
     x0 = std::min(0.0, x0);
     if (x1 == x0) x1 = x0 + 1;
   }
-  if (y1 == y0) {
-    y0 -= std::max(0.5, std::fabs(y0) * 0.1);
-    y1 += std::max(0.5, std::fabs(y1) * 0.1);
-  }
-  const std::vector<double> yt = nice_ticks(y0, y1, 5);
+  const std::vector<double> yt = axis_ticks(y0, y1, static_cast<int>(unit));  // Note [An axis of a fraction]
   std::vector<double> xt = nice_ticks(x0, x1, 8);
   if (xt.size() > 1 && xt[1] - xt[0] < 1) xt = nice_ticks(x0, std::max(x1, x0 + 8), 8);  // steps are whole
   const double ys = yt.size() > 1 ? yt[1] - yt[0] : 0, xs = xt.size() > 1 ? xt[1] - xt[0] : 0;
@@ -159,8 +233,10 @@ std::string line_chart(const std::string& title, const std::string& y_title, Uni
   auto py = [&](double y) { return T + (y1 - y) / (y1 - y0) * (H - T - B); };
   char b[256];
   for (const double y : yt) {
-    std::snprintf(b, sizeof b, "<line x1=\"%g\" x2=\"%g\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#e6e6e6\"/>", L, kW - R,
-                  py(y), py(y));
+    std::snprintf(b, sizeof b,
+                  "<line class=\"grid-y\" data-value=\"%g\" x1=\"%g\" x2=\"%g\" y1=\"%.1f\" y2=\"%.1f\" "
+                  "stroke=\"#e6e6e6\"/>",
+                  y, L, kW - R, py(y), py(y));
     o << b << "<text class=\"tick-y\" x=\"" << L - 6 << "\" y=\"" << py(y) + 4 << "\" text-anchor=\"end\">"
       << esc(format_value(y, static_cast<int>(unit), ys)) << "</text>";
   }
@@ -190,11 +266,13 @@ std::string line_chart(const std::string& title, const std::string& y_title, Uni
   double legend_x = L, legend_y = 34;
   for (const Series& s : series) {
     if (s.points.empty()) continue;
-    o << "<g class=\"series\" data-name=\"" << esc(s.name) << "\" data-points=\"" << s.points.size() << "\">"
+    const std::vector<std::size_t> drawn = bounded_sample(s.points, kBuckets);
+    o << "<g class=\"series\" data-name=\"" << esc(s.name) << "\" data-points=\"" << drawn.size() << "\">"
       << "<path fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.8\""
       << (s.dash.empty() ? "" : " stroke-dasharray=\"" + s.dash + "\"") << " d=\"";
     bool pen = false;
-    for (auto [x, y] : s.points) {
+    for (const std::size_t i : drawn) {
+      const auto [x, y] = s.points[i];
       if (!std::isfinite(y)) {
         pen = false;
         continue;
@@ -205,8 +283,8 @@ std::string line_chart(const std::string& title, const std::string& y_title, Uni
     }
     o << "\"/>";
     if (s.markers)
-      for (auto [x, y] : s.points)
-        if (std::isfinite(y)) {
+      for (const std::size_t i : drawn)
+        if (const auto [x, y] = s.points[i]; std::isfinite(y)) {
           std::snprintf(b, sizeof b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>", px(x), py(y),
                         s.color.c_str());
           o << b;
@@ -327,19 +405,59 @@ std::string time_bar(const std::vector<TimeShare>& time) {
   return o.str();
 }
 
+// The rows the charts draw a point of (Note [A bounded sample that keeps the extremes]): row i is
+// on curve k (of `curves`) at (its step, *value(row, k)) where value gives a number, and is drawn
+// when the bounded sample of one of its curves keeps it. Every row of a short run, each on a curve
+// or not.
+template <class Row, class Value>
+std::vector<bool> rows_drawn(const std::vector<Row>& rows, std::size_t curves, Value value) {
+  std::vector<bool> drawn(rows.size(), rows.size() <= 4 * kBuckets);
+  if (drawn.empty() || drawn.front()) return drawn;
+  std::vector<std::pair<double, double>> points;
+  std::vector<std::size_t> row;  // points[j] is of rows[row[j]]
+  for (std::size_t k = 0; k < curves; ++k) {
+    points.clear();
+    row.clear();
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      if (const std::optional<double> v = value(rows[i], k)) {
+        points.emplace_back(static_cast<double>(rows[i].step), *v);
+        row.push_back(i);
+      }
+    for (const std::size_t j : bounded_sample(points, kBuckets)) drawn[row[j]] = true;
+  }
+  return drawn;
+}
+
 }  // namespace
 
+// The curves' rows are those drawn (rows_drawn: the curves of add_curves and the per-rank chart),
+// and "logged" says how many the run had.
 std::string report_json(const ReportData& d) {
   Json facts = Json::object(), train = Json::array(), evals = Json::array(), time = Json::object();
   for (const auto& [name, value] : d.facts) facts[name] = value;
-  for (const TrainPoint& p : d.train)
+  const std::vector<bool> train_drawn = rows_drawn(d.train, 2, [](const TrainPoint& p, std::size_t k) {
+    return std::optional<double>(k == 0 ? p.loss : p.images_per_s);
+  });
+  for (std::size_t i = 0; i < d.train.size(); ++i) {
+    if (!train_drawn[i]) continue;
+    const TrainPoint& p = d.train[i];
     train.push_back({{"step", p.step},
                      {"loss", json_number(p.loss)},
                      {"lr", json_number(p.lr)},
                      {"images_per_s", json_number(p.images_per_s)}});
-  for (const EvalPoint& p : d.evals)
+  }
+  // Curves 0 and 1 validation loss and accuracy, 2 and 3 test's.
+  const std::vector<bool> evals_drawn =
+      rows_drawn(d.evals, 4, [](const EvalPoint& p, std::size_t k) -> std::optional<double> {
+        if ((std::strcmp(p.split, "validation") == 0) != (k < 2)) return std::nullopt;
+        return k % 2 == 0 ? p.loss : p.accuracy;
+      });
+  for (std::size_t i = 0; i < d.evals.size(); ++i) {
+    if (!evals_drawn[i]) continue;
+    const EvalPoint& p = d.evals[i];
     evals.push_back(
         {{"split", p.split}, {"step", p.step}, {"accuracy", json_number(p.accuracy)}, {"loss", json_number(p.loss)}});
+  }
   for (const TimeShare& t : d.time) time[t.name] = json_number(t.seconds);
   Json ranks = Json::array(), points = Json::array();
   for (const RankTimes& r : d.ranks)
@@ -347,12 +465,20 @@ std::string report_json(const ReportData& d) {
                      {"host", r.host},
                      {"compute_ms", json_number(1e3 * r.compute())},
                      {"wait_ms", json_number(1e3 * r.per_step.exposed_comm)}});
-  for (const RankPoint& p : d.rank_points) {
+  const std::vector<bool> rank_points_drawn =
+      rows_drawn(d.rank_points, d.ranks.size(), [](const RankPoint& p, std::size_t r) -> std::optional<double> {
+        if (r < p.compute_ms.size()) return p.compute_ms[r];
+        return std::nullopt;
+      });
+  for (std::size_t i = 0; i < d.rank_points.size(); ++i) {
+    if (!rank_points_drawn[i]) continue;
+    const RankPoint& p = d.rank_points[i];
     Json c = Json::array(), w = Json::array();
     for (const double v : p.compute_ms) c.push_back(json_number(v));
     for (const double v : p.wait_ms) w.push_back(json_number(v));
     points.push_back({{"step", p.step}, {"compute_ms", std::move(c)}, {"wait_ms", std::move(w)}});
   }
+  Json logged = {{"train", d.train.size()}, {"eval", d.evals.size()}, {"rank_points", d.rank_points.size()}};
   const std::string text = json_text({{"facts", std::move(facts)},
                                       {"train", std::move(train)},
                                       {"eval", std::move(evals)},
@@ -360,7 +486,8 @@ std::string report_json(const ReportData& d) {
                                       {"steps_per_epoch", d.steps_per_epoch},
                                       {"ranks", std::move(ranks)},
                                       {"rank_points", std::move(points)},
-                                      {"straggler", d.straggler}});
+                                      {"straggler", d.straggler},
+                                      {"logged", std::move(logged)}});
   // The data sits inside <script>, which the first "</script>" would end. JSON text holds '<' only
   // inside strings, where \u003c is the same character.
   std::string o;

@@ -1,7 +1,9 @@
 // The end-of-run report (--report FILE): one self-contained HTML page, readable in any browser
 // without a network (inline SVG, no scripts, no external fonts), with the loss and accuracy curves,
 // a bar of where the time went, and the run's facts. The curves' data is embedded as JSON in
-// <script type="application/json" id="mnist-mpi-report">, so tools (and tests) can read it back.
+// <script type="application/json" id="mnist-mpi-report">, so tools (and tests) can read it back:
+// the rows drawn, which for a long run are a bounded sample ("logged" says how many there were;
+// Note [A bounded sample that keeps the extremes] in src/report/html_report.cpp).
 #pragma once
 
 #include <cstdint>
@@ -50,6 +52,14 @@ std::string report_json(const ReportData& data);
 // shown as %, 2 a rate as 72.9k, 3 milliseconds), with the decimals that ticks `step` apart need.
 std::vector<double> nice_ticks(double lo, double hi, int target);
 std::string format_value(double v, int unit, double step);
+// A value axis's ticks for data in [lo, hi] (unit as above): nice_ticks, with an axis of some height
+// for one value, and a fraction's within [0, 1] (Note [An axis of a fraction]).
+std::vector<double> axis_ticks(double lo, double hi, int unit);
+// The indices (ascending) of the points of a series, in step order, that its chart draws: all of
+// them up to 4 * buckets, else of each of `buckets` step ranges its first, last, lowest and highest
+// points and its first that is not a number: at most 5 * buckets (Note [A bounded sample that
+// keeps the extremes]).
+std::vector<std::size_t> bounded_sample(const std::vector<std::pair<double, double>>& points, std::size_t buckets);
 std::string render_html_report(const ReportData& data);
 // Several runs' data overlaid in one page (`mnist_mpi report`), each under its label.
 struct LabelledRun {
