@@ -278,6 +278,26 @@ TrajectoryGap trajectory_gap(const ModelSpec& spec, const std::vector<float>& in
   return gap;
 }
 
+// Trains o on world ranks [0, k) (collective over the world: the others wait at a barrier), with
+// MNIST_MPI_FAULT set to fault for the run when one is given; rank 0 appends its final parameters
+// to finals and keeps the spec.
+void train_on_first_ranks(int k, const Options& o, std::vector<std::vector<float>>& finals, ModelSpec& spec,
+                          const char* fault = nullptr) {
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < k ? 0 : MPI_UNDEFINED, world_rank(), &sub);
+  if (sub != MPI_COMM_NULL) {
+    if (fault != nullptr) ::setenv("MNIST_MPI_FAULT", fault, 1);  // read once, by the trainer
+    Trained t = train(sub, o);
+    ::unsetenv("MNIST_MPI_FAULT");
+    if (world_rank() == 0) {
+      finals.push_back(t.params);
+      spec = t.spec;
+    }
+    MPI_Comm_free(&sub);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // World-size invariance: with the same seed and global batch, lenet with dropout follows the same
 // trajectory on 1, 2, 3 and 4 ranks (up to summation order), whether or not the global batch
 // divides by them. World ranks [0, k) train together.
@@ -290,19 +310,7 @@ TEST(Distributed, TrajectoryDoesNotDependOnTheNumberOfRanks) {
   o.schedule.base_lr = 0.01;
   std::vector<std::vector<float>> finals;
   ModelSpec spec;
-  for (int k = 1; k <= world_size(); ++k) {
-    MPI_Comm sub;
-    MPI_Comm_split(MPI_COMM_WORLD, world_rank() < k ? 0 : MPI_UNDEFINED, world_rank(), &sub);
-    if (sub != MPI_COMM_NULL) {
-      Trained t = train(sub, o);
-      if (world_rank() == 0) {
-        finals.push_back(t.params);
-        spec = t.spec;
-      }
-      MPI_Comm_free(&sub);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-  }
+  for (int k = 1; k <= world_size(); ++k) train_on_first_ranks(k, o, finals, spec);
   // Note [How close is "the same trajectory"]
   // A different summation order (a batch of 60 on one rank, 2 x 30 or 3 x 20 summed by the
   // allreduce) changes a gradient by ~1e-7 relative, but ReLU and max pooling are discontinuous:
@@ -353,21 +361,8 @@ TEST(Distributed, ADropoutKeyFromTheRankLocalPositionIsFarAway) {
   o.schedule.base_lr = 0.01;
   std::vector<std::vector<float>> finals;
   ModelSpec spec;
-  for (int k = 1; k <= 2; ++k) {
-    MPI_Comm sub;
-    MPI_Comm_split(MPI_COMM_WORLD, world_rank() < k ? 0 : MPI_UNDEFINED, world_rank(), &sub);
-    if (sub != MPI_COMM_NULL) {
-      if (k == 2) ::setenv("MNIST_MPI_FAULT", "1:dropout:local", 1);  // read once, by the trainer
-      Trained t = train(sub, o);
-      ::unsetenv("MNIST_MPI_FAULT");
-      if (world_rank() == 0) {
-        finals.push_back(t.params);
-        spec = t.spec;
-      }
-      MPI_Comm_free(&sub);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-  }
+  train_on_first_ranks(1, o, finals, spec);
+  train_on_first_ranks(2, o, finals, spec, "1:dropout:local");
   bool ok = true;
   if (world_rank() == 0) {
     const TrajectoryGap gap = trajectory_gap(spec, initial_params(spec, o), finals[1], finals[0]);
