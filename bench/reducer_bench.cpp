@@ -91,6 +91,6 @@ int main(int argc, char** argv) {
   }
   reducers.clear();
   comm.reset();
-  MPI_Finalize();
+  mnist_mpi::finalize_mpi();
   return 0;
 }

@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
     trainer.reset();
     comm.reset();
     watch.reset();
-    MPI_Finalize();
+    finalize_mpi();
     return static_cast<int>(rc);
   };
   // Every rank learns the worst code; the lowest failing rank prints its message.

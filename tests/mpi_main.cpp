@@ -36,6 +36,6 @@ int main(int argc, char** argv) {
   int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (rank == 0 && failed) std::fprintf(stderr, "a test failed on at least one rank\n");
-  MPI_Finalize();
+  mnist_mpi::finalize_mpi();
   return failed;
 }

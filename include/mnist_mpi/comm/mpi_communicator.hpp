@@ -18,4 +18,8 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 // main thread may too); returns the level provided. With less, sums run inside wait() instead.
 int init_mpi(int* argc, char*** argv);
 
+// MPI_Finalize. Both it and init_mpi() keep what Open MPI allocates in them out of LeakSanitizer's
+// report in a sanitized build (Note [Open MPI under LeakSanitizer], src/comm/mpi_communicator.cpp).
+void finalize_mpi();
+
 }  // namespace mnist_mpi
