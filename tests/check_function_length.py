@@ -56,7 +56,8 @@ def blank(text):
 
 def long_functions(path, text):
     """(line, lines, head) of every function body over LIMIT lines without the Note above it."""
-    code = blank(text)
+    # Preprocessor lines are not code: `#if defined(X)` before a namespace is no parameter list.
+    code = re.sub(r"(?m)^[ \t]*#.*$", lambda m: " " * len(m.group(0)), blank(text))
     lines = text.split("\n")
     found = []
     stack = []  # per open brace: 'func', 'other'
@@ -115,6 +116,7 @@ def selftest():
         "noted": (f"// Note [{NOTE}]: one table.\nint f(int x) {{\n{body}\n  return x;\n}}\n", 0),
         "short": ("namespace a {\nint f() {\n  return 1;\n}\n}  // namespace a\n", 0),
         "table": ("constexpr int kT[] = {\n" + "\n".join(f"  {k}," for k in range(LIMIT + 5)) + "\n};\n", 0),
+        "preprocessor": ("#if defined(X)\n#include <y.h>\n#endif\nnamespace a {\n" + "\n".join(f"int f{k}();" for k in range(LIMIT + 5)) + "\n}\n", 0),
         "member": (f"namespace a {{\nint A::f(int x) const {{\n  auto g = [&] {{ return 1; }};\n{body}\n  return x;\n}}\n}}\n", 1),
     }
     ok = True
