@@ -3,13 +3,19 @@
 // the same run. busbw = algbw * 2 (n - 1) / n, as nccl-tests define it. Times are medians over the
 // iterations of the slowest rank.
 //   mpirun -np 2 build/bench/reducer_bench [iterations]
+// With --sizes, the time of one sum against its size instead (bench/network.sh fits its per-message
+// and per-byte costs on each link, bench/scaling.py): the communicator's allreduce_sum, the one the
+// reducer starts for each bucket, of 1 KB to 16 MB, a line each: "sum BYTES MEDIAN_MS".
+//   mpirun -np 2 build/bench/reducer_bench --sizes [iterations]
 #include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "mnist_mpi/comm/mpi_communicator.hpp"
@@ -18,10 +24,43 @@
 
 using namespace mnist_mpi;
 
+namespace {
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// "sum BYTES MEDIAN_MS" for sums of 1 KB to 16 MB (x4 each time), the slowest rank's time.
+void time_against_size(Communicator& comm, int iters) {
+  std::vector<float> buf(4 * 1048576, 1.0f);
+  for (std::size_t n = 256; n <= buf.size(); n *= 4) {
+    const std::span<float> data(buf.data(), n);
+    comm.allreduce_sum(data);  // warm-up
+    std::vector<double> t(static_cast<std::size_t>(iters));
+    for (double& ti : t) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto t0 = std::chrono::steady_clock::now();
+      comm.allreduce_sum(data);
+      ti = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      MPI_Allreduce(MPI_IN_PLACE, &ti, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    }
+    if (comm.rank() == 0) std::printf("sum %zu %.4f\n", n * sizeof(float), 1e3 * median_of(t));
+  }
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   mnist_mpi::init_mpi(&argc, &argv);
-  const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
+  const bool sizes = argc > 1 && std::strcmp(argv[1], "--sizes") == 0;
+  const int arg = sizes ? 2 : 1;
+  const int iters = argc > arg ? std::atoi(argv[arg]) : 20;
   auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  if (sizes) {
+    time_against_size(*comm, iters);
+    comm.reset();
+    mnist_mpi::finalize_mpi();
+    return 0;
+  }
   const int n = comm->size();
   const ModelSpec spec = parse_model_spec(
       "conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10",

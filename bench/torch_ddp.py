@@ -66,6 +66,10 @@ def parse_args(argv=None):
     g.add_argument("--batch-size", type=int, default=None, help="per-rank batch (global = this * ranks)")
     g.add_argument("--global-batch-size", type=int, default=None, help="global batch (must divide by ranks)")
     p.add_argument("--json", action="store_true", help="print one final JSON line (last line of stdout)")
+    p.add_argument("--rank", type=int, default=None,
+                   help="run only this rank, started by someone else (one process per node: bench/network.sh); "
+                        "with --master")
+    p.add_argument("--master", default=None, help="ADDRESS:PORT of rank 0, with --rank")
     p.add_argument("--json-file", default=None, help="also write the final JSON object to this file")
     p.add_argument("--val", action="store_true", help="also evaluate the 5000 validation images at the end")
     p.add_argument("--eval-every", type=int, default=0,
@@ -397,7 +401,7 @@ def evaluate_shared(model, x, y, rank, world, batch=1000):
 # --------------------------------------------------------------------------- worker
 def worker(rank, args, port, t_launcher):
     t_rank_start = _proc_start_time() or time.time()
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = args.master.rsplit(":", 1)[0] if args.master else "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     import numpy as np
     import torch
@@ -585,6 +589,11 @@ def main(argv=None):
     # Children inherit this; keeps OpenMP/MKL pools at --threads before torch is imported there.
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(args.threads)
+    if args.rank is not None:  # one rank of a job whose ranks are started apart (on nodes of their own)
+        if not args.master or not 0 <= args.rank < args.ranks:
+            sys.exit("torch_ddp.py: --rank R needs 0 <= R < --ranks and --master ADDRESS:PORT")
+        worker(args.rank, args, int(args.master.rsplit(":", 1)[1]), t_launcher)
+        return
     import torch.multiprocessing as mp
     mp.spawn(worker, args=(args, free_port(), t_launcher), nprocs=args.ranks, join=True)
 

@@ -32,8 +32,8 @@
 read -r -d '' budget_table <<'EOF' || true
 smoke              50  unpack; GPU, driver, CUDA runtime and driver, cuDNN, cuBLAS, NCCL versions; the libraries ldd resolves; 20 steps of tiny, 1 rank, --device cuda, listing what it loaded at run time (was 60 s)
 gpu_tests          60  gpu_tests in one process (with the CUDA graph against the ungraphed step, bitwise); every test skipped, or none run, is a FAIL (was 90 s; the first GPU run took 9 s)
-gpu_np2            55  gpu_tests under mpirun -np 2: NCCL sums and shards (floats and --exact-sums's integers), and world-size invariance with 2+ GPUs, with one GPU invariance, both ranks on it; --exact-sums's bits on 2 ranks against 1 (was 50 s)
-lenet             130  lenet, 1 epoch, 1 rank (2 with 2+ GPUs), --precision fp32 then tf32, each without and with --cuda-graph (the rates, params_hash equal), then with --cuda-graph --conv-algos measured; then build/cudnn_algos, cudnnFind's time for every convolution algorithm of lenet and tiny with the heuristics' pick marked, and the fc GEMMs; then the same three runs in --precision bf16 (Note [bf16 on the GPU]); every run must reach 97 % test accuracy (was lenet_fp32 70 s + lenet_tf32 55 s; the whole check took 86 s on the last GPU)
+gpu_np2            75  gpu_tests under mpirun -np 2: NCCL sums and shards (floats and --exact-sums's integers), and world-size invariance with 2+ GPUs, with one GPU invariance, both ranks on it; --exact-sums's bits on 2 ranks against 1; with one GPU the same again with each rank its own NCCL host (NCCL_HOSTID, sockets on lo), then lenet on those 2 ranks: --exact-sums sharded against 1 rank, --cuda-graph against ungraphed (was 55 s)
+lenet             110  lenet, 1 epoch, 1 rank (2 with 2+ GPUs), --precision fp32 then tf32, each without and with --cuda-graph (the rates, params_hash equal), then with --cuda-graph --conv-algos measured; then build/cudnn_algos, cudnnFind's time for every convolution algorithm of lenet and tiny with the heuristics' pick marked, and the fc GEMMs; then the same three runs in --precision bf16 (Note [bf16 on the GPU]); every run must reach 97 % test accuracy (was 130 s, before it lenet_fp32 70 s + lenet_tf32 55 s; the whole check took 86 s on the last GPU)
 sharded            40  lenet, 100 steps, --shard-optimizer off and on: 1 rank (NCCL), then 2 ranks (NCCL with 2+ GPUs, else both on the one GPU): params_hash equal each time (new)
 torch              70  PyTorch eager, same network and data: fp32 (at most 50 s), then tf32 (the rest); LD_LIBRARY_PATH unset (was 85 s)
 EOF
@@ -362,7 +362,56 @@ stage_gpu_np2() {
     echo "-- 2 ranks sharing the one GPU: gradients summed through host memory (NCCL needs a GPU per rank)"
   fi
   mpirun -np 2 "$b/bin/gpu_tests" --gtest_color=no --gtest_filter="$filter" 2>&1 | tee "$work/gpu_np2.txt"
-  gtest_verdict "$work/gpu_np2.txt" "${PIPESTATUS[0]}"
+  gtest_verdict "$work/gpu_np2.txt" "${PIPESTATUS[0]}" || return 1
+  (($(gpu_count) >= 2)) || nccl_hosts_on_one_gpu
+}
+
+# Note [Ranks that are NCCL hosts of their own] (include/mnist_mpi/comm/communicator.hpp): with one
+# GPU, its two ranks each their own NCCL host (NCCL_HOSTID; sockets on lo, the only interface both
+# share) sum through NCCL as two nodes would: NCCL between ranks, which one GPU otherwise never
+# runs. gpu_tests' NCCL and world-size tests, then lenet, 60 steps: --exact-sums, sharded, on the
+# two ranks against one rank (params_hash equal), and --cuda-graph against ungraphed on the two.
+# NCCL's own log must say the ranks' channels go through its socket transport.
+nccl_hosts() {  # ARGS...: mpirun -np 2, each rank its own NCCL_HOSTID
+  mpirun -np 2 -x NCCL_SOCKET_IFNAME=lo -x NCCL_IB_DISABLE=1 -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET \
+    bash -c 'NCCL_HOSTID=gpu-check-rank$OMPI_COMM_WORLD_RANK exec "$@"' nccl_hosts "$@"
+}
+nccl_hosts_on_one_gpu() {
+  local filter=GpuNccl.*:Gpu.TrajectoryDoesNotDependOnTheNumberOfRanks:Gpu.ExactSumsGiveTheSameBitsOnAnyNumberOfRanks
+  echo "-- 2 ranks on the one GPU, each its own NCCL host (NCCL_HOSTID): NCCL over sockets"
+  nccl_hosts "$b/bin/gpu_tests" --gtest_color=no --gtest_filter="$filter" 2>&1 | tee "$work/gpu_np2_nccl.txt"
+  local rc=${PIPESTATUS[0]} verdict
+  verdict=$(gtest_verdict "$work/gpu_np2_nccl.txt" "$rc") || { note "NCCL hosts: gpu_tests $verdict"; return 1; }
+  if grep -qE '^\[  SKIPPED \] GpuNccl' <(uncoloured "$work/gpu_np2_nccl.txt"); then
+    note "NCCL hosts: the GpuNccl tests skipped: the ranks were not taken for NCCL hosts"; return 1
+  fi
+  if ! grep -qE 'via NET/Socket' "$work/gpu_np2_nccl.txt"; then
+    note "NCCL hosts: NCCL's log names no channel via NET/Socket"; return 1
+  fi
+  local lenet=(--config "$b/lenet.ini" --data-dir "$b/data" --device cuda --max-steps 60 --log-every 30
+               --collective-timeout 30 --allow-gpu-sharing) name h=()
+  for name in one exact graph eager; do
+    local run=(nccl_hosts "$b/bin/mnist_mpi") extra=()
+    case $name in
+      one) run=("$b/bin/mnist_mpi"); extra=(--exact-sums) ;;
+      exact) extra=(--exact-sums --shard-optimizer on) ;;
+      graph) extra=(--cuda-graph) ;;
+    esac
+    echo "-- lenet, 60 steps, ${name}: ${run[*]:0:2} ${extra[*]}"
+    "${run[@]}" "${lenet[@]}" "${extra[@]}" --metrics-file "$work/nccl_$name.jsonl" 2>&1 | tee "$work/nccl_$name.txt"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" = 0 ] || { note "NCCL hosts: lenet $name exit code $rc"; return 1; }
+    if [ "$name" != one ] && ! grep -q 'each its own NCCL host' "$work/nccl_$name.txt"; then
+      note "NCCL hosts: lenet $name's banner does not say NCCL sums between NCCL hosts"; return 1
+    fi
+    h+=("$(final_hash "$work/nccl_$name.jsonl")")
+  done
+  echo "agreement NCCL hosts: --exact-sums 1 rank ${h[0]}, 2 ranks sharded ${h[1]}; --cuda-graph ${h[2]}, ungraphed ${h[3]}"
+  if [ -z "${h[0]}" ] || [ "${h[0]}" != "${h[1]}" ] || [ -z "${h[2]}" ] || [ "${h[2]}" != "${h[3]}" ]; then
+    note "NCCL hosts: params_hash --exact-sums 1 rank ${h[0]:-none} vs 2 sharded ${h[1]:-none}; graph ${h[2]:-none} vs ungraphed ${h[3]:-none}"
+    return 1
+  fi
+  note "NCCL hosts on one GPU (sockets): gpu_tests passed; --exact-sums 2 ranks sharded = 1 rank (${h[0]}); --cuda-graph = ungraphed (${h[2]})"
 }
 
 # PRECISION: the ungraphed step, then --cuda-graph (Note [A step as one CUDA graph]), both with the

@@ -2,7 +2,7 @@
 # The whole test suite: set up (packages, build), fetch MNIST (for the real-data test), then CTest:
 # unit tests, multi-rank tests under mpirun with 1 to 4 ranks, and end-to-end tests. Then the suite
 # again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan; all but the slurm, gpu,
-# model_use and real_data labels), the rank's threads under ThreadSanitizer (build-tsan), and each libFuzzer
+# model_use, real_data and multinode labels), the rank's threads under ThreadSanitizer (build-tsan), and each libFuzzer
 # target for a bounded time (build-fuzz, clang). Prints each stage's time at the end.
 # MNIST_MPI_SANITIZERS=0 runs only the normal suite. Arguments go to the normal suite's ctest.
 # At the end: every test that skipped and why (tests/skipped.py), and each stage's time.
@@ -57,13 +57,15 @@ asan_env=(ASAN_OPTIONS="detect_leaks=1:detect_odr_violation=0"
           UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp")
 # CPU code only (nvcc takes no -fsanitize, and nothing runs CUDA here); the Slurm tests exercise
 # the job scripts, not the program, and the gpu tests only skip here: both stay in the normal run.
+# So do the multinode tests: they place the same program's ranks on network stacks of their own
+# (Open MPI's TCP between them); what they run of ours the e2e scripts run here.
 stage "AddressSanitizer + UndefinedBehaviorSanitizer: build-asan"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DMNIST_MPI_CUDA=OFF -DMNIST_MPI_SANITIZE=address,undefined >/dev/null
 env "${asan_env[@]}" cmake --build build-asan -j"$jobs"
 stage "AddressSanitizer + UndefinedBehaviorSanitizer: the suite"
 junit+=("ASan+UBSan=$root/build-asan/ctest-results.xml")
 rm -f "$root/build-asan/ctest-results.xml"
-env "${asan_env[@]}" ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs" -LE "slurm|gpu|model_use|real_data" \
+env "${asan_env[@]}" ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs" -LE "slurm|gpu|model_use|real_data|multinode" \
   --output-junit "$root/build-asan/ctest-results.xml"
 
 stage "ThreadSanitizer: build-tsan (thread_tests)"

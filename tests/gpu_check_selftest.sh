@@ -149,6 +149,43 @@ budget_table='gpu_tests 10 x'
 (run) >"$tmp/c.txt" 2>&1
 check "stage gpu_tests with every test skipped: FAIL" grep -qE $'^gpu_tests\tFAIL\t[0-9]+\t10\tevery test skipped' "$out/stages.tsv"
 
+# --- Two ranks on one GPU as NCCL hosts of their own (nccl_hosts_on_one_gpu, in stage gpu_np2),
+# with stand-ins under the real mpirun: each rank records its NCCL_HOSTID; gpu_tests prints NCCL's
+# socket channel line unless told not to; mnist_mpi writes a params_hash by its options.
+bin=$GPU_CHECK_UNPACK_ROOT/mnist_gpu/bin
+cat >"$bin/gpu_tests" <<STANDIN
+#!/bin/sh
+echo "\$NCCL_HOSTID" >"$tmp/hostid.\${OMPI_COMM_WORLD_RANK:-x}"
+[ "\${STANDIN_NO_SOCKET:-0}" = 1 ] || echo "host:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0"
+cat "$tmp/some.txt"
+STANDIN
+cat >"$bin/mnist_mpi" <<'STANDIN'
+#!/bin/bash
+m= h=1111111111111111
+for a in "$@"; do case $a in --exact-sums) h=2222222222222222 ;; esac; done
+prev=; for a in "$@"; do [ "$prev" = --metrics-file ] && m=$a; prev=$a; done
+[ -n "${OMPI_COMM_WORLD_SIZE:-}" ] && echo "ranks share GPUs, each its own NCCL host (NCCL_HOSTID): gradients summed by NCCL"
+[ -n "${OMPI_COMM_WORLD_SIZE:-}" ] && [[ " $* " == *" --shard-optimizer on "* ]] && h=${STANDIN_SHARDED_HASH:-$h}
+[ "${OMPI_COMM_WORLD_RANK:-0}" = 0 ] && echo "{\"event\":\"final\",\"params_hash\":\"$h\"}" >"$m"
+exit 0
+STANDIN
+chmod +x "$bin/gpu_tests" "$bin/mnist_mpi"
+nccl_case() {  # NAME VAR=VALUE: runs nccl_hosts_on_one_gpu with VAR set; its note in $tmp/NAME.note
+  local name=$1
+  mkdir -p "$tmp/$name"
+  : >"$tmp/$name.note"
+  (export "$2"; work=$tmp/$name b=$GPU_CHECK_UNPACK_ROOT/mnist_gpu STAGE_NOTE=$tmp/$name.note; nccl_hosts_on_one_gpu) \
+    >"$tmp/$name.txt" 2>&1
+}
+nccl_case nccl_ok STANDIN_NONE=1
+check "NCCL hosts: passes with the stand-ins ($(tail -n 1 "$tmp/nccl_ok.note"))" test $? -eq 0
+check "... each rank had its own NCCL_HOSTID ($(cat "$tmp/hostid.0" "$tmp/hostid.1" 2>/dev/null | tr '\n' ' '))" \
+  test -s "$tmp/hostid.0" -a -s "$tmp/hostid.1" -a "$(cat "$tmp/hostid.0" 2>/dev/null)" != "$(cat "$tmp/hostid.1" 2>/dev/null)"
+nccl_case nccl_nosocket STANDIN_NO_SOCKET=1
+check "NCCL hosts: no channel via NET/Socket in NCCL's log: FAIL" test $? -ne 0 -a -n "$(grep 'via NET/Socket' "$tmp/nccl_nosocket.note")"
+nccl_case nccl_hash STANDIN_SHARDED_HASH=3333333333333333
+check "NCCL hosts: the sharded 2-rank hash not the 1-rank one: FAIL" test $? -ne 0 -a -n "$(grep '2 sharded 3333333333333333' "$tmp/nccl_hash.note")"
+
 # --- The bundle's size
 mib=$((1024 * 1024))
 check "a 30 MiB bundle with a 2 MiB tree fits" eval "bundle_fits $((30 * mib)) $((2 * mib)) >/dev/null"

@@ -713,8 +713,11 @@ class GpuNccl : public Gpu {
   void SetUp() override {
     Gpu::SetUp();
     if (IsSkipped()) return;
-    if (world_size() > gpus_)
-      GTEST_SKIP() << "NCCL needs one GPU per rank: " << world_size() << " ranks, " << gpus_ << " GPU(s)";
+    // Note [Ranks that are NCCL hosts of their own]: two ranks on one GPU, each with its own
+    // NCCL_HOSTID (scripts/gpu_check.sh's nccl_hosts stage), are two NCCL hosts.
+    if (world_size() > gpus_ && !ranks_are_nccl_hosts(*make_mpi_communicator(MPI_COMM_WORLD)))
+      GTEST_SKIP() << "NCCL needs one GPU per rank, or ranks that are NCCL hosts of their own (NCCL_HOSTID): "
+                   << world_size() << " ranks, " << gpus_ << " GPU(s)";
     rig_ = std::make_unique<NcclRig>(gpu_, n);
     ASSERT_NE(rig_->nccl, nullptr);
   }

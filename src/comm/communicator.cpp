@@ -2,6 +2,13 @@
 // include/mnist_mpi/comm/communicator.hpp).
 #include "mnist_mpi/comm/communicator.hpp"
 
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "mnist_mpi/hash.hpp"
+
 namespace mnist_mpi {
 
 Shard shard_of(std::int64_t count, int rank, int world) {
@@ -19,6 +26,69 @@ std::vector<std::string> gather_hosts(Communicator& comm, int root) {
   for (std::size_t r = 0, at = 0; r < counts.size(); at += static_cast<std::size_t>(counts[r]), ++r)
     hosts.emplace_back(reinterpret_cast<const char*>(gathered.data()) + at, static_cast<std::size_t>(counts[r]));
   return hosts;
+}
+
+namespace {
+// "0-3", "0,2,4", "0-1,4": ascending numbers with their runs joined.
+std::string runs_of(const std::vector<int>& v) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size();) {
+    std::size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    if (!s.empty()) s += ',';
+    s += std::to_string(v[i]);
+    if (j > i) {
+      s += '-';
+      s += std::to_string(v[j]);
+    }
+    i = j + 1;
+  }
+  return s;
+}
+}  // namespace
+
+// Note [Ranks that are NCCL hosts of their own] (include/mnist_mpi/comm/communicator.hpp)
+bool ranks_are_nccl_hosts(Communicator& comm) {
+  const char* id = std::getenv("NCCL_HOSTID");
+  const std::uint64_t mine = fnv1a(comm.host() + '\n' + (id ? id : ""));
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.size()));
+  comm.allgather(mine, all);
+  std::sort(all.begin(), all.end());
+  return std::adjacent_find(all.begin(), all.end()) == all.end();
+}
+
+std::string describe_placement(Communicator& comm, int root) {
+  const std::vector<std::string> hosts = gather_hosts(comm, root);
+  const double mine = comm.local_rank();
+  std::vector<double> local(comm.rank() == root ? static_cast<std::size_t>(comm.size()) : 0);
+  comm.gather(std::span<const double>(&mine, 1), std::span<double>(local), root);
+  if (comm.rank() != root) return {};
+  std::vector<std::string> order;  // hosts by their first rank
+  for (const std::string& h : hosts)
+    if (std::find(order.begin(), order.end(), h) == order.end()) order.push_back(h);
+  std::string s;
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    std::vector<int> ranks, locals;
+    for (std::size_t r = 0; r < hosts.size(); ++r)
+      if (hosts[r] == order[k]) {
+        ranks.push_back(static_cast<int>(r));
+        locals.push_back(static_cast<int>(local[r]));
+      }
+    // The local ranks in the order of the ranks, as runs where they ascend ("0-1"), else listed.
+    std::string listed;
+    for (int x : locals) {
+      if (!listed.empty()) listed += ',';
+      listed += std::to_string(x);
+    }
+    if (k) s += ", ";
+    s += order[k];
+    s += ranks.size() == 1 ? " rank " : " ranks ";
+    s += runs_of(ranks);
+    s += " (local ";
+    s += std::is_sorted(locals.begin(), locals.end()) ? runs_of(locals) : listed;
+    s += ')';
+  }
+  return s;
 }
 
 }  // namespace mnist_mpi

@@ -179,7 +179,10 @@ void Monitor::on_start(const StartFacts& f) {
   std::ostringstream os;
   if (!f.device_note.empty()) os << f.device_note << "\n";
   os << "mnist_mpi " MNIST_MPI_VERSION ": " << setup_.world << " rank(s), backend " << f.backend << ", ";
-  if (f.cuda && !f.shared_gpus)
+  if (f.cuda && f.nccl_hosts)
+    os << "ranks share GPUs, each its own NCCL host (NCCL_HOSTID): gradients summed by NCCL over its network "
+          "transport\n";
+  else if (f.cuda && !f.shared_gpus)
     os << "one GPU per rank, gradients summed by NCCL\n";
   else if (f.cuda)
     os << "ranks share GPUs (--allow-gpu-sharing): gradients summed through host memory by MPI, as NCCL needs one GPU "
@@ -187,6 +190,7 @@ void Monitor::on_start(const StartFacts& f) {
   else
     os << f.threads << " thread(s) per rank\n";
   if (!launch_.describe().empty()) os << launch_.describe() << "\n";
+  if (!f.placement.empty()) os << "hosts: " << f.placement << "\n";
   os << "data: " << f.train_images << " train, " << f.validation_images << " validation, " << f.test_images
      << " test images from " << opt_.data_dir << "\n"
      << "model: " << f.model << " (" << f.params << " parameters)\n"

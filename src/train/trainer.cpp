@@ -39,7 +39,11 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   const GpuProbe gpus = opt_.device == "cpu" ? GpuProbe{} : probe_gpus();
   device_ = choose_device(opt_.device, cuda_built(), gpus, comm_.local_rank(), comm_.local_size(),
                           opt_.allow_gpu_sharing, comm_.host());
-  shared_gpus_ = device_.cuda && comm_.local_size() > gpus.count;  // allowed by --allow-gpu-sharing
+  // Ranks that share a GPU (allowed by --allow-gpu-sharing) sum through host memory, unless each is
+  // an NCCL host of its own (Note [Ranks that are NCCL hosts of their own]). Asked on every rank
+  // of a CUDA run, so that the collective is called alike everywhere.
+  nccl_hosts_ = device_.cuda && ranks_are_nccl_hosts(comm_) && comm_.local_size() > gpus.count;
+  shared_gpus_ = device_.cuda && comm_.local_size() > gpus.count && !nccl_hosts_;
   // Every pair of options, now with what the run found (Options built in code come through here too).
   const RunPlace place{device_.cuda, shared_gpus_, comm_.host(), comm_.size()};
   check_combinations(opt_, &place);
@@ -258,6 +262,7 @@ StartFacts Trainer::start_facts(int threads, const GpuProbe& gpus) const {
       .threads = threads,
       .cuda = device_.cuda,
       .shared_gpus = shared_gpus_,
+      .nccl_hosts = nccl_hosts_,
       .gpu = device_.gpu,
       .gpus = gpus.count,
       .gpu_description = device_.cuda ? describe_gpu(device_.gpu) : std::string(),
@@ -273,7 +278,8 @@ StartFacts Trainer::start_facts(int threads, const GpuProbe& gpus) const {
       .conv_algos = conv_algos_,
       .optimizer_state_bytes = largest_state * moments * static_cast<std::int64_t>(sizeof(float)),
       .optimizer_state_total_bytes = spec_.param_count * moments * static_cast<std::int64_t>(sizeof(float)),
-      .shard_optimizer = sharded_};
+      .shard_optimizer = sharded_,
+      .placement = comm_.size() > 1 ? describe_placement(comm_, 0) : std::string()};
 }
 
 std::string Trainer::job_description() const {

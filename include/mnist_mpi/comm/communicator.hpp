@@ -117,6 +117,23 @@ class Communicator {
 // that name a rank's host. Allocates, like the byte gather it is made of.
 std::vector<std::string> gather_hosts(Communicator& comm, int root);
 
+// Where the ranks run, on rank root (empty elsewhere), for the banner's "hosts:" line: each host in
+// the order of its first rank, with its ranks and their node-local ranks, e.g. "node1 ranks 0-1
+// (local 0-1), node2 ranks 2-3 (local 0-1)". Collective; allocates.
+std::string describe_placement(Communicator& comm, int root);
+
+// Note [Ranks that are NCCL hosts of their own]
+// NCCL tells hosts apart by a hash of the host name and boot id, which the NCCL_HOSTID environment
+// variable replaces (getHostHash in NCCL's src/misc/utils.cc). Ranks of one machine that each set
+// an NCCL_HOSTID of their own are, to NCCL, one-GPU hosts: its duplicate-GPU check passes and they
+// talk through its network transport (sockets where there is no InfiniBand), as separate nodes do.
+// So ranks that share a GPU (--allow-gpu-sharing) still sum through NCCL when every one of them is
+// such a host; otherwise through host memory by MPI. scripts/gpu_check.sh's nccl_hosts stage runs
+// two ranks on one GPU so: NCCL between ranks on a machine with one GPU.
+// True when no two ranks have the same host name and NCCL_HOSTID (unset counts as empty), the
+// same answer on every rank. Collective: one allgather of a 64-bit hash.
+bool ranks_are_nccl_hosts(Communicator& comm);
+
 // Wraps MPI_COMM_WORLD (MPI must be initialised, ideally with MPI_THREAD_MULTIPLE: see
 // init_mpi()).
 std::unique_ptr<Communicator> make_mpi_communicator();

@@ -54,6 +54,7 @@ struct StartFacts {
   int threads = 0;              // per rank (the CPU backend)
   bool cuda = false;            // one GPU per rank ...
   bool shared_gpus = false;     // ... or ranks share them (--allow-gpu-sharing)
+  bool nccl_hosts = false;      // ... share them, each rank its own NCCL host (NCCL_HOSTID): NCCL sums
   int gpu = -1, gpus = 0;       // CUDA: this rank's GPU, and how many its node has
   std::string gpu_description;  // CUDA: describe_gpu(gpu)
   LaunchEnv launch;
@@ -67,6 +68,7 @@ struct StartFacts {
   // The optimiser's moments: the largest any rank holds, and the whole (equal unless sharded).
   std::int64_t optimizer_state_bytes = 0, optimizer_state_total_bytes = 0;
   bool shard_optimizer = false;  // --shard-optimizer
+  std::string placement;         // describe_placement() on rank 0 of a world of several ranks, else empty
 };
 
 class Monitor {

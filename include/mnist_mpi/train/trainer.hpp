@@ -163,6 +163,7 @@ class Trainer final : private CheckpointSource {
   std::unique_ptr<Communicator> gpu_comm_;
   Communicator* grad_comm_ = nullptr;
   bool shared_gpus_ = false;
+  bool nccl_hosts_ = false;  // ranks share GPUs, each its own NCCL host: NCCL sums all the same
   // Flat, spec_.param_count each (Note [Reverse layer order]); the parameters and the model state
   // with their host images (hashes, initialisation, checkpoints, resume) and the models built on
   // them (Note [The parameters and their copies] in include/mnist_mpi/backend/parameter_store.hpp).

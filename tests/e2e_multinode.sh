@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# CTest 'e2e_multinode' (label multinode): ranks on nodes of their own (tests/netns_lib.sh, Note
+# [Nodes as network namespaces]): each node a network and UTS namespace with its own address and
+# hostname, mpirun on node 1 starting Open MPI's daemons on the others through an rsh agent, the
+# ranks' sums over TCP between nodes and shared memory within one.
+#   - 2 nodes x 2 ranks form one world of 4; the banner names both hosts with their ranks, the
+#     node-local ranks 0 and 1 on each; replicas stay bitwise equal (the check every 5 steps and
+#     at the end passes), and a rank made to diverge on node 2 is caught across the link;
+#   - a slow rank is named as the straggler on the host it runs on, on either node;
+#   - --exact-sums gives one params_hash on 1 node x 4 ranks, 2 x 2 and 4 x 1, and the same as
+#     4 ranks started by a plain mpirun on this machine.
+# Usage: e2e_multinode.sh MNIST_MPI MAKE_SYNTHETIC_MNIST REPO_ROOT    (exit 77 = skipped: not root, no netns)
+set -uo pipefail
+bin=$1 make_data=$2 root=$3
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+[ "$(id -u)" = 0 ] || { echo "SKIP: network namespaces need root"; exit 77; }
+ip netns add "mnmpi-probe$$" 2>/dev/null || { echo "SKIP: this kernel or container gives no network namespaces"; exit 77; }
+ip netns del "mnmpi-probe$$"
+# shellcheck source=netns_lib.sh
+. "$here/netns_lib.sh"
+work=$(mktemp -d)
+nodes_make 4 || { echo "FAIL nodes_make 4"; rm -rf "$work"; exit 1; }
+trap 'nodes_remove; rm -rf "$work"' EXIT
+"$make_data" "$work/data" 1200 200 >/dev/null || { echo "cannot write synthetic data"; exit 1; }
+passed=0 failed=0
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+fail() { failed=$((failed + 1)); echo "FAIL $1"; }
+has() {  # has NAME FILE PATTERN (extended regex)
+  if grep -qE -- "$3" "$2"; then ok "$1"; else fail "$1: no /$3/ in $2:"; head -30 "$2"; fi
+}
+export NODES_TIMEOUT=120  # no case takes more than seconds; a hang fails, it does not stall the suite
+common=(--data-dir "$work/data" --validation-size 0 --log-every 10 --seed 3)
+
+# run NAME HOSTS NP ARGS...: trains on the nodes; $work/NAME.out, $work/NAME.rc
+run() {
+  local name=$1 hosts=$2 np=$3
+  shift 3
+  nodes_mpirun --host "$hosts" -np "$np" "$bin" "${common[@]}" "$@" >"$work/$name.out" 2>&1
+  echo $? >"$work/$name.rc"
+}
+hash_of() { sed -n 's/^params_hash //p' "$work/$1.out"; }
+
+# One world across two nodes.
+run world "node1:2,node2:2" 4 --config "$root/configs/tiny.ini" --max-steps 20 --check-replicas-every 5
+if [ "$(cat "$work/world.rc")" = 0 ]; then ok "2 nodes x 2 ranks trained (replica checks every 5 steps passed)"
+else fail "2 x 2: exit $(cat "$work/world.rc")"; tail -20 "$work/world.out"; fi
+has "one world of 4 ranks" "$work/world.out" "^mnist_mpi [0-9.]+: 4 rank\(s\)"
+has "the banner names both hosts, local ranks 0 and 1 on each" "$work/world.out" \
+  "^hosts: node1 ranks 0-1 \(local 0-1\), node2 ranks 2-3 \(local 0-1\)$"
+MNIST_MPI_FAULT=3:6:diverge run diverge "node1:2,node2:2" 4 --config "$root/configs/tiny.ini" --max-steps 20 --check-replicas-every 1
+if [ "$(cat "$work/diverge.rc")" = 1 ] && grep -qE "replicas diverged after step 6: rank 3" "$work/diverge.out"; then
+  ok "rank 3 on node 2 made to diverge: caught across the link (exit 1)"
+else fail "diverge on node 2: exit $(cat "$work/diverge.rc")"; grep -E "error|diverged" "$work/diverge.out" | head -5; fi
+
+# The straggler's host: a rank slowed by 40 ms a step on node 2, then one on node 1.
+MNIST_MPI_FAULT=2:slow:40 run slow2 "node1:2,node2:2" 4 --config "$root/configs/tiny.ini" --max-steps 40
+has "a slow rank 2 is named on node2" "$work/slow2.out" "straggler: rank 2 on host node2: "
+MNIST_MPI_FAULT=1:slow:40 run slow1 "node1:2,node2:2" 4 --config "$root/configs/tiny.ini" --max-steps 40
+has "a slow rank 1 is named on node1" "$work/slow1.out" "straggler: rank 1 on host node1: "
+
+# --exact-sums: the same bits on any placement of 4 ranks.
+exact=(--config "$root/configs/tiny.ini" --max-steps 30 --batch-size 40 --exact-sums)
+run exact_1x4 "node1:4" 4 "${exact[@]}"
+run exact_2x2 "node1:2,node2:2" 4 "${exact[@]}"
+run exact_4x1 "node1:1,node2:1,node3:1,node4:1" 4 "${exact[@]}"
+timeout 120 mpirun -np 4 --oversubscribe "$bin" "${common[@]}" "${exact[@]}" >"$work/exact_here.out" 2>&1
+has "4 x 1: four hosts" "$work/exact_4x1.out" "^hosts: node1 rank 0 \(local 0\), node2 rank 1 \(local 0\), node3 rank 2 \(local 0\), node4 rank 3 \(local 0\)$"
+h=$(hash_of exact_here)
+for n in exact_1x4 exact_2x2 exact_4x1; do
+  if [ -n "$h" ] && [ "$(hash_of $n)" = "$h" ]; then ok "--exact-sums $n: params_hash $h, as 4 ranks on this machine"
+  else fail "--exact-sums $n: params_hash '$(hash_of $n)', on this machine '$h' (exit $(cat "$work/$n.rc"))"; tail -5 "$work/$n.out"; fi
+done
+
+# Every job ended with its mpirun: nothing is left on the nodes (a rank mpirun killed may take a
+# moment to go: Note [Ranks that mpirun killed] in tests/e2e_lib.sh).
+for i in 1 2 3 4; do
+  for _ in $(seq 50); do [ -z "$(node_pids "$i")" ] && break; sleep 0.1; done
+  if [ -z "$(node_pids "$i")" ]; then ok "nothing left on node$i"
+  else fail "left on node$i: $(node_pids "$i" | xargs -r ps -o pid=,args= -p | head -3)"; fi
+done
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
