@@ -153,6 +153,7 @@ check "stage gpu_tests with every test skipped: FAIL" grep -qE $'^gpu_tests\tFAI
 # with stand-ins under the real mpirun: each rank records its NCCL_HOSTID; gpu_tests prints NCCL's
 # socket channel line unless told not to; mnist_mpi writes a params_hash by its options.
 bin=$GPU_CHECK_UNPACK_ROOT/mnist_gpu/bin
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1  # CI runs as root
 cat >"$bin/gpu_tests" <<STANDIN
 #!/bin/sh
 echo "\$NCCL_HOSTID" >"$tmp/hostid.\${OMPI_COMM_WORLD_RANK:-x}"
@@ -178,13 +179,17 @@ nccl_case() {  # NAME VAR=VALUE: runs nccl_hosts_on_one_gpu with VAR set; its no
     >"$tmp/$name.txt" 2>&1
 }
 nccl_case nccl_ok STANDIN_NONE=1
-check "NCCL hosts: passes with the stand-ins ($(tail -n 1 "$tmp/nccl_ok.note"))" test $? -eq 0
+rc=$?
+check "NCCL hosts: passes with the stand-ins ($(tail -n 1 "$tmp/nccl_ok.note"))" test "$rc" -eq 0
+[ "$rc" -eq 0 ] || tail -n 20 "$tmp/nccl_ok.txt"
 check "... each rank had its own NCCL_HOSTID ($(cat "$tmp/hostid.0" "$tmp/hostid.1" 2>/dev/null | tr '\n' ' '))" \
   test -s "$tmp/hostid.0" -a -s "$tmp/hostid.1" -a "$(cat "$tmp/hostid.0" 2>/dev/null)" != "$(cat "$tmp/hostid.1" 2>/dev/null)"
 nccl_case nccl_nosocket STANDIN_NO_SOCKET=1
-check "NCCL hosts: no channel via NET/Socket in NCCL's log: FAIL" test $? -ne 0 -a -n "$(grep 'via NET/Socket' "$tmp/nccl_nosocket.note")"
+rc=$?
+check "NCCL hosts: no channel via NET/Socket in NCCL's log: FAIL" test "$rc" -ne 0 -a -n "$(grep 'via NET/Socket' "$tmp/nccl_nosocket.note")"
 nccl_case nccl_hash STANDIN_SHARDED_HASH=3333333333333333
-check "NCCL hosts: the sharded 2-rank hash not the 1-rank one: FAIL" test $? -ne 0 -a -n "$(grep '2 sharded 3333333333333333' "$tmp/nccl_hash.note")"
+rc=$?
+check "NCCL hosts: the sharded 2-rank hash not the 1-rank one: FAIL" test "$rc" -ne 0 -a -n "$(grep '2 sharded 3333333333333333' "$tmp/nccl_hash.note")"
 
 # --- The bundle's size
 mib=$((1024 * 1024))
