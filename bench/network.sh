@@ -6,7 +6,7 @@
 #     backward and the exposed communication (what the step waited for the sums after backward);
 #   - lenet with the overlap off (--no-overlap) and with buckets of 1 and 16 MB (4 MB is the default);
 #   - PyTorch DDP (bench/torch_ddp.py, gloo) on the same link, same network, batch and one core a rank;
-#   - the communicator's sum against its size (build/bench/reducer_bench --sizes), 1 KB to 16 MB.
+#   - the communicator's sum against its size (build/reducer_bench --sizes), 1 KB to 16 MB.
 # Prints a table of ratios and writes every number to a TSV (default bench/network.tsv) that
 # bench/scaling.py fits its model on. About 15 minutes on 2 cores (--quick: unshaped and 1 Gbit/s
 # only, fewer steps).
@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-bin=$build/mnist_mpi reducer=$build/bench/reducer_bench
+bin=$build/mnist_mpi reducer=$build/reducer_bench
 [ "$(id -u)" = 0 ] || { echo "network.sh: network namespaces need root" >&2; exit 2; }
 [ -x "$bin" ] && [ -x "$reducer" ] || { echo "network.sh: no $bin or $reducer: build first (scripts/setup.sh)" >&2; exit 2; }
 [ -f "$root/data/mnist/train-images-idx3-ubyte" ] || { echo "network.sh: no data/mnist: scripts/fetch_mnist.sh" >&2; exit 2; }

@@ -2,11 +2,11 @@
 // rank order, Note [Sums in rank order]) against a bare MPI_Allreduce of the same total size, in
 // the same run. busbw = algbw * 2 (n - 1) / n, as nccl-tests define it. Times are medians over the
 // iterations of the slowest rank.
-//   mpirun -np 2 build/bench/reducer_bench [iterations]
+//   mpirun -np 2 build/reducer_bench [iterations]
 // With --sizes, the time of one sum against its size instead (bench/network.sh fits its per-message
 // and per-byte costs on each link, bench/scaling.py): the communicator's allreduce_sum, the one the
 // reducer starts for each bucket, of 1 KB to 16 MB, a line each: "sum BYTES MEDIAN_MS".
-//   mpirun -np 2 build/bench/reducer_bench --sizes [iterations]
+//   mpirun -np 2 build/reducer_bench --sizes [iterations]
 #include <mpi.h>
 
 #include <algorithm>

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""An alpha-beta model of a data-parallel step, fitted on bench/network.sh's measurements, checked
+"""Note [The step's alpha-beta model]
+An alpha-beta model of a data-parallel step, fitted on bench/network.sh's measurements, checked
 on the points it was not fitted on, and projected to 8-1,024 ranks (docs/scaling.md).
 
 The model (Note [The step's alpha-beta model]):
@@ -12,12 +13,9 @@ The model (Note [The step's alpha-beta model]):
     scaled to the run's backward), and the sums run one after another as the buckets become ready;
     exposed communication = when the last sum ends - when backward ends (no overlap: the whole
     buffer's sum after backward);
-  - two constants fitted on the lenet runs only: gamma, how much slower a sum is during training
-    than alone (the rank's one core also runs backward and the TCP stack), and kappa, the compute
-    each byte sent costs that core (ms per MB);
   - a run's compute (step minus exposed communication) is taken from the same run unshaped.
-Held out: every other run (no overlap, 1 and 16 MB buckets, the fast recipe with and without
-overlap). The error is the predicted step time's, as a fraction of the measured one.
+Nothing of the training runs is fitted: every shaped run is held out, and the error is the
+predicted step time's, as a fraction of the measured one (docs/scaling.md).
 
 Usage:
   bench/scaling.py check [bench/network.tsv]          the fit and the held-out errors
@@ -114,39 +112,65 @@ def backward_profile(timeline, layers):
     return frac if frac else {i: 1.0 for i in range(layers)}
 
 
-def sum_time(b, n, alpha, beta, ring=True):
-    """Seconds for a sum of b bytes over n ranks: ring 2(n-1) alpha + 2(n-1)/n b beta."""
+def sum_time(b, n, alpha, beta):
+    """Seconds for a sum of b bytes over n ranks on an unshaped link: ring 2(n-1) alpha + 2(n-1)/n b beta."""
     if n <= 1:
         return 0.0
     return 2 * (n - 1) * alpha + 2 * (n - 1) / n * b * beta
 
 
-def exposed_ms(buckets, profile, backward_ms, t, overlap=True):
-    """Exposed communication (ms) with bucket sums t(bytes) -> s, run one after another."""
-    if not overlap:
-        return 1e3 * t(sum(f for f, _ in buckets) * 4)
-    end = 0.0
-    for floats, ready in buckets:
-        start = max(profile.get(ready, 1.0) * backward_ms / 1e3, end)
-        end = start + t(floats * 4)
-    return max(0.0, 1e3 * end - backward_ms)
+class Link:
+    """A link as the sums see it: alpha (s) per message and beta (s) per byte, t = 2(n-1) alpha +
+    2(n-1)/n b beta."""
+
+    def __init__(self, alpha, beta):
+        self.alpha, self.beta = alpha, beta
+
+    def sums(self, buckets, n):
+        """[(ready s, bytes)] in order -> when the last sum ends (s), each starting when its bucket
+        is ready and the one before it has ended."""
+        end = 0.0
+        for ready, b in buckets:
+            end = max(ready, end) + sum_time(b, n, self.alpha, self.beta)
+        return end
 
 
-def fit_link(rows):
-    """(alpha, beta) in s and s/byte from a link's "sum" rows (2 ranks: t = 2 alpha + b beta)."""
-    pts = [(float(r["bytes"]), float(r["step_ms"]) / 1e3) for r in rows]
+def exposed_ms(buckets, profile, backward_ms, link, n, overlap=True):
+    """Exposed communication (ms): the sums of the buckets, [(floats, ready_after_layer)], after
+    backward ends (backward_ms, its layers' ends as the profile's fractions)."""
+    ready = [((profile.get(layer, 1.0) if overlap else 1.0) * backward_ms / 1e3, floats * 4) for floats, layer in buckets]
+    return max(0.0, 1e3 * link.sums(ready, n) - backward_ms)
+
+
+def least_squares(pts):
+    """(intercept, slope) of the points' least-squares line."""
     n = len(pts)
     mx, my = sum(p[0] for p in pts) / n, sum(p[1] for p in pts) / n
-    sxx = sum((p[0] - mx) ** 2 for p in pts)
-    beta = sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
-    a = my - beta * mx
-    return max(a, 1e-7) / 2, max(beta, 1e-13)
+    sxx = sum((p[0] - mx) ** 2 for p in pts) or 1.0
+    slope = sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+    return my - slope * mx, slope
+
+
+FIT_MAX_BYTES = 4 * MB  # the sizes the buckets have (the default cap); 16 MB sums are checked, not fitted
+
+
+def fit_links(rows):
+    """link -> Link, from its "sum" rows (2 ranks: t = 2 alpha + b beta), sizes up to 4 MB."""
+    by = {}
+    for r in rows:
+        if r["kind"] == "sum" and float(r["bytes"]) <= FIT_MAX_BYTES:
+            by.setdefault(r["link"], []).append((float(r["bytes"]), float(r["step_ms"]) / 1e3))
+    out = {}
+    for l, pts in by.items():
+        a, beta = least_squares(pts)
+        out[l] = Link(max(a, 1e-7) / 2, max(beta, 1e-13))
+    return out
 
 
 def load(tsv):
     rows = list(csv.DictReader(open(tsv), delimiter="\t"))
     links = list(dict.fromkeys(r["link"] for r in rows))
-    fits = {l: fit_link([r for r in rows if r["kind"] == "sum" and r["link"] == l]) for l in links}
+    fits = fit_links(rows)
     train = {(r["link"], r["name"]): r for r in rows if r["kind"] == "train" and r["backward_ms"]}
     base = os.path.splitext(tsv)[0]
     profiles = {}
@@ -166,92 +190,78 @@ def variant(name):
     return model, cap, first, overlap
 
 
-def predict(link, name, fits, train, profiles, gamma, kappa):
-    """Predicted step ms of run NAME on LINK from the same run unshaped and the link's fit."""
+def predict(link, name, fits, train, profiles):
+    """Predicted step ms of run NAME on LINK: the same run's compute unshaped (its step less its
+    exposed communication), and the sums of its buckets on the link as fitted."""
     model, cap, first, overlap = variant(name)
     un = train[("unshaped", name)]
     compute = float(un["step_ms"]) - float(un["exposed_ms"])
-    backward = float(un["backward_ms"])
-    alpha, beta = fits[link]
     buckets = plan_buckets(MODELS[model][0], cap, first)
-    bytes_step = sum(f for f, _ in buckets) * 4
-    extra = kappa * bytes_step / MB if link != "unshaped" else 0.0  # the unshaped compute already has it
     prof = profiles.get(model) or profiles.get("lenet") or {}
-    ex = exposed_ms(buckets, prof, backward + extra, lambda b: gamma * sum_time(b, 2, alpha, beta), overlap)
-    return compute + extra + ex
+    return compute + exposed_ms(buckets, prof, float(un["backward_ms"]), fits[link], 2, overlap)
 
 
 def check(tsv):
+    """Prints each link's fit and every shaped run's measured and predicted step; returns the fit."""
     links, fits, train, profiles = load(tsv)
-    print("per link, from the communicator's sums of 1 KB-16 MB on 2 ranks:")
+    print("per link, fitted on the communicator's sums of 1 KB-4 MB on 2 ranks (t = 2 alpha + b beta):")
     for l in links:
-        a, b = fits[l]
-        print("  %-9s alpha %7.1f us   1/beta %8.3f Gbit/s" % (l, a * 1e6, 8 / b / 1e9))
-    fit_names = ["lenet"]
-    shaped = [l for l in links if l != "unshaped"]
-    best = None
-    for gi in range(50, 301, 5):
-        for ki in range(0, 101, 2):
-            g, k = gi / 100, ki / 100
-            err = 0.0
-            for l in shaped:
-                for n in fit_names:
-                    if (l, n) in train:
-                        p = predict(l, n, fits, train, profiles, g, k)
-                        err += (p / float(train[(l, n)]["step_ms"]) - 1) ** 2
-            if best is None or err < best[0]:
-                best = (err, g, k)
-    _, gamma, kappa = best
-    print("fitted on lenet's %d shaped runs: gamma %.2f (a sum during training is %.2fx as slow as alone), "
-          "kappa %.2f ms of compute per MB sent" % (len([l for l in shaped if (l, 'lenet') in train]), gamma, gamma, kappa))
-    print("%-18s %-9s %10s %10s %7s" % ("run", "link", "measured", "predicted", "error"))
-    held = []
+        k = fits[l]
+        eff = "" if l == "unshaped" else ", %.0f %% of the line rate" % (100 * 8 / k.beta / rate_bits(l))
+        print("  %-9s alpha %6.1f us, 1/beta %6.3f Gbit/s%s" % (l, k.alpha * 1e6, 8 / k.beta / 1e9, eff))
+    print("%-18s %-9s %10s %10s %7s" % ("run (held out)", "link", "measured", "predicted", "error"))
+    errors = []
     for (l, n), r in sorted(train.items(), key=lambda x: (x[0][1], links.index(x[0][0]))):
         if l == "unshaped":
             continue
-        p = predict(l, n, fits, train, profiles, gamma, kappa)
+        p = predict(l, n, fits, train, profiles)
         m = float(r["step_ms"])
-        e = p / m - 1
-        tag = "fit" if n in fit_names else "held out"
-        if n not in fit_names:
-            held.append(abs(e))
-        print("%-18s %-9s %8.1f ms %8.1f ms %+6.1f%%  %s" % (n, l, m, p, 100 * e, tag))
-    if held:
+        errors.append(abs(p / m - 1))
+        print("%-18s %-9s %8.1f ms %8.1f ms %+6.1f%%" % (n, l, m, p, 100 * (p / m - 1)))
+    if errors:
         print("held-out points: %d, mean |error| %.1f %%, largest %.1f %%, within 15 %%: %d of %d" % (
-            len(held), 100 * sum(held) / len(held), 100 * max(held), sum(e <= 0.15 for e in held), len(held)))
-    return gamma, kappa, fits, train, profiles
+            len(errors), 100 * sum(errors) / len(errors), 100 * max(errors), sum(e <= 0.15 for e in errors),
+            len(errors)))
+    return fits, train, profiles
 
 
-def rate_bits(link):
+def rate_bits(link):  # noqa: E302 (used above)
     m = re.fullmatch(r"([0-9.]+)([kmg])bit", link)
     if not m:
         sys.exit(f"scaling.py: a link like 25gbit, not '{link}'")
     return float(m.group(1)) * {"k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
 
 
+def measured_efficiency(fits):
+    """The fraction of a shaped link's rate the sums reached (1/beta against the rate), the median
+    over the shaped links: what a CPU rank's TCP gets of a link."""
+    effs = sorted(8 / k.beta / rate_bits(l) for l, k in fits.items() if l != "unshaped")
+    return effs[len(effs) // 2] if effs else ASSUMED["cpu"][1]
+
+
 def project(link, n, model="lenet", gpu=False, cap=None, fitted=None):
     """(step ms, compute ms, exposed ms, best bucket MB) for N ranks on LINK, weak scaling (the
-    per-rank batch of the measured 2-rank run, or 100 images a GPU)."""
+    per-rank batch of the measured 2-rank run, or 100 images a GPU). CPU ranks: the latency
+    ASSUMED gives Ethernet TCP and the efficiency measured on the shaped links; GPU ranks: ASSUMED's."""
+    fits, train, profiles = fitted
     alpha, eff = ASSUMED["gpu" if gpu else "cpu"]
-    gamma, kappa, fits, train, profiles = fitted
-    beta = 8 / (rate_bits(link) * eff)
+    if not gpu:
+        eff = measured_efficiency(fits)
+    real = Link(alpha, 8 / (rate_bits(link) * eff))
     if gpu:
         compute = GPU_STEP_MS[model]
-        backward, kappa_ms, g = compute * 2 / 3, 0.0, 1.0
+        backward = compute * 2 / 3
     else:
         un = train[("unshaped", model)]
         compute = float(un["step_ms"]) - float(un["exposed_ms"])
-        backward, g = float(un["backward_ms"]), gamma
+        backward = float(un["backward_ms"])
     prof = profiles.get(model) or profiles.get("lenet") or {}
     best = None
     for mb in ([cap] if cap else [0.25, 1, 4, 16, 64]):
         buckets = plan_buckets(MODELS[model][0], mb, min(mb, 1.0))
-        sent = sum(f for f, _ in buckets) * 4 * 2 * (n - 1) / n
-        extra = 0.0 if gpu else kappa * sent / MB
-        ex = exposed_ms(buckets, prof, backward + extra, lambda b: g * sum_time(b, n, alpha, beta))
-        step = compute + extra + ex
-        if best is None or step < best[0]:
-            best = (step, compute, ex, mb)
+        ex = exposed_ms(buckets, prof, backward, real, n)
+        if best is None or compute + ex < best[0]:
+            best = (compute + ex, compute, ex, mb)
     return best
 
 
