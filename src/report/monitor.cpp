@@ -130,6 +130,10 @@ std::vector<std::string> Monitor::lost_outputs() const {
   return lost;
 }
 
+void Monitor::on_placement(const std::string& placement) {
+  if (rank0_ && !opt_.quiet && !placement.empty()) std::printf("hosts: %s\n", placement.c_str());
+}
+
 void Monitor::on_start(const StartFacts& f) {
   launch_ = f.launch;
   // Every rank: which GPU it took. Plain stdout: only rank 0's standard output counts as an output
@@ -190,7 +194,6 @@ void Monitor::on_start(const StartFacts& f) {
   else
     os << f.threads << " thread(s) per rank\n";
   if (!launch_.describe().empty()) os << launch_.describe() << "\n";
-  if (!f.placement.empty()) os << "hosts: " << f.placement << "\n";
   os << "data: " << f.train_images << " train, " << f.validation_images << " validation, " << f.test_images
      << " test images from " << opt_.data_dir << "\n"
      << "model: " << f.model << " (" << f.params << " parameters)\n"

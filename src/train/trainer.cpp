@@ -278,8 +278,7 @@ StartFacts Trainer::start_facts(int threads, const GpuProbe& gpus) const {
       .conv_algos = conv_algos_,
       .optimizer_state_bytes = largest_state * moments * static_cast<std::int64_t>(sizeof(float)),
       .optimizer_state_total_bytes = spec_.param_count * moments * static_cast<std::int64_t>(sizeof(float)),
-      .shard_optimizer = sharded_,
-      .placement = comm_.size() > 1 ? describe_placement(comm_, 0) : std::string()};
+      .shard_optimizer = sharded_};
 }
 
 std::string Trainer::job_description() const {
@@ -600,6 +599,10 @@ void Trainer::nonfinite_step(std::int64_t bad_step, bool own_loss_bad) {
 // Nothing is added to the steps between log lines; without --log-every the one gather is at the
 // end. Its cost: docs/performance.md#every-ranks-step-times.
 void Trainer::start_rank_times() {
+  // Here, in run(), and not in the constructor: a collective there would leave the ranks whose
+  // options parsed waiting in it while one that failed waits in main's set-up agreement
+  // (tests/e2e_faults.sh, bad_option_on_one_rank).
+  if (comm_.size() > 1) monitor_->on_placement(describe_placement(comm_, 0));
   const std::vector<std::string> hosts = gather_hosts(comm_, 0);
   if (!rank0_) return;
   const auto world = static_cast<std::size_t>(comm_.size());

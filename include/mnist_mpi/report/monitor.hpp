@@ -68,7 +68,6 @@ struct StartFacts {
   // The optimiser's moments: the largest any rank holds, and the whole (equal unless sharded).
   std::int64_t optimizer_state_bytes = 0, optimizer_state_total_bytes = 0;
   bool shard_optimizer = false;  // --shard-optimizer
-  std::string placement;         // describe_placement() on rank 0 of a world of several ranks, else empty
 };
 
 class Monitor {
@@ -86,6 +85,8 @@ class Monitor {
   // Every rank, after set-up: which GPU this rank took (CUDA); on rank 0 the banner and the
   // "start" event. --quiet leaves only the event.
   void on_start(const StartFacts& facts);
+  // Rank 0 prints "hosts: PLACEMENT" (describe_placement()) unless --quiet; empty prints nothing.
+  void on_placement(const std::string& placement);
   void start(Communicator& comm);  // collective when --timeline (aligns clocks); then training starts
   // Every step, before on_log (every rank; only rank 0's figures are shown).
   void on_step(std::int64_t step, const StepTiming& phases, Clock::time_point end);
