@@ -30,6 +30,17 @@ double median_of(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The slowest rank's seconds for f(), the ranks started together.
+template <class F>
+double timed(F&& f) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return t;
+}
+
 // "sum BYTES MEDIAN_MS" for sums of 1 KB to 16 MB (x4 each time), the slowest rank's time.
 void time_against_size(Communicator& comm, int iters) {
   std::vector<float> buf(4 * 1048576, 1.0f);
@@ -37,13 +48,7 @@ void time_against_size(Communicator& comm, int iters) {
     const std::span<float> data(buf.data(), n);
     comm.allreduce_sum(data);  // warm-up
     std::vector<double> t(static_cast<std::size_t>(iters));
-    for (double& ti : t) {
-      MPI_Barrier(MPI_COMM_WORLD);
-      const auto t0 = std::chrono::steady_clock::now();
-      comm.allreduce_sum(data);
-      ti = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      MPI_Allreduce(MPI_IN_PLACE, &ti, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    }
+    for (double& ti : t) ti = timed([&] { comm.allreduce_sum(data); });
     if (comm.rank() == 0) std::printf("sum %zu %.4f\n", n * sizeof(float), 1e3 * median_of(t));
   }
 }
@@ -88,14 +93,6 @@ int main(int argc, char** argv) {
     for (int layer = static_cast<int>(spec.layers.size()) - 1; layer >= 0; --layer) red.on_layer_done(layer);
     red.finish();
   };
-  auto timed = [&](auto&& f) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    return t;
-  };
   mpi_sum();  // warm-up
   for (auto& r : reducers) reduce(*r);
   std::vector<double> t_mpi(static_cast<std::size_t>(iters));
@@ -109,23 +106,19 @@ int main(int argc, char** argv) {
       ratio[static_cast<std::size_t>(c)][i] = t_mpi[i] / t_red[static_cast<std::size_t>(c)][i];
     }
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   if (comm->rank() == 0) {
-    const double tm = median(t_mpi);
+    const double tm = median_of(t_mpi);
     std::printf("lenet gradients: %.1f MB, %d ranks, median of %d iterations\n", bytes / 1048576.0, n, iters);
     std::printf("%-34s %9s %12s %12s %8s\n", "collective", "time ms", "algbw GB/s", "busbw GB/s", "vs MPI");
     std::printf("%-34s %9.2f %12.2f %12.2f %8.2f\n", "MPI_Allreduce (whole buffer)", 1e3 * tm, bytes / tm / 1e9,
                 bytes / tm / 1e9 * bus, 1.0);
     for (int c = 0; c < kConfigs; ++c) {
-      const double t = median(t_red[static_cast<std::size_t>(c)]);
+      const double t = median_of(t_red[static_cast<std::size_t>(c)]);
       char name[64];
       std::snprintf(name, sizeof name, "reducer, %zu bucket(s) <= %g MB",
                     reducers[static_cast<std::size_t>(c)]->buckets().size(), caps[c]);
       std::printf("%-34s %9.2f %12.2f %12.2f %8.2f\n", name, 1e3 * t, bytes / t / 1e9, bytes / t / 1e9 * bus,
-                  median(ratio[static_cast<std::size_t>(c)]));
+                  median_of(ratio[static_cast<std::size_t>(c)]));
     }
   }
   reducers.clear();

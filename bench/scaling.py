@@ -23,9 +23,9 @@ Usage:
   bench/scaling.py table [bench/network.tsv]          docs/scaling.md's projection table
 LINK: 10gbit, 25gbit, 100gbit, 400gbit, ...
 """
+import builtins
 import csv
 import json
-import math
 import os
 import re
 import sys
@@ -33,9 +33,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MB = 1048576.0
-MODELS = {  # the configs' layer specs and global batches on 2 ranks (configs/lenet.ini, configs/fast.ini)
-    "lenet": ("conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10", 100),
-    "fast": ("conv:5x5:16:same,relu,maxpool:2,conv:3x3:32:same,relu,maxpool:2,flatten,fc:256,relu,fc:10", 128),
+MODELS = {  # the configs' layer specs (configs/lenet.ini, configs/fast.ini)
+    "lenet": "conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10",
+    "fast": "conv:5x5:16:same,relu,maxpool:2,conv:3x3:32:same,relu,maxpool:2,flatten,fc:256,relu,fc:10",
 }
 # GPU ranks: lenet's step on one H200, 100 images, --cuda-graph, fp32: 136,447 images/s
 # (docs/gpu.md) = 0.733 ms, of which backward is taken as the CPU's share (the timeline's).
@@ -94,7 +94,7 @@ def plan_buckets(spec, cap_mb, first_mb):
     return out
 
 
-def backward_profile(timeline, layers):
+def backward_profile(timeline):
     """layer index -> the fraction of backward done when that layer's backward ends (rank 0, steps 10+)."""
     ev = json.load(open(timeline))
     ev = ev["traceEvents"] if isinstance(ev, dict) else ev
@@ -109,7 +109,7 @@ def backward_profile(timeline, layers):
     for i in sorted(mean, reverse=True):
         done += mean[i]
         frac[i] = done / total
-    return frac if frac else {i: 1.0 for i in range(layers)}
+    return frac  # empty: every bucket ready at the end of backward
 
 
 def sum_time(b, n, alpha, beta):
@@ -176,7 +176,7 @@ def load(tsv):
     profiles = {}
     for m in MODELS:
         p = f"{base}.{m}.timeline.json"
-        profiles[m] = backward_profile(p, 16) if os.path.exists(p) else None
+        profiles[m] = backward_profile(p) if os.path.exists(p) else None
     return links, fits, train, profiles
 
 
@@ -196,14 +196,16 @@ def predict(link, name, fits, train, profiles):
     model, cap, first, overlap = variant(name)
     un = train[("unshaped", name)]
     compute = float(un["step_ms"]) - float(un["exposed_ms"])
-    buckets = plan_buckets(MODELS[model][0], cap, first)
+    buckets = plan_buckets(MODELS[model], cap, first)
     prof = profiles.get(model) or profiles.get("lenet") or {}
     return compute + exposed_ms(buckets, prof, float(un["backward_ms"]), fits[link], 2, overlap)
 
 
-def check(tsv):
-    """Prints each link's fit and every shaped run's measured and predicted step; returns the fit."""
+def check(tsv, quiet=False):
+    """Prints each link's fit and every shaped run's measured and predicted step (unless quiet);
+    returns the fit."""
     links, fits, train, profiles = load(tsv)
+    print = (lambda *a, **k: None) if quiet else builtins.print  # noqa: A001
     print("per link, fitted on the communicator's sums of 1 KB-4 MB on 2 ranks (t = 2 alpha + b beta):")
     for l in links:
         k = fits[l]
@@ -225,7 +227,7 @@ def check(tsv):
     return fits, train, profiles
 
 
-def rate_bits(link):  # noqa: E302 (used above)
+def rate_bits(link):
     m = re.fullmatch(r"([0-9.]+)([kmg])bit", link)
     if not m:
         sys.exit(f"scaling.py: a link like 25gbit, not '{link}'")
@@ -258,7 +260,7 @@ def project(link, n, model="lenet", gpu=False, cap=None, fitted=None):
     prof = profiles.get(model) or profiles.get("lenet") or {}
     best = None
     for mb in ([cap] if cap else [0.25, 1, 4, 16, 64]):
-        buckets = plan_buckets(MODELS[model][0], mb, min(mb, 1.0))
+        buckets = plan_buckets(MODELS[model], mb, min(mb, 1.0))
         ex = exposed_ms(buckets, prof, backward, real, n)
         if best is None or compute + ex < best[0]:
             best = (compute + ex, compute, ex, mb)
@@ -286,19 +288,13 @@ def main(argv):
                 pos.append(a)
         if len(pos) != 2:
             sys.exit(__doc__)
-        with open(os.devnull, "w") as quiet:
-            out, sys.stdout = sys.stdout, quiet
-            fitted = check(opts["--fit"])
-            sys.stdout = out
+        fitted = check(opts["--fit"], quiet=True)
         n = int(pos[1])
         step, compute, ex, mb = project(pos[0], n, opts["--model"], gpu, float(opts["--bucket-mb"]) if opts["--bucket-mb"] else None, fitted)
         print("%s ranks of %s on %s: step %.2f ms (compute %.2f, exposed communication %.2f), scaling efficiency %.0f %%, "
               "bucket %g MB" % (n, "GPU" if gpu else "CPU", pos[0], step, compute, ex, 100 * compute / step, mb))
         return
-    with open(os.devnull, "w") as quiet:
-        out, sys.stdout = sys.stdout, quiet
-        fitted = check(argv[1] if len(argv) > 1 else tsv)
-        sys.stdout = out
+    fitted = check(argv[1] if len(argv) > 1 else tsv, quiet=True)
     worlds = [8, 16, 32, 64, 128, 256, 512, 1024]
     for model, gpu, link in [("lenet", False, "10gbit"), ("lenet", False, "25gbit"), ("fast", False, "10gbit"),
                              ("fast", False, "25gbit"), ("lenet", True, "100gbit"), ("lenet", True, "400gbit")]:

@@ -117,7 +117,7 @@ node_run() {
 }
 
 nodes_mpirun() {
-  NODES_RUN_DIR="$NODES_RUN_DIR" node_run 1 env NODES_RUN_DIR="$NODES_RUN_DIR" \
+  node_run 1 env NODES_RUN_DIR="$NODES_RUN_DIR" \
     OMPI_MCA_plm_rsh_agent="$NODES_AGENT" OMPI_MCA_oob_tcp_if_include="$NODES_SUBNET.0/24" \
     OMPI_MCA_btl_tcp_if_include="$NODES_SUBNET.0/24" timeout "${NODES_TIMEOUT:-600}" mpirun "$@"
 }

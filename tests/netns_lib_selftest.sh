@@ -17,6 +17,14 @@ passed=0 failed=0
 ok() { passed=$((passed + 1)); echo "ok   $1"; }
 fail() { failed=$((failed + 1)); echo "FAIL $1"; }
 check() { local name=$1; shift; if "$@"; then ok "$name"; else fail "$name"; fi; }
+# within SECONDS CMD...: CMD succeeds within SECONDS, polled (a signal's effect, a process started
+# in the background, a listener's start take their time under load).
+within() {
+  local end=$(($(date +%s) + $1))
+  shift
+  until "$@"; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 0.05; done
+}
+state_of() { awk '{print $3}' "/proc/$1/stat" 2>/dev/null; }
 
 nodes_make 3 || { echo "FAIL nodes_make 3"; exit 1; }
 check "each node has its own hostname" test "$(node_run 1 hostname) $(node_run 2 hostname) $(node_run 3 hostname)" = "node1 node2 node3"
@@ -36,7 +44,7 @@ while True:
     c, _ = s.accept()
     while c.recv(1 << 16): pass
     c.close()' "$2" &
-  sleep 0.5
+  within 10 node_run "$1" python3 -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1).close()' "$2" 2>/dev/null
 }
 send() {  # send NODE ADDRESS PORT BYTES TIMEOUT: prints the seconds taken, or "failed"
   node_run "$1" python3 -c '
@@ -72,19 +80,16 @@ check "unshaped again: 4 MB took $t s, under 1.4" python3 -c "import sys; sys.ex
 if node_shape 2 fast 2>/dev/null; then fail "a rate that is not one was taken"; else ok "a rate that is not one is refused"; fi
 
 node_run 3 sleep 300 &
-sleep 0.3
+within 10 test -n "$(node_pids 3)"
 pid=$(node_pids 3 | head -1)
 check "node 3's process is listed ($pid)" test -n "$pid"
 node_freeze 3
-sleep 0.2
-check "frozen: stopped" test "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = T
+check "frozen: stopped" within 10 eval '[ "$(state_of "$pid")" = T ]'
 node_thaw 3
-sleep 0.2
-check "thawed: running again" test "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = S
+check "thawed: running again" within 10 eval '[ "$(state_of "$pid")" = S ]'
 node_kill 3
 wait "$pid" 2>/dev/null
-sleep 0.2
-check "killed: gone" test ! -e "/proc/$pid"
+check "killed: gone" within 10 test ! -e "/proc/$pid"
 
 prefix=$NODES_PREFIX
 nodes_remove

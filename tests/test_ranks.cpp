@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/report/ranks.hpp"
 #include "mnist_mpi/resilience/fault.hpp"
 #include "mnist_mpi/check.hpp"
@@ -61,4 +62,19 @@ TEST(Fault, ParsesASlowRank) {
 }
 
 }  // namespace
+}  // namespace mnist_mpi
+
+namespace mnist_mpi {
+
+// describe_placement (the "hosts:" line; tests/e2e_multinode.sh checks it on nodes of their own):
+// hosts in the order of their first rank, each rank's node-local rank in the ranks' order.
+TEST(Placement, NamesEachHostWithItsRanksAndTheirLocalRanks) {
+  EXPECT_EQ(describe_placement({"node1", "node1", "node2", "node2"}, {0, 1, 0, 1}),
+            "node1 ranks 0-1 (local 0-1), node2 ranks 2-3 (local 0-1)");
+  EXPECT_EQ(describe_placement({"b", "a", "b", "a", "b"}, {0, 0, 1, 1, 2}),
+            "b ranks 0,2,4 (local 0-2), a ranks 1,3 (local 0-1)");
+  EXPECT_EQ(describe_placement({"n", "n"}, {1, 0}), "n ranks 0-1 (local 1,0)");  // as MPI gave them
+  EXPECT_EQ(describe_placement({"solo"}, {0}), "solo rank 0 (local 0)");
+}
+
 }  // namespace mnist_mpi

@@ -29,7 +29,8 @@ std::vector<std::string> gather_hosts(Communicator& comm, int root) {
 }
 
 namespace {
-// "0-3", "0,2,4", "0-1,4": ascending numbers with their runs joined.
+// "0-3", "0,2,4", "0-1,4", "1,0": the numbers in their order, each run of consecutive ascending
+// ones joined.
 std::string runs_of(const std::vector<int>& v) {
   std::string s;
   for (std::size_t i = 0; i < v.size();) {
@@ -57,12 +58,14 @@ bool ranks_are_nccl_hosts(Communicator& comm) {
   return std::adjacent_find(all.begin(), all.end()) == all.end();
 }
 
-std::string describe_placement(Communicator& comm, int root) {
-  const std::vector<std::string> hosts = gather_hosts(comm, root);
+std::vector<int> gather_local_ranks(Communicator& comm, int root) {
   const double mine = comm.local_rank();
-  std::vector<double> local(comm.rank() == root ? static_cast<std::size_t>(comm.size()) : 0);
-  comm.gather(std::span<const double>(&mine, 1), std::span<double>(local), root);
-  if (comm.rank() != root) return {};
+  std::vector<double> all(comm.rank() == root ? static_cast<std::size_t>(comm.size()) : 0);
+  comm.gather(std::span<const double>(&mine, 1), std::span<double>(all), root);
+  return std::vector<int>(all.begin(), all.end());
+}
+
+std::string describe_placement(const std::vector<std::string>& hosts, const std::vector<int>& local_ranks) {
   std::vector<std::string> order;  // hosts by their first rank
   for (const std::string& h : hosts)
     if (std::find(order.begin(), order.end(), h) == order.end()) order.push_back(h);
@@ -72,20 +75,14 @@ std::string describe_placement(Communicator& comm, int root) {
     for (std::size_t r = 0; r < hosts.size(); ++r)
       if (hosts[r] == order[k]) {
         ranks.push_back(static_cast<int>(r));
-        locals.push_back(static_cast<int>(local[r]));
+        locals.push_back(local_ranks.at(r));
       }
-    // The local ranks in the order of the ranks, as runs where they ascend ("0-1"), else listed.
-    std::string listed;
-    for (int x : locals) {
-      if (!listed.empty()) listed += ',';
-      listed += std::to_string(x);
-    }
     if (k) s += ", ";
     s += order[k];
     s += ranks.size() == 1 ? " rank " : " ranks ";
     s += runs_of(ranks);
     s += " (local ";
-    s += std::is_sorted(locals.begin(), locals.end()) ? runs_of(locals) : listed;
+    s += runs_of(locals);  // in the ranks' order: "0-1", or "1,0" where they do not ascend
     s += ')';
   }
   return s;

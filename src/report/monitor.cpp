@@ -131,7 +131,7 @@ std::vector<std::string> Monitor::lost_outputs() const {
 }
 
 void Monitor::on_placement(const std::string& placement) {
-  if (rank0_ && !opt_.quiet && !placement.empty()) std::printf("hosts: %s\n", placement.c_str());
+  if (rank0_ && !opt_.quiet) std::printf("hosts: %s\n", placement.c_str());
 }
 
 void Monitor::on_start(const StartFacts& f) {

@@ -602,8 +602,11 @@ void Trainer::start_rank_times() {
   // Here, in run(), and not in the constructor: a collective there would leave the ranks whose
   // options parsed waiting in it while one that failed waits in main's set-up agreement
   // (tests/e2e_faults.sh, bad_option_on_one_rank).
-  if (comm_.size() > 1) monitor_->on_placement(describe_placement(comm_, 0));
   const std::vector<std::string> hosts = gather_hosts(comm_, 0);
+  if (comm_.size() > 1) {
+    const std::vector<int> locals = gather_local_ranks(comm_, 0);
+    if (rank0_) monitor_->on_placement(describe_placement(hosts, locals));
+  }
   if (!rank0_) return;
   const auto world = static_cast<std::size_t>(comm_.size());
   rank_gathered_.assign(world * kRankValues, 0.0);

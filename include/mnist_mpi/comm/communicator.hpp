@@ -117,10 +117,14 @@ class Communicator {
 // that name a rank's host. Allocates, like the byte gather it is made of.
 std::vector<std::string> gather_hosts(Communicator& comm, int root);
 
-// Where the ranks run, on rank root (empty elsewhere), for the banner's "hosts:" line: each host in
-// the order of its first rank, with its ranks and their node-local ranks, e.g. "node1 ranks 0-1
-// (local 0-1), node2 ranks 2-3 (local 0-1)". Collective; allocates.
-std::string describe_placement(Communicator& comm, int root);
+// Every rank's node-local rank (Communicator::local_rank), in rank order, on rank root (empty
+// elsewhere). Collective; allocates.
+std::vector<int> gather_local_ranks(Communicator& comm, int root);
+
+// Where the ranks run, for the "hosts:" line: each host in the order of its first rank, with its
+// ranks and their node-local ranks, from gather_hosts and gather_local_ranks (one entry a rank),
+// e.g. "node1 ranks 0-1 (local 0-1), node2 ranks 2-3 (local 0-1)".
+std::string describe_placement(const std::vector<std::string>& hosts, const std::vector<int>& local_ranks);
 
 // Note [Ranks that are NCCL hosts of their own]
 // NCCL tells hosts apart by a hash of the host name and boot id, which the NCCL_HOSTID environment

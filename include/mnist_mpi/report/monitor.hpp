@@ -85,7 +85,7 @@ class Monitor {
   // Every rank, after set-up: which GPU this rank took (CUDA); on rank 0 the banner and the
   // "start" event. --quiet leaves only the event.
   void on_start(const StartFacts& facts);
-  // Rank 0 prints "hosts: PLACEMENT" (describe_placement()) unless --quiet; empty prints nothing.
+  // Rank 0 prints "hosts: PLACEMENT" (describe_placement()) unless --quiet.
   void on_placement(const std::string& placement);
   void start(Communicator& comm);  // collective when --timeline (aligns clocks); then training starts
   // Every step, before on_log (every rank; only rank 0's figures are shown).
