@@ -3,7 +3,7 @@
 # [Nodes as network namespaces]): each node a network and UTS namespace with its own address and
 # hostname, mpirun on node 1 starting Open MPI's daemons on the others through an rsh agent, the
 # ranks' sums over TCP between nodes and shared memory within one.
-#   - 2 nodes x 2 ranks form one world of 4; the banner names both hosts with their ranks, the
+#   - 2 nodes x 2 ranks form one world of 4; the "hosts:" line (printed as training starts) names both hosts with their ranks, the
 #     node-local ranks 0 and 1 on each; replicas stay bitwise equal (the check every 5 steps and
 #     at the end passes), and a rank made to diverge on node 2 is caught across the link;
 #   - a slow rank is named as the straggler on the host it runs on, on either node;
@@ -46,7 +46,7 @@ run world "node1:2,node2:2" 4 --config "$root/configs/tiny.ini" --max-steps 20 -
 if [ "$(cat "$work/world.rc")" = 0 ]; then ok "2 nodes x 2 ranks trained (replica checks every 5 steps passed)"
 else fail "2 x 2: exit $(cat "$work/world.rc")"; tail -20 "$work/world.out"; fi
 has "one world of 4 ranks" "$work/world.out" "^mnist_mpi [0-9.]+: 4 rank\(s\)"
-has "the banner names both hosts, local ranks 0 and 1 on each" "$work/world.out" \
+has "the hosts line names both hosts, local ranks 0 and 1 on each" "$work/world.out" \
   "^hosts: node1 ranks 0-1 \(local 0-1\), node2 ranks 2-3 \(local 0-1\)$"
 MNIST_MPI_FAULT=3:6:diverge run diverge "node1:2,node2:2" 4 --config "$root/configs/tiny.ini" --max-steps 20 --check-replicas-every 1
 if [ "$(cat "$work/diverge.rc")" = 1 ] && grep -qE "replicas diverged after step 6: rank 3" "$work/diverge.out"; then

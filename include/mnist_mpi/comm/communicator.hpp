@@ -132,7 +132,7 @@ std::string describe_placement(const std::vector<std::string>& hosts, const std:
 // an NCCL_HOSTID of their own are, to NCCL, one-GPU hosts: its duplicate-GPU check passes and they
 // talk through its network transport (sockets where there is no InfiniBand), as separate nodes do.
 // So ranks that share a GPU (--allow-gpu-sharing) still sum through NCCL when every one of them is
-// such a host; otherwise through host memory by MPI. scripts/gpu_check.sh's nccl_hosts stage runs
+// such a host; otherwise through host memory by MPI. scripts/gpu_check.sh's gpu_np2 stage runs
 // two ranks on one GPU so: NCCL between ranks on a machine with one GPU.
 // True when no two ranks have the same host name and NCCL_HOSTID (unset counts as empty), the
 // same answer on every rank. Collective: one allgather of a 64-bit hash.
