@@ -33,7 +33,9 @@ mm_arg() {
 # allocation works too (it reads the allocation; on other nodes it starts its daemons with srun).
 # srun is preferred: every rank is a task Slurm knows, binds and signals (scancel --signal reaches
 # the ranks directly, with the right SLURM_LOCALID), with no daemon in between. mpirun is the
-# fallback where Slurm has no pmix plugin, and MNIST_MPI_LAUNCHER=srun|mpirun forces one.
+# fallback where Slurm has no pmix plugin, and MNIST_MPI_LAUNCHER=srun|mpirun forces one. Both run
+# across nodes with network stacks and hostnames of their own (tests/slurm/nodes.sh); srun's PMIx
+# plugin needs each node's TmpFS to be its own (its per-step directory is made there).
 mm_pick_launcher() {
   MM_LAUNCHER=${MNIST_MPI_LAUNCHER:-auto}
   # Whole outputs are captured before matching: under pipefail, 'cmd | grep -q' fails when grep

@@ -53,30 +53,55 @@ slurm_free_port() {
   return 1
 }
 
-# slurm_up DIR CPUS [NODES]: a cluster whose files are all under DIR; exports SLURM_CONF for the
-# caller. One node: this host's name, CPUS CPUs. NODES > 1: nodes n1..nN of CPUS CPUs each, all on
-# this host, one slurmd each on its own port (jobs across them work with mpirun; srun --mpi=pmix
-# cannot, as its per-step PMIx directory in /tmp is the same path for every node of one host).
+# Where the daemons and the clients run: here, unless slurm_up was asked for nodes of their own
+# (then node I of tests/netns_lib.sh, and the clients on node 1, where the controller is).
+slurm_on() {  # slurm_on NODE_INDEX CMD...
+  local i=$1
+  shift
+  if [ "${SLURM_NETNS:-0}" = 1 ]; then node_run "$i" "$@"; else "$@"; fi
+}
+slurm_client() { slurm_on 1 "$@"; }
+
+# slurm_up DIR CPUS [NODES [netns]]: a cluster whose files are all under DIR; exports SLURM_CONF
+# for the caller. One node: this host's name, CPUS CPUs. NODES > 1: nodes n1..nN of CPUS CPUs each,
+# all on this host, one slurmd each on its own port (jobs across them work with mpirun; srun
+# --mpi=pmix cannot, as its per-step PMIx directory is the same path for every node of one host).
+# 'netns': the nodes of tests/netns_lib.sh's nodes_make (sourced and called by the caller), node1..N
+# at 10.77.0.I with hostnames of their own, the controller on node1, each slurmd on its node; each
+# node's TmpFS (where srun --mpi=pmix puts its per-step PMIx directory) is its own, DIR/tmp/nodeI.
 slurm_up() {
   SLURM_DIR=$1
-  local cpus=$2 nodes=${3:-1} node ctld_port port i names=() lines=""
+  local cpus=$2 nodes=${3:-1} mode=${4:-} node ctld_port port i names=() lines="" ctld tmpfs=/tmp
+  SLURM_NETNS=0 SLURM_IS_DOWN=0
+  [ "$mode" = netns ] && SLURM_NETNS=1
   mkdir -p "$SLURM_DIR"/{state,spool,log}
   dd if=/dev/urandom of="$SLURM_DIR/munge.key" bs=1024 count=1 status=none
   chmod 400 "$SLURM_DIR/munge.key"
   munged --force --socket="$SLURM_DIR/munge.sock" --key-file="$SLURM_DIR/munge.key" \
     --log-file="$SLURM_DIR/log/munged.log" --pid-file="$SLURM_DIR/munged.pid" --seed-file="$SLURM_DIR/munged.seed" ||
     { echo "munged did not start"; return 1; }
-  ctld_port=$(slurm_free_port) || { echo "no free TCP port"; return 1; }
-  if [ "$nodes" -eq 1 ]; then names=("$(hostname -s)"); else for i in $(seq "$nodes"); do names+=("n$i"); done; fi
-  for node in "${names[@]}"; do
-    port=$(slurm_free_port) || { echo "no free TCP port"; return 1; }
-    mkdir -p "$SLURM_DIR/spool/$node"
-    lines+="NodeName=$node NodeHostname=$(hostname -s) NodeAddr=127.0.0.1 Port=$port CPUs=$cpus State=UNKNOWN"$'\n'
-  done
+  if [ "$SLURM_NETNS" = 1 ]; then
+    # Each node has a network stack of its own: the usual ports are free on every one of them.
+    ctld_port=6817 ctld="node1(10.77.0.1)" tmpfs="$SLURM_DIR/tmp/%n"
+    for i in $(seq "$nodes"); do
+      names+=("node$i")
+      mkdir -p "$SLURM_DIR/spool/node$i" "$SLURM_DIR/tmp/node$i"
+      lines+="NodeName=node$i NodeHostname=node$i NodeAddr=10.77.0.$i Port=6818 CPUs=$cpus State=UNKNOWN"$'\n'
+    done
+  else
+    ctld_port=$(slurm_free_port) || { echo "no free TCP port"; return 1; }
+    ctld="$(hostname -s)(127.0.0.1)"
+    if [ "$nodes" -eq 1 ]; then names=("$(hostname -s)"); else for i in $(seq "$nodes"); do names+=("n$i"); done; fi
+    for node in "${names[@]}"; do
+      port=$(slurm_free_port) || { echo "no free TCP port"; return 1; }
+      mkdir -p "$SLURM_DIR/spool/$node"
+      lines+="NodeName=$node NodeHostname=$(hostname -s) NodeAddr=127.0.0.1 Port=$port CPUs=$cpus State=UNKNOWN"$'\n'
+    done
+  fi
   # MinJobAge=4 keeps sbatch --wait polling every 2 s (it backs off to 32 s when MinJobAge is large).
   cat >"$SLURM_DIR/slurm.conf" <<CONF
 ClusterName=mnistci
-SlurmctldHost=$(hostname -s)(127.0.0.1)
+SlurmctldHost=$ctld
 SlurmctldPort=$ctld_port
 SlurmUser=$(id -un)
 SlurmdUser=root
@@ -84,6 +109,7 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$SLURM_DIR/munge.sock
 StateSaveLocation=$SLURM_DIR/state
+TmpFS=$tmpfs
 SlurmdSpoolDir=$SLURM_DIR/spool/%n
 SlurmctldPidFile=$SLURM_DIR/slurmctld.pid
 SlurmdPidFile=$SLURM_DIR/slurmd-%n.pid
@@ -106,14 +132,17 @@ AccountingStorageType=accounting_storage/none
 ${lines}PartitionName=ci Nodes=$(IFS=,; echo "${names[*]}") Default=YES MaxTime=INFINITE State=UP
 CONF
   export SLURM_CONF="$SLURM_DIR/slurm.conf"
-  slurmctld -c -f "$SLURM_CONF" || { echo "slurmctld did not start"; return 1; }
-  for node in "${names[@]}"; do slurmd -N "$node" -f "$SLURM_CONF" || { echo "slurmd for $node did not start"; return 1; }; done
-  local i
+  slurm_client slurmctld -c -f "$SLURM_CONF" || { echo "slurmctld did not start"; return 1; }
+  i=0
+  for node in "${names[@]}"; do
+    i=$((i + 1))
+    slurm_on "$i" slurmd -N "$node" -f "$SLURM_CONF" || { echo "slurmd for $node did not start"; return 1; }
+  done
   for i in $(seq 60); do
-    [ "$(sinfo -h -o %T 2>/dev/null)" = idle ] && { echo "slurm: cluster up: ${names[*]}, $cpus CPU(s) each, controller port $ctld_port"; return 0; }
+    [ "$(slurm_client sinfo -h -o %T 2>/dev/null)" = idle ] && { echo "slurm: cluster up: ${names[*]}, $cpus CPU(s) each, controller $ctld port $ctld_port"; return 0; }
     sleep 0.5
   done
-  echo "the nodes did not become idle in 30 s: sinfo says '$(sinfo -h -o '%T %E' 2>&1)'"
+  echo "the nodes did not become idle in 30 s: sinfo says '$(slurm_client sinfo -h -o '%T %E' 2>&1)'"
   return 1
 }
 
@@ -127,11 +156,12 @@ slurm_logs() {  # the daemons' logs, for a failing test
 # SLURM_LEFT to what had to be killed (empty when everything had ended by itself).
 slurm_down() {
   [ -n "${SLURM_DIR-}" ] && [ -d "$SLURM_DIR" ] || return 0
+  [ "${SLURM_IS_DOWN:-0}" = 0 ] || return 0  # already (a second call would lose SLURM_LEFT)
   local i pid f cmd left=""
   if [ -f "$SLURM_DIR/slurmctld.pid" ]; then
-    scancel --full --signal=KILL --user="$(id -un)" >/dev/null 2>&1
-    for i in $(seq 30); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.5; done
-    scontrol shutdown >/dev/null 2>&1
+    slurm_client scancel --full --signal=KILL --user="$(id -un)" >/dev/null 2>&1
+    for i in $(seq 30); do [ -z "$(slurm_client squeue -h 2>/dev/null)" ] && break; sleep 0.5; done
+    slurm_client scontrol shutdown >/dev/null 2>&1
   fi
   for f in "$SLURM_DIR"/slurmctld.pid "$SLURM_DIR"/slurmd-*.pid "$SLURM_DIR"/munged.pid; do
     pid=$(cat "$f" 2>/dev/null) || continue
@@ -145,7 +175,7 @@ slurm_down() {
     cmd=$( { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null) || continue
     kill -9 "$pid" 2>/dev/null && left="$left ${cmd:0:60}($pid)"
   done
-  export SLURM_LEFT=$left
+  export SLURM_LEFT=$left SLURM_IS_DOWN=1
   [ -z "$left" ] || echo "slurm_down: had to kill what was still running:$left"
   unset SLURM_CONF
 }

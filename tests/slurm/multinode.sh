@@ -3,6 +3,7 @@
 # emulated on this host (two slurmd, tests/slurm/cluster.sh), one task of one CPU on each. The
 # ranks start through mpirun inside the allocation (MNIST_MPI_LAUNCHER=mpirun; srun --mpi=pmix
 # cannot put two emulated nodes on one host), must join into one world across both nodes and train.
+# tests/slurm/nodes.sh runs the same job, with srun too, on nodes with network stacks of their own.
 # Usage: multinode.sh MNIST_MPI REPO_ROOT        (exit 77 = skipped, with the reason printed)
 set -uo pipefail
 bin=$1 root=$2
