@@ -326,6 +326,29 @@ TEST(ExactSum, HostPassesCountProbeConvertAndZeroTheirSlots) {
   for (const std::int32_t limit : x.limits()) EXPECT_EQ(limit, -3) << "0.1 < 2^-3: the probe's, not the sums'";
 }
 
+// Note [Hot loops checked by their ranges] (include/mnist_mpi/range_checked.hpp): the conversions'
+// loops carry no per-access checks under AddressSanitizer; their one check per array must still
+// catch an array one element short, in each direction.
+TEST(ExactSum, HostPassesRangesAreCheckedUnderAddressSanitizer) {
+#if defined(__SANITIZE_ADDRESS__)
+  // Each death in a fresh run of this program, not a fork of this one: MPI's threads are running
+  // here, and a fork copies whatever lock one of them held.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto passes = make_host_fixed_point_passes(8, 1);
+  const std::vector<float> short_g(7, 0.5f);
+  EXPECT_DEATH(passes->to_fixed(short_g.data(), 0, 8, 1.0, 1.0f, true), "AddressSanitizer: heap-buffer-overflow");
+  std::vector<float> short_back(7, 0.0f);
+  EXPECT_DEATH(passes->from_fixed(0, short_back.data(), 8, 1.0, 0), "AddressSanitizer: heap-buffer-overflow");
+  const std::vector<float> g(8, 0.5f);
+  std::vector<float> back(8, 0.0f);
+  passes->to_fixed(g.data(), 0, 8, 1.0, 1.0f, true);  // whole arrays: no report
+  passes->from_fixed(0, back.data(), 8, 1.0, 0);
+  EXPECT_EQ(back[7], 0.0f) << "0.5 rounds to 0 at scale 1";
+#else
+  GTEST_SKIP() << "only under AddressSanitizer (scripts/test.sh's build-asan runs it)";
+#endif
+}
+
 // Note [A weight gradient written once as integers] (include/mnist_mpi/backend/layer.hpp): a
 // tensor a kernel hands over in tiles, every chunk's tile in turn, gives the integers and the
 // probed limits of the same chunks absorbed whole; absorb_all and probe_chunk leave it alone (its
