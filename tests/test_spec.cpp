@@ -23,6 +23,57 @@ const char* kLenet =
     "conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10";
 const char* kTiny = "conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10";
 
+// Note [A layer kind's facts]: every LayerKind has its row in kLayerTraits, in order, and each row's
+// facts hold: its example parses to a layer of its kind (so its parse case exists), the kinds with
+// a parameter prefix, and only they, get a weight and a bias named with it. (What row_wise and
+// keeps_blocked claim is shown where they are used: the row-wise tail by the start-up check of
+// --exact-sums and e2e_exact_sums's bits, the blocked layouts by the CPU layer tests.)
+// The switch lists every kind with -Wswitch an error here: a kind added to the enum does not
+// compile this test until it is listed, and then fails it until it has its row.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wswitch"
+constexpr int kind_index(LayerKind k) {
+  switch (k) {
+    case LayerKind::kConv: return 0;
+    case LayerKind::kMaxPool: return 1;
+    case LayerKind::kRelu: return 2;
+    case LayerKind::kFlatten: return 3;
+    case LayerKind::kFc: return 4;
+    case LayerKind::kDropout: return 5;
+    case LayerKind::kBatchNorm: return 6;
+  }
+  return -1;
+}
+#pragma GCC diagnostic pop
+
+TEST(LayerTraits, EveryKindHasItsRowAndItsFactsHold) {
+  const LayerKind every[] = {LayerKind::kConv,    LayerKind::kMaxPool, LayerKind::kRelu,     LayerKind::kFlatten,
+                             LayerKind::kFc,      LayerKind::kDropout, LayerKind::kBatchNorm};
+  ASSERT_EQ(std::size(every), std::size(kLayerTraits)) << "one row per kind";
+  for (const LayerKind k : every) {
+    ASSERT_EQ(kind_index(k), static_cast<int>(k));
+    const LayerTraits& t = layer_traits(k);
+    EXPECT_EQ(t.kind, k);
+    SCOPED_TRACE(t.token);
+    const ModelSpec spec = parse_model_spec(std::string(t.example) + ",flatten,fc:3", Shape{2, 4, 4}, 3);
+    EXPECT_EQ(spec.layers[0].kind, k) << "the example parses to its kind";
+    EXPECT_EQ(spec.layers[0].text, t.example);
+    const auto named = std::count_if(spec.params.begin(), spec.params.end(),
+                                     [](const ParamTensor& p) { return p.layer == 0; });
+    if (t.param_prefix) {
+      EXPECT_EQ(named, 2) << "a weight and a bias";
+      for (const ParamTensor& p : spec.params) {
+        if (p.layer == 0) {
+          EXPECT_EQ(p.name.rfind(std::string("0") + t.param_prefix + ".", 0), 0u) << p.name;
+        }
+      }
+    } else {
+      EXPECT_EQ(named, 0);
+    }
+  }
+  EXPECT_THROW(layer_traits(static_cast<LayerKind>(std::size(kLayerTraits))), std::logic_error);
+}
+
 TEST(Spec, LenetShapesAndCount) {
   const ModelSpec s = parse_model_spec(kLenet, {1, 28, 28}, 10);
   ASSERT_EQ(s.layers.size(), 11u);

@@ -12,8 +12,14 @@
 
 namespace mnist_mpi {
 
-// A host interval in seconds, as StepTiming holds them.
+// A host interval in seconds, as StepTiming holds them; the time since t; the steady clock's now
+// in seconds (for differences only). The one definition of each for the trainer, its step
+// boundary and the checkpointer.
 inline double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return seconds(std::chrono::steady_clock::now() - t);
+}
+inline double now_s() { return seconds(std::chrono::steady_clock::now().time_since_epoch()); }
 
 // Where a step's time went, in seconds (one step, or a sum or mean over steps), and the bytes
 // each rank reduced per step: the one timing record of the trainer, the monitor and the report.

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -59,6 +60,23 @@ struct Appender {
     out.insert(out.end(), b, b + n);
   }
 };
+
+// The sections, in the order they are written (docs/checkpoint.md): the one list the encoder and
+// the decoder share. An optional one is written only by the runs that have it (EXSM: --exact-sums;
+// SIDX and STAT: a model with batch norm); a required one missing makes the file corrupt.
+enum Section : std::size_t { kMeta, kSpec, kConf, kPidx, kParm, kMom1, kMom2, kExsm, kSidx, kStat, kEnd, kSections };
+struct SectionKind {
+  const char* tag;
+  bool required;
+};
+constexpr SectionKind kSectionKinds[kSections] = {{"META", true},  {"SPEC", true},  {"CONF", true}, {"PIDX", true},
+                                                  {"PARM", true},  {"MOM1", true},  {"MOM2", true}, {"EXSM", false},
+                                                  {"SIDX", false}, {"STAT", false}, {"END ", true}};
+std::size_t section_of(std::string_view tag) {  // kSections for a tag of no known section
+  std::size_t i = 0;
+  while (i < kSections && tag != kSectionKinds[i].tag) ++i;
+  return i;
+}
 
 std::uint32_t section_crc(const std::uint8_t* header, std::span<const std::uint8_t> payload) {
   std::uint32_t c = crc32c(header, 4);  // tag
@@ -233,44 +251,41 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
   const std::size_t tensor_bytes = static_cast<std::size_t>(count_) * sizeof(float);
 
   struct Part {
-    const char* tag;
     std::size_t length;
     std::size_t* at;
   };
   std::size_t spec_at = 0, conf_at = 0, pidx_at = 0, sidx_at = 0, end_at = 0;
-  const Part parts[] = {{"META", kCheckpointMetaBytes, &meta_at_},
-                        {"SPEC", spec_p.size(), &spec_at},
-                        {"CONF", conf_p.size(), &conf_at},
-                        {"PIDX", pidx_p.size(), &pidx_at},
-                        {"PARM", tensor_bytes, &parm_at_},
-                        {"MOM1", tensor_bytes, &mom1_at_},
-                        {"MOM2", second_ ? tensor_bytes : 0, &mom2_at_},
-                        {"EXSM", 12 + 4 * tensors_, &exsm_at_},  // --exact-sums runs only
-                        {"SIDX", sidx_p.size(), &sidx_at},       // a model with batch norm only
-                        {"STAT", static_cast<std::size_t>(state_count_) * sizeof(float), &stat_at_},
-                        {"END ", 16, &end_at}};
-  const auto written = [&](const Part& p) {
-    const std::string_view tag = p.tag;
-    if (tag == "EXSM") return exact_chunk_ > 0;
-    if (tag == "SIDX" || tag == "STAT") return state_count_ > 0;
-    return true;
+  const Part parts[kSections] = {{kCheckpointMetaBytes, &meta_at_},  // in kSectionKinds' order
+                                 {spec_p.size(), &spec_at},
+                                 {conf_p.size(), &conf_at},
+                                 {pidx_p.size(), &pidx_at},
+                                 {tensor_bytes, &parm_at_},
+                                 {tensor_bytes, &mom1_at_},
+                                 {second_ ? tensor_bytes : 0, &mom2_at_},
+                                 {12 + 4 * tensors_, &exsm_at_},
+                                 {sidx_p.size(), &sidx_at},
+                                 {static_cast<std::size_t>(state_count_) * sizeof(float), &stat_at_},
+                                 {16, &end_at}};
+  const auto written = [&](std::size_t i) {
+    if (kSectionKinds[i].required) return true;
+    return i == kExsm ? exact_chunk_ > 0 : state_count_ > 0;  // SIDX, STAT
   };
   std::size_t size = kHeaderBytes, sections = 0;
-  for (const Part& p : parts) {
-    if (!written(p)) continue;
+  for (std::size_t i = 0; i < kSections; ++i) {
+    if (!written(i)) continue;
     ++sections;
-    *p.at = size;
-    size += kSectionHeaderBytes + pad8(p.length);
+    *parts[i].at = size;
+    size += kSectionHeaderBytes + pad8(parts[i].length);
   }
   image_.assign(size, 0);  // the one allocation; zeros are also the padding
   std::uint8_t* b = image_.data();
   std::memcpy(b, kCheckpointMagic, 8);
   put<std::uint32_t>(b + 8, kCheckpointVersion);
   put<std::uint32_t>(b + 12, crc32c(b, 12));
-  for (const Part& p : parts) {
-    if (!written(p)) continue;
-    std::memcpy(b + *p.at, p.tag, 4);
-    put<std::uint64_t>(b + *p.at + 8, p.length);
+  for (std::size_t i = 0; i < kSections; ++i) {
+    if (!written(i)) continue;
+    std::memcpy(b + *parts[i].at, kSectionKinds[i].tag, 4);
+    put<std::uint64_t>(b + *parts[i].at + 8, parts[i].length);
   }
   if (exact_chunk_ > 0) {
     put<std::int64_t>(b + exsm_at_ + kSectionHeaderBytes, exact_chunk_);
@@ -411,12 +426,11 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
                                            " only: use the mnist_mpi that wrote it, or another checkpoint");
 
   Checkpoint ck;
-  bool seen_meta = false, seen_spec = false, seen_conf = false, seen_pidx = false, seen_parm = false, seen_mom1 = false,
-       seen_mom2 = false, seen_exsm = false, seen_sidx = false, seen_stat = false, seen_end = false;
+  std::array<bool, kSections> seen{};
   std::span<const std::uint8_t> parm, mom1, mom2, stat;
   std::uint64_t sections = 0;
   std::size_t at = kHeaderBytes;
-  while (!seen_end) {
+  while (!seen[kEnd]) {
     if (size - at < kSectionHeaderBytes)
       corrupt(name, "it is truncated: it ends after " + std::to_string(size) + " bytes, before its END section");
     std::string tag(reinterpret_cast<const char*>(b + at), 4);
@@ -437,20 +451,19 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
     }
     for (std::size_t i = static_cast<std::size_t>(length); i < pad8(static_cast<std::size_t>(length)); ++i)
       if (payload.data()[i] != 0) corrupt(name, "the padding after section '" + tag + "' is not zero");
-    auto once = [&](bool& seen) {
-      if (seen) corrupt(name, "section '" + tag + "' appears twice");
-      seen = true;
-    };
+    const std::size_t kind = section_of(tag);
+    if (kind < kSections) {
+      if (seen[kind]) corrupt(name, "section '" + tag + "' appears twice");
+      seen[kind] = true;
+    }
     auto need = [&](bool ok, const std::string& what) {
       if (!ok) corrupt(name, "section '" + tag + "': " + what);
     };
     const std::uint8_t* p = payload.data();
-    if (tag == "META") {
-      once(seen_meta);
+    if (kind == kMeta) {
       need(length == kCheckpointMetaBytes, "is " + std::to_string(length) + " bytes, expected 240");
       ck.meta = decode_meta(p);
-    } else if (tag == "SPEC") {
-      once(seen_spec);
+    } else if (kind == kSpec) {
       need(length >= 16, "too short");
       const auto c = get<std::uint32_t>(p), h = get<std::uint32_t>(p + 4), w = get<std::uint32_t>(p + 8);
       const auto k = get<std::uint32_t>(p + 12);
@@ -459,37 +472,28 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
       ck.input = Shape{static_cast<int>(c), static_cast<int>(h), static_cast<int>(w)};
       ck.num_classes = static_cast<std::int32_t>(k);
       ck.spec.assign(reinterpret_cast<const char*>(p + 16), static_cast<std::size_t>(length - 16));
-    } else if (tag == "CONF") {
-      once(seen_conf);
+    } else if (kind == kConf) {
       ck.config.assign(reinterpret_cast<const char*>(p), static_cast<std::size_t>(length));
-    } else if (tag == "PIDX") {
-      once(seen_pidx);
+    } else if (kind == kPidx) {
       ck.tensors = decode_tensor_index(payload, need);
-    } else if (tag == "PARM") {
-      once(seen_parm);
+    } else if (kind == kParm) {
       parm = payload;
-    } else if (tag == "MOM1") {
-      once(seen_mom1);
+    } else if (kind == kMom1) {
       mom1 = payload;
-    } else if (tag == "MOM2") {
-      once(seen_mom2);
+    } else if (kind == kMom2) {
       mom2 = payload;
-    } else if (tag == "EXSM") {
-      once(seen_exsm);
+    } else if (kind == kExsm) {
       need(length >= 12, "too short");
       ck.exact_chunk = get<std::int64_t>(p);
       const auto n = get<std::uint32_t>(p + 8);
       need(ck.exact_chunk > 0 && length == 12 + 4 * static_cast<std::uint64_t>(n),
            "holds no chunk, or not one limit per tensor");
       for (std::uint32_t t = 0; t < n; ++t) ck.exact_limits.push_back(get<std::int32_t>(p + 12 + 4 * t));
-    } else if (tag == "SIDX") {
-      once(seen_sidx);
+    } else if (kind == kSidx) {
       ck.state_tensors = decode_tensor_index(payload, need);
-    } else if (tag == "STAT") {
-      once(seen_stat);
+    } else if (kind == kStat) {
       stat = payload;
-    } else if (tag == "END ") {
-      once(seen_end);
+    } else if (kind == kEnd) {
       need(length == 16, "is not 16 bytes");
       need(get<std::uint64_t>(p) == sections, "counts " + std::to_string(get<std::uint64_t>(p)) +
                                                   " sections before it, the file has " + std::to_string(sections));
@@ -500,21 +504,15 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
     at += kSectionHeaderBytes + pad8(static_cast<std::size_t>(length));
   }
   if (at != size) corrupt(name, std::to_string(size - at) + " bytes follow the END section");
-  const char* missing = !seen_meta   ? "META"
-                        : !seen_spec ? "SPEC"
-                        : !seen_conf ? "CONF"
-                        : !seen_pidx ? "PIDX"
-                        : !seen_parm ? "PARM"
-                        : !seen_mom1 ? "MOM1"
-                        : !seen_mom2 ? "MOM2"
-                                     : nullptr;
-  if (missing) corrupt(name, std::string("it has no '") + missing + "' section");
+  for (std::size_t i = 0; i < kSections; ++i)
+    if (kSectionKinds[i].required && !seen[i])
+      corrupt(name, std::string("it has no '") + kSectionKinds[i].tag + "' section");
 
   check_parts_agree(ck, parm.size(), mom1.size(), mom2.size(), name);
-  if (seen_exsm && ck.exact_limits.size() != ck.tensors.size())
+  if (seen[kExsm] && ck.exact_limits.size() != ck.tensors.size())
     corrupt(name, "section 'EXSM' holds " + std::to_string(ck.exact_limits.size()) + " limits for " +
                       std::to_string(ck.tensors.size()) + " tensors");
-  if (seen_sidx != seen_stat) corrupt(name, seen_sidx ? "it has SIDX but no 'STAT' section" : "it has STAT but no 'SIDX' section");
+  if (seen[kSidx] != seen[kStat]) corrupt(name, seen[kSidx] ? "it has SIDX but no 'STAT' section" : "it has STAT but no 'SIDX' section");
   std::int64_t state_expect = 0;
   for (const CheckpointTensor& t : ck.state_tensors) {  // contiguous, in order, covering STAT
     if (t.offset != state_expect) corrupt(name, "state tensor '" + t.name + "' is not where the previous one ends");

@@ -33,8 +33,6 @@ namespace fs = std::filesystem;
 namespace mnist_mpi {
 namespace {
 
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
 void warn(const std::string& msg) {
   std::fflush(stdout);
   std::fprintf(stderr, "mnist_mpi: warning: %s\n", msg.c_str());

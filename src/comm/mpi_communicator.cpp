@@ -149,11 +149,6 @@ class MpiCommunicator final : public Communicator {
   CommRequest start_allreduce_sum(std::span<std::int64_t> d) override { return start({}, Kind::kSum, d); }
   CommRequest start_reduce_scatter_sum(std::span<std::int64_t> d) override { return start({}, Kind::kScatter, d); }
 
-  bool test(CommRequest& req) override {
-    std::lock_guard<std::mutex> lk(mu_);
-    return checked_op(req).state == Op::kDone;
-  }
-
   void wait(CommRequest& req, Clock::time_point* completed) override {
     std::unique_lock<std::mutex> lk(mu_);
     Op& op = checked_op(req);

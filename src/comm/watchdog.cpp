@@ -160,7 +160,6 @@ class WatchedCommunicator final : public Communicator {
   CommRequest start_allgather_shards(std::span<float> d) override {
     return named(in_->start_allgather_shards(d), "wait for allgather_shards");
   }
-  bool test(CommRequest& r) override { return in_->test(r); }
   void wait(CommRequest& r, std::chrono::steady_clock::time_point* completed) override {
     WatchScope s(&w_, r.active() ? names_[static_cast<std::size_t>(r.id) % names_.size()] : "wait");
     in_->wait(r, completed);

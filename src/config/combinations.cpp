@@ -6,27 +6,17 @@
 #include <cstdint>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/spec_text.hpp"
 
 namespace mnist_mpi {
 namespace {
 
-// Whether --model has a batch norm layer: a token whose kind (its text before the first ':',
-// blanks dropped) is "batchnorm", as parse_model_spec reads it. The spec itself is parsed where
+// Whether --model has a batch norm layer: a token whose kind (its first field) is "batchnorm", read
+// as parse_model_spec reads it (include/mnist_mpi/spec_text.hpp). The spec itself is parsed where
 // the input's shape is known (src/model/spec.cpp, a layer beside this one: docs/style.md).
 bool batch_norm(const Options& o) {
-  std::string kind;
-  bool in_kind = true;
-  for (const char ch : o.model + ",") {
-    if (ch == ',') {
-      if (kind == "batchnorm") return true;
-      kind.clear();
-      in_kind = true;
-    } else if (ch == ':') {
-      in_kind = false;
-    } else if (in_kind && ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r') {
-      kind += ch;
-    }
-  }
+  for (const std::string& token : split_spec_text(o.model, ','))
+    if (split_spec_text(token, ':').front() == "batchnorm") return true;
   return false;
 }
 

@@ -13,24 +13,10 @@
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/rng.hpp"
+#include "mnist_mpi/spec_text.hpp"
 
 namespace mnist_mpi {
 namespace {
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char ch : s) {
-    if (ch == sep) {
-      out.push_back(cur);
-      cur.clear();
-    } else if (ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r') {
-      cur += ch;
-    }
-  }
-  out.push_back(cur);
-  return out;
-}
 
 // Every message quotes the user's text through quote_input() (Note [Quoting what the user wrote] in
 // include/mnist_mpi/check.hpp): a spec of megabytes gives a one-line message.
@@ -95,9 +81,15 @@ LayerSpec parse_layer(const std::string& token, const std::vector<std::string>& 
   l.text = token;
   l.in = cur;
   const std::string& kind = f[0];
+  // Only a token of the table is a layer (Note [A layer kind's facts]), and every row has its case.
+  if (std::none_of(std::begin(kLayerTraits), std::end(kLayerTraits), [&](const LayerTraits& t) { return kind == t.token; })) {
+    std::string kinds;
+    for (const LayerTraits& t : kLayerTraits) kinds += (kinds.empty() ? "" : ", ") + std::string(t.token);
+    bad(token, "unknown layer kind " + quote_input(kind, 40) + " (" + kinds + ")");
+  }
   if (kind == "conv") {
     if (f.size() < 3 || f.size() > 5) bad(token, "expected conv:KHxKW:CHANNELS[:same|valid][:sSTRIDE]");
-    std::vector<std::string> k = split(f[1], 'x');
+    std::vector<std::string> k = split_spec_text(f[1], 'x');
     if (k.size() == 1) k.push_back(k[0]);
     if (k.size() != 2) bad(token, "kernel must be KxK or K");
     l.kind = LayerKind::kConv;
@@ -171,9 +163,10 @@ LayerSpec parse_layer(const std::string& token, const std::vector<std::string>& 
     l.channels = cur.c;  // statistics per channel (per unit after an fc)
     l.out = cur;
   } else {
-    bad(token,
-        "unknown layer kind " + quote_input(kind, 40) + " (conv, maxpool, relu, flatten, fc, dropout, batchnorm)");
+    throw_error(ExitCode::kRuntime, "model spec: layer kind '" + kind + "' has a row in kLayerTraits but no case here");
   }
+  MNIST_CHECK(kind == layer_traits(l.kind).token, ExitCode::kRuntime,
+              "model spec: the case of '" + kind + "' makes a layer of another kind's row");
   return l;
 }
 
@@ -188,9 +181,14 @@ void lay_out_parameters(ModelSpec& spec) {
   std::int64_t offset = 0, state_offset = 0;
   for (int i = static_cast<int>(spec.layers.size()) - 1; i >= 0; --i) {
     const LayerSpec& l = spec.layers[static_cast<std::size_t>(i)];
-    const std::string prefix = std::to_string(i) + (l.kind == LayerKind::kConv        ? ".conv"
-                                                    : l.kind == LayerKind::kBatchNorm ? ".bn"
-                                                                                      : ".fc");
+    // Note [A layer kind's facts]: the row names the parameters of exactly the kinds laid out below.
+    const char* middle = layer_traits(l.kind).param_prefix;
+    const bool laid_out = l.kind == LayerKind::kBatchNorm || l.kind == LayerKind::kConv || l.kind == LayerKind::kFc;
+    MNIST_CHECK((middle != nullptr) == laid_out, ExitCode::kRuntime,
+                "model spec: layer kind '" + std::string(layer_traits(l.kind).token) +
+                    "': its row in kLayerTraits and its parameter layout here disagree");
+    if (!middle) continue;  // no parameters
+    const std::string prefix = std::to_string(i) + middle;
     ParamTensor w, b;
     std::optional<std::int64_t> fan_in, fan_out;  // Note [Sizes of a model]
     if (l.kind == LayerKind::kBatchNorm) {  // scale and shift, C each (<= kMaxDim: check_activation)
@@ -210,7 +208,8 @@ void lay_out_parameters(ModelSpec& spec) {
       fan_in = l.in.size();
       fan_out = l.channels;
     } else {
-      continue;
+      throw_error(ExitCode::kRuntime, "model spec: layer kind '" + std::string(layer_traits(l.kind).token) +
+                                          "' has a parameter prefix in kLayerTraits but no parameter layout here");
     }
     const std::string where = "model spec: layer " + std::to_string(i) + " " + quote_input(l.text);
     if (!fan_in || !fan_out || *fan_in > kMaxDim || *fan_out > kMaxDim)
@@ -253,11 +252,11 @@ ModelSpec parse_model_spec(const std::string& text, Shape input, int num_classes
   spec.input = input;
   Shape cur = input;
   check_activation("the input has", input);  // from the data, or from a checkpoint being evaluated
-  for (const std::string& token : split(text, ',')) {
+  for (const std::string& token : split_spec_text(text, ',')) {
     if (token.empty())
       throw_error(ExitCode::kUsage, "model spec " + quote_input(text) + ": empty layer " +
                                         std::to_string(spec.layers.size()) + " (two commas?)");
-    const LayerSpec l = parse_layer(token, split(token, ':'), cur);
+    const LayerSpec l = parse_layer(token, split_spec_text(token, ':'), cur);
     check_activation("layer " + std::to_string(spec.layers.size()) + " " + quote_input(token) + " outputs", l.out);
     cur = l.out;
     spec.layers.push_back(l);
@@ -273,7 +272,7 @@ ModelSpec parse_model_spec(const std::string& text, Shape input, int num_classes
 InitSpec parse_init_spec(const std::string& text) {
   InitSpec s;
   s.text = text;
-  std::vector<std::string> f = split(text, ':');
+  std::vector<std::string> f = split_spec_text(text, ':');
   const std::string what = "initialiser " + quote_input(text);
   auto need_value = [&](float dflt) {
     if (f.size() > 2) throw_error(ExitCode::kUsage, what + ": too many fields");

@@ -61,10 +61,7 @@ ExactGradients::ExactGradients(const StepParts& parts, const StepShape& shape)
   // Note [A weight gradient written once as integers] in include/mnist_mpi/backend/layer.hpp
   // Note [The row-wise tail at the rank's batch]: the layers from `first` on compute each row alone.
   int first = static_cast<int>(spec.layers.size());
-  const auto row_wise = [](LayerKind k) {
-    return k == LayerKind::kFc || k == LayerKind::kRelu || k == LayerKind::kDropout || k == LayerKind::kFlatten;
-  };
-  while (first > 0 && row_wise(spec.layers[static_cast<std::size_t>(first - 1)].kind)) --first;
+  while (first > 0 && layer_traits(spec.layers[static_cast<std::size_t>(first - 1)].kind).row_wise) --first;
   exact_plan_ = "every layer chunk by chunk";
   // The tail's start-up check reads and writes the buffers from the host: on a GPU every layer
   // runs chunk by chunk.

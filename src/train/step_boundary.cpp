@@ -10,12 +10,6 @@
 #include "mnist_mpi/resilience/preemption.hpp"
 
 namespace mnist_mpi {
-namespace {
-
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-}  // namespace
-
 StepBoundary::StepBoundary(const Options& options, Communicator& comm, Checkpointer& writer, CheckpointSource& source)
     : opt_(options), comm_(comm), writer_(writer), source_(source), rank0_(comm.rank() == 0) {}
 

@@ -22,14 +22,6 @@
 
 namespace mnist_mpi {
 
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-}  // namespace
-
 // Set-up does only local work (Note [Ending every rank] in src/main.cpp), in this order: the
 // device, the batch sizes, the data and the model spec, the backend and its gradient
 // communicator, the training state, the evaluation model, then the monitor and the step.
@@ -75,18 +67,47 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   make_training_state();
   make_evaluation();
   replica_hashes_.resize(static_cast<std::size_t>(comm_.size()));
-  MonitorSetup ms{comm_.rank(),     comm_.size(),  comm_.host(),  {},    reducer_->buckets().size(), total_steps_,
-                  steps_per_epoch_, global_batch_, accumulation_, start_,     exact_chunk_};
+  // Designated initialisers: two fields of one type in another order do not compile.
+  MonitorSetup ms{.rank = comm_.rank(),
+                  .world = comm_.size(),
+                  .host = comm_.host(),
+                  .layer_names = {},
+                  .buckets = reducer_->buckets().size(),
+                  .total_steps = total_steps_,
+                  .steps_per_epoch = steps_per_epoch_,
+                  .global_batch = global_batch_,
+                  .accumulation = accumulation_,
+                  .process_start = start_,
+                  .exact_chunk = exact_chunk_};
   for (const LayerSpec& l : spec_.layers) ms.layer_names.push_back(l.text);
   monitor_ = std::make_unique<Monitor>(opt_, std::move(ms));  // opens the metrics file (rank 0)
   timeline_ = monitor_->timeline();
   step_ = std::make_unique<Step>(
-      StepParts{backend_.get(), train_model_.get(), params_.get(), grads_.get(), reducer_.get(), optimizer_.get(),
-                guard_.get(), sampler_.get(), train_data_.get(), train_loss_.get(), timeline_, exact_.get(),
-                scratch_loss_.get()},
-      StepShape{comm_.rank(), comm_.size(), accumulation_, batch_, global_batch_, opt_.seed, opt_.skip_nonfinite_steps,
-                opt_.cuda_graph, exact_ ? global_batch_ / exact_chunk_ : 0, my_chunks_,
-                fault_.slow_ms_for(comm_.rank()), fault_.local_dropout_key_for(comm_.rank())});
+      StepParts{.backend = backend_.get(),
+                .model = train_model_.get(),
+                .params = params_.get(),
+                .grads = grads_.get(),
+                .reducer = reducer_.get(),
+                .optimizer = optimizer_.get(),
+                .guard = guard_.get(),
+                .sampler = sampler_.get(),
+                .data = train_data_.get(),
+                .loss = train_loss_.get(),
+                .timeline = timeline_,
+                .exact = exact_.get(),
+                .scratch_loss = scratch_loss_.get()},
+      StepShape{.rank = comm_.rank(),
+                .world = comm_.size(),
+                .accumulation = accumulation_,
+                .batch = batch_,
+                .global_batch = global_batch_,
+                .seed = opt_.seed,
+                .check_all_first = opt_.skip_nonfinite_steps,
+                .graph = opt_.cuda_graph,
+                .chunks = exact_ ? global_batch_ / exact_chunk_ : 0,
+                .my_chunks = my_chunks_,
+                .slow_ms = fault_.slow_ms_for(comm_.rank()),
+                .local_dropout_key = fault_.local_dropout_key_for(comm_.rank())});
   monitor_->on_start(start_facts(threads, gpus));  // which GPU (every rank), the banner, the "start" event
 }
 

@@ -92,8 +92,6 @@ class Communicator {
   virtual CommRequest start_reduce_scatter_sum(std::span<float> data) = 0;
   virtual CommRequest start_reduce_scatter_sum(std::span<std::int64_t> data) = 0;  // as the int64 sums
   virtual CommRequest start_allgather_shards(std::span<float> data) = 0;
-  // Without blocking: true once the request has completed (then call wait()).
-  virtual bool test(CommRequest& request) = 0;
   // Blocks until the request has completed and frees it. completed (optional) receives the time
   // the sum finished, which may be earlier than the time wait() returns.
   virtual void wait(CommRequest& request, std::chrono::steady_clock::time_point* completed = nullptr) = 0;

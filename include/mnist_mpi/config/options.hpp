@@ -63,7 +63,7 @@ struct Options {
   bool checkpoint_async = true;       // rank 0 writes from a snapshot on a background thread
   // system
   std::string device = "cpu";            // auto | cpu | cuda (resolved per rank: include/mnist_mpi/backend/device.hpp)
-  std::string precision = "fp32";        // fp32 | tf32 (CUDA: TF32 tensor cores in cuDNN and cuBLAS)
+  std::string precision = "fp32";        // fp32 | tf32 (CUDA's TF32 tensor cores) | bf16 (conv and fc multiply in bf16)
   std::string conv_algos = "heuristic";  // heuristic | measured (Note [Choosing cuDNN algorithms])
   bool cuda_graph = false;               // the training step as one CUDA graph (Note [A step as one CUDA graph])
   bool allow_gpu_sharing = false;        // more ranks on a node than GPUs

@@ -5,7 +5,10 @@
 //   conv:5x5:32:same[:s1]  maxpool:2[:2]  relu  flatten  fc:1024  dropout:0.5  batchnorm[:MOMENTUM[:EPS]]
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -14,6 +17,47 @@
 namespace mnist_mpi {
 
 enum class LayerKind { kConv, kMaxPool, kRelu, kFlatten, kFc, kDropout, kBatchNorm };
+
+// Note [A layer kind's facts]
+// What the program asks of a layer kind outside its parse case, its kernels and its ONNX export,
+// one row per kind: its token in a model spec, an example token (the tests parse it), the middle
+// of its parameters' names ("3.conv.weight"; null: the kind has no parameters), whether it
+// computes each image's row alone (the --exact-sums tail may run it at the rank's batch: Note [The
+// row-wise tail at the rank's batch] in src/train/exact_pipeline.cpp), and whether the CPU
+// backend's blocked activation layouts pass through it (activation_layouts in
+// src/backend/cpu/cpu_backend.cpp). A new kind is a row here, its case in parse_layer
+// (src/model/spec.cpp), its kernels and its export; tests/test_spec.cpp's LayerTraits.* fail for a
+// kind without its row, or a row whose facts its parse and layout contradict.
+struct LayerTraits {
+  LayerKind kind;
+  const char* token;         // "conv"
+  const char* example;       // "conv:3x3:4"
+  const char* param_prefix;  // ".conv" (then ".weight", ".bias"); nullptr: no parameters
+  bool row_wise;
+  bool keeps_blocked;
+};
+inline constexpr LayerTraits kLayerTraits[] = {
+    {LayerKind::kConv, "conv", "conv:3x3:4", ".conv", false, true},
+    {LayerKind::kMaxPool, "maxpool", "maxpool:2", nullptr, false, true},
+    {LayerKind::kRelu, "relu", "relu", nullptr, true, true},
+    {LayerKind::kFlatten, "flatten", "flatten", nullptr, true, false},
+    {LayerKind::kFc, "fc", "fc:6", ".fc", true, false},
+    {LayerKind::kDropout, "dropout", "dropout:0.5", nullptr, true, false},
+    {LayerKind::kBatchNorm, "batchnorm", "batchnorm", ".bn", false, true},
+};
+// The row of kind k: the rows are in LayerKind's order (checked below), one per kind; a kind past
+// the last row is a program error.
+inline const LayerTraits& layer_traits(LayerKind k) {
+  const auto i = static_cast<std::size_t>(k);
+  if (i >= std::size(kLayerTraits)) throw std::logic_error("LayerKind " + std::to_string(i) + " has no row in kLayerTraits");
+  return kLayerTraits[i];
+}
+constexpr bool layer_traits_in_order() {
+  for (std::size_t i = 0; i < std::size(kLayerTraits); ++i)
+    if (static_cast<std::size_t>(kLayerTraits[i].kind) != i) return false;
+  return true;
+}
+static_assert(layer_traits_in_order(), "kLayerTraits: one row per LayerKind, in its order");
 
 // A per-sample activation shape (C, H, W); fc outputs are (units, 1, 1).
 struct Shape {

@@ -590,6 +590,30 @@ namespace {
 
 bool is_ref(const std::string& impl_name) { return impl_name.rfind("ref", 0) == 0; }
 
+// Convolution l's oneDNN shapes at a batch, its memory formats for these layouts (Note [One block is
+// NHWC]) and its memory descriptors: the one place they are set up, for the primitives, the bf16
+// ones and the probes below.
+struct ConvGeometry {
+  using dims = dnnl::memory::dims;
+  dims src, wei, bia, dst;  // (N, C, H, W), (O, I, KH, KW), (O), (N, O, OH, OW)
+  dims strides, pad_l, pad_r;
+  tag src_tag, dst_tag;
+  ConvGeometry(const LayerSpec& l, dnnl::memory::dim batch, Layout x_layout, Layout y_layout)
+      : src{batch, l.in.c, l.in.h, l.in.w},
+        wei{l.channels, l.in.c, l.kernel_h, l.kernel_w},
+        bia{l.channels},
+        dst{batch, l.out.c, l.out.h, l.out.w},
+        strides{l.stride, l.stride},
+        pad_l{l.pad_top, l.pad_left},
+        pad_r{l.pad_bottom, l.pad_right} {
+    std::tie(src_tag, dst_tag) = conv_tags(x_layout, l.in.c, y_layout, l.out.c);
+  }
+  dnnl::memory::desc src_md(dt t) const { return {src, t, src_tag}; }
+  dnnl::memory::desc wei_any(dt t) const { return {wei, t, tag::any}; }  // the primitive's choice
+  dnnl::memory::desc bia_md() const { return {bia, dt::f32, tag::x}; }
+  dnnl::memory::desc dst_md(dt t) const { return {dst, t, dst_tag}; }
+};
+
 // How an fp32 convolution's weight gradient is computed (bw_is_ref: whether oneDNN's kernel for it
 // is a reference one); the fusion plan asks too (conv_weight_grad), since a pool hands its
 // gradient only to an own loop.
@@ -626,19 +650,14 @@ class Conv final : public LayerKernel {
         forward_in_pool_(f.forward_in_pool != ConvInPool::kNo),
         reads_pool_gradient_(f.reads_pool_gradient),
         pool_writes_bf16_dy_(f.pool_writes_bf16_dy) {
-    using dims = dnnl::memory::dims;
     if (c.fuse.bf16 && !first) {  // Note [bf16 on the CPU] in src/backend/cpu/cpu_backend.cpp
       build_bf16(l, b, training);
       return;
     }
-    const dims src{b.batch, l.in.c, l.in.h, l.in.w};             // (N, C, H, W)
-    const dims wei{l.channels, l.in.c, l.kernel_h, l.kernel_w};  // (O, I, KH, KW)
-    const dims bia{l.channels};                                  // (O)
-    const dims dst{b.batch, l.out.c, l.out.h, l.out.w};          // (N, O, OH, OW)
-    const dims strides{l.stride, l.stride}, pad_l{l.pad_top, l.pad_left}, pad_r{l.pad_bottom, l.pad_right};
-    const auto [src_tag, dst_tag] = conv_tags(b.x_layout, l.in.c, b.y_layout, l.out.c);  // Note [One block is NHWC]
-    const dnnl::memory::desc src_md(src, dt::f32, src_tag), wei_any(wei, dt::f32, tag::any),
-        bia_md(bia, dt::f32, tag::x), dst_md(dst, dt::f32, dst_tag);
+    const ConvGeometry g(l, b.batch, b.x_layout, b.y_layout);
+    const auto& [src, wei, bia, dst, strides, pad_l, pad_r, src_tag, dst_tag] = g;
+    const dnnl::memory::desc src_md = g.src_md(dt::f32), wei_any = g.wei_any(dt::f32), bia_md = g.bia_md(),
+                             dst_md = g.dst_md(dt::f32);
     const float* bias = b.w + l.channels * l.in.c * l.kernel_h * l.kernel_w;
     const dnnl::memory user_w = wrap(c, wei, tag::oihw, b.w);
 
@@ -787,14 +806,11 @@ class Conv final : public LayerKernel {
  private:
   // --precision bf16 (Note [bf16 on the CPU]): the primitives on bf16 copies of x, w and dy.
   void build_bf16(const LayerSpec& l, const LayerBuffers& b, bool training) {
-    using dims = dnnl::memory::dims;
-    const dims src{b.batch, l.in.c, l.in.h, l.in.w}, wei{l.channels, l.in.c, l.kernel_h, l.kernel_w},
-        bia{l.channels}, dst{b.batch, l.out.c, l.out.h, l.out.w};
-    const dims strides{l.stride, l.stride}, pad_l{l.pad_top, l.pad_left}, pad_r{l.pad_bottom, l.pad_right};
-    const auto [src_tag, dst_tag] = conv_tags(b.x_layout, l.in.c, b.y_layout, l.out.c);  // Note [One block is NHWC]
-    const dnnl::memory::desc src_bf(src, dt::bf16, src_tag), src_f(src, dt::f32, src_tag),
-        wei_bf(wei, dt::bf16, tag::any), wei_f(wei, dt::f32, tag::any), bia_md(bia, dt::f32, tag::x),
-        dst_f(dst, dt::f32, dst_tag), dst_bf(dst, dt::bf16, dst_tag);
+    const ConvGeometry g(l, b.batch, b.x_layout, b.y_layout);
+    const auto& [src, wei, bia, dst, strides, pad_l, pad_r, src_tag, dst_tag] = g;
+    const dnnl::memory::desc src_bf = g.src_md(dt::bf16), src_f = g.src_md(dt::f32), wei_bf = g.wei_any(dt::bf16),
+                             wei_f = g.wei_any(dt::f32), bia_md = g.bia_md(), dst_f = g.dst_md(dt::f32),
+                             dst_bf = g.dst_md(dt::bf16);
     const float* bias = b.w + l.channels * l.in.c * l.kernel_h * l.kernel_w;
     const dnnl::memory user_w = wrap(c_, wei, tag::oihw, b.w);
     const dnnl::convolution_forward::primitive_desc fwd =
@@ -874,14 +890,11 @@ class Conv final : public LayerKernel {
 }  // namespace
 
 bool conv_has_fast_kernels(const Context& c, const LayerSpec& l, Layout x_layout, Layout y_layout, bool with_dx) {
-  using dims = dnnl::memory::dims;
   const dnnl::memory::dim batch = 32;  // a probe: the implementation does not depend on it here
-  const dims src{batch, l.in.c, l.in.h, l.in.w}, wei{l.channels, l.in.c, l.kernel_h, l.kernel_w}, bia{l.channels},
-      dst{batch, l.out.c, l.out.h, l.out.w};
-  const dims strides{l.stride, l.stride}, pad_l{l.pad_top, l.pad_left}, pad_r{l.pad_bottom, l.pad_right};
-  const auto [src_tag, dst_tag] = conv_tags(x_layout, l.in.c, y_layout, l.out.c);  // Note [One block is NHWC]
-  const dnnl::memory::desc src_md(src, dt::f32, src_tag), wei_any(wei, dt::f32, tag::any),
-      bia_md(bia, dt::f32, tag::x), dst_md(dst, dt::f32, dst_tag);
+  const ConvGeometry g(l, batch, x_layout, y_layout);
+  const auto& [src, wei, bia, dst, strides, pad_l, pad_r, src_tag, dst_tag] = g;
+  const dnnl::memory::desc src_md = g.src_md(dt::f32), wei_any = g.wei_any(dt::f32), bia_md = g.bia_md(),
+                           dst_md = g.dst_md(dt::f32);
   const auto fast = [](const std::string& name) { return !is_ref(name); };
   try {
     dnnl::convolution_forward::primitive_desc fwd(
@@ -917,12 +930,9 @@ ConvWeightGrad conv_weight_grad(const Context& c, const LayerSpec& l, Layout x_l
   if (c.fuse.bf16 && !first) return ConvWeightGrad::kOneDnn;  // Note [bf16 on the CPU]: oneDNN's bf16 kernels
   bool bw_is_ref = false;                                     // asked only where it decides (choose_weight_grad)
   if (x_layout == Layout::kPlain && y_layout != Layout::kPlain) {
-    using dims = dnnl::memory::dims;
-    const dims src{batch, l.in.c, l.in.h, l.in.w}, wei{l.channels, l.in.c, l.kernel_h, l.kernel_w}, bia{l.channels},
-        dst{batch, l.out.c, l.out.h, l.out.w};
-    const auto [src_tag, dst_tag] = conv_tags(x_layout, l.in.c, y_layout, l.out.c);  // as Conv's, exactly
-    const dnnl::memory::desc src_md(src, dt::f32, src_tag), wei_any(wei, dt::f32, tag::any),
-        bia_md(bia, dt::f32, tag::x), dst_md(dst, dt::f32, dst_tag);
+    const ConvGeometry g(l, batch, x_layout, y_layout);  // as Conv's, exactly
+    const dnnl::memory::desc src_md = g.src_md(dt::f32), wei_any = g.wei_any(dt::f32), bia_md = g.bia_md(),
+                             dst_md = g.dst_md(dt::f32);
     const dnnl::convolution_forward::primitive_desc fwd = conv_forward_pd(c, l, true, src_md, wei_any, bia_md, dst_md);
     dnnl::convolution_backward_weights::primitive_desc bw(
         dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md, wei_any, bia_md, dst_md,

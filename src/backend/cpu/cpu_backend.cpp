@@ -198,9 +198,7 @@ class CpuBackend final : public Backend {
   std::vector<Layout> activation_layouts(const ModelSpec& spec) const override {
     const std::size_t L = spec.layers.size();
     std::vector<bool> candidate(L + 1, false);
-    const auto speaks_blocked = [](LayerKind k) {
-      return k == LayerKind::kConv || k == LayerKind::kRelu || k == LayerKind::kMaxPool || k == LayerKind::kBatchNorm;
-    };
+    const auto speaks_blocked = [](LayerKind k) { return layer_traits(k).keeps_blocked; };  // Note [A layer kind's facts]
     for (std::size_t i = 1; i < L; ++i)
       candidate[i] = speaks_blocked(spec.layers[i - 1].kind) && speaks_blocked(spec.layers[i].kind) &&
                      spec.activation(i).c % 8 == 0 && spec.activation(i).h * spec.activation(i).w > 1;

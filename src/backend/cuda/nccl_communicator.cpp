@@ -65,7 +65,7 @@ class HostForwarding : public Communicator {
 // device with a blocking call: every wait (Context::wait_for_stream) polls an event and, between
 // polls, calls poll() here, which asks ncclCommGetAsyncError; on an error it calls ncclCommAbort
 // (which also stops the stuck kernels) and throws, so main() prints one line and MPI_Abort ends
-// every rank. test() and wait() poll too. A peer that merely stalls raises no NCCL error: the
+// every rank. wait() polls too. A peer that merely stalls raises no NCCL error: the
 // wait's deadline (--collective-timeout) aborts then (Note [Device waits have a deadline]).
 class NcclCommunicator final : public HostForwarding {
  public:
@@ -135,14 +135,6 @@ class NcclCommunicator final : public HostForwarding {
     });
   }
 
-  bool test(CommRequest& req) override {
-    Slot& s = checked(req);
-    poll();
-    const cudaError_t rc = cudaEventQuery(s.done);
-    if (rc == cudaErrorNotReady) return false;
-    CUDA_CHECK(rc);
-    return true;
-  }
 
   // Does not block the host: the compute stream waits for the sum (completed: when the wait was
   // queued, the host does not know when the device finishes).
@@ -291,7 +283,6 @@ class StagedCommunicator final : public HostForwarding {
     backend_.upload(h, d.data());
     return CommRequest{0};
   }
-  bool test(CommRequest&) override { return true; }
   void wait(CommRequest& req, std::chrono::steady_clock::time_point* completed) override {
     req.id = -1;
     if (completed) *completed = std::chrono::steady_clock::now();
