@@ -183,12 +183,11 @@ void lay_out_parameters(ModelSpec& spec) {
     const LayerSpec& l = spec.layers[static_cast<std::size_t>(i)];
     // Note [A layer kind's facts]: the row names the parameters of exactly the kinds laid out below.
     const char* middle = layer_traits(l.kind).param_prefix;
-    const bool laid_out = l.kind == LayerKind::kBatchNorm || l.kind == LayerKind::kConv || l.kind == LayerKind::kFc;
-    MNIST_CHECK((middle != nullptr) == laid_out, ExitCode::kRuntime,
-                "model spec: layer kind '" + std::string(layer_traits(l.kind).token) +
-                    "': its row in kLayerTraits and its parameter layout here disagree");
-    if (!middle) continue;  // no parameters
-    const std::string prefix = std::to_string(i) + middle;
+    const auto disagree = [&] {
+      throw_error(ExitCode::kRuntime, "model spec: layer kind '" + std::string(layer_traits(l.kind).token) +
+                                          "': its row in kLayerTraits and its parameter layout here disagree");
+    };
+    const std::string prefix = std::to_string(i) + (middle ? middle : "");
     ParamTensor w, b;
     std::optional<std::int64_t> fan_in, fan_out;  // Note [Sizes of a model]
     if (l.kind == LayerKind::kBatchNorm) {  // scale and shift, C each (<= kMaxDim: check_activation)
@@ -208,9 +207,10 @@ void lay_out_parameters(ModelSpec& spec) {
       fan_in = l.in.size();
       fan_out = l.channels;
     } else {
-      throw_error(ExitCode::kRuntime, "model spec: layer kind '" + std::string(layer_traits(l.kind).token) +
-                                          "' has a parameter prefix in kLayerTraits but no parameter layout here");
+      if (middle) disagree();
+      continue;  // no parameters
     }
+    if (!middle) disagree();
     const std::string where = "model spec: layer " + std::to_string(i) + " " + quote_input(l.text);
     if (!fan_in || !fan_out || *fan_in > kMaxDim || *fan_out > kMaxDim)
       throw_error(ExitCode::kUsage, where + ": each of its " + std::to_string(l.channels) + " outputs sums " +
