@@ -34,7 +34,7 @@ hung="collective timeout: wait for reduce_scatter_sum in step 5, gradient bucket
 expect stop_rank1 1 30 "error on rank 0 .*$hung" -- env MNIST_MPI_FAULT=1:5:stop "${job[@]}" --collective-timeout 5
 expect stop_rank0 1 30 "error on rank 1 .*$hung" -- env MNIST_MPI_FAULT=0:5:stop "${job[@]}" --collective-timeout 5
 expect hang_rank1 1 30 "error on rank 0 .*$hung" -- env MNIST_MPI_FAULT=1:5:hang "${job[@]}" --collective-timeout 5
-expect stop_no_overlap 1 30 "collective timeout: allreduce_sum \(float\) in step 7" -- env MNIST_MPI_FAULT=1:7:stop "${job[@]}" --collective-timeout 5 --no-overlap --shard-optimizer off
+expect stop_no_overlap 1 30 "collective timeout: wait for allreduce_sum in step 7" -- env MNIST_MPI_FAULT=1:7:stop "${job[@]}" --collective-timeout 5 --no-overlap --shard-optimizer off
 expect bad_timeout 2 30 "--collective-timeout must be >= 0" -- "${job[@]}" --collective-timeout -1
 expect bad_fault_hook 2 30 "MNIST_MPI_FAULT='1:x:kill' is not RANK:STEP:KIND" -- env MNIST_MPI_FAULT=1:x:kill "${job[@]}"
 expect fault_rank_out_of_range 2 30 "MNIST_MPI_FAULT names rank 5 but the job has 2 rank" -- env MNIST_MPI_FAULT=5:1:kill "${job[@]}"

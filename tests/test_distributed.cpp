@@ -10,12 +10,14 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <random>
 #include <thread>
 #include <vector>
 
 #include "mnist_mpi/backend/cpu.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/data/sampler.hpp"  // part_first, part_count
+#include "mnist_mpi/train/codec.hpp"
 #include "mnist_mpi/train/reducer.hpp"
 #include "mnist_mpi/train/trainer.hpp"
 #include "synthetic.hpp"
@@ -433,6 +435,98 @@ TEST(Reducer, MatchesAPlainAllreduceForEveryBucketCap) {
       }
     }
   }
+}
+
+// Note [A gradient codec] (include/mnist_mpi/train/codec.hpp): a codec is one class and a
+// factory, and the reducer takes it as it is. This one, thrown away after the test, sends the
+// floats as doubles (its own buffer per bucket, made at binding) and turns the sums back.
+class DoubleCodec final : public GradientCodec {
+ public:
+  explicit DoubleCodec(const CodecBinding& b, int& starts)
+      : comm_(*b.comm), grads_(b.grads), wire_(b.grads.size()), sharded_(b.sharded), starts_(starts) {}
+  void start() override {
+    for (std::size_t i = 0; i < grads_.size(); ++i) wire_[i] = grads_[i];
+    request_ = sharded_ ? comm_.start_reduce_scatter_sum(wire_) : comm_.start_allreduce_sum(wire_);
+    ++starts_;
+  }
+  bool in_flight() const override { return request_.active(); }
+  void finish(std::chrono::steady_clock::time_point* completed) override {
+    comm_.wait(request_, completed);
+    const Shard s = sharded_ ? shard_of(std::int64_t(wire_.size()), comm_.rank(), comm_.size())
+                             : Shard{0, std::int64_t(wire_.size())};
+    for (std::int64_t i = s.begin; i < s.end; ++i) grads_[std::size_t(i)] = float(wire_[std::size_t(i)]);
+  }
+
+ private:
+  Communicator& comm_;
+  std::span<float> grads_;
+  std::vector<double> wire_;
+  bool sharded_;
+  int& starts_;
+  CommRequest request_;
+};
+
+// The throwaway codec gives the float codec's bits wherever the float sum is the double sum
+// rounded once: always for integer multiples of 2^-20 below 1 (exact in float for up to 8 ranks),
+// and for any floats on 1 or 2 ranks (g0 + g1 is exact in double). Whole and sharded, overlapped
+// and not, for bucket caps from one tensor's piece to the whole buffer, two steps each; the wrong
+// elements (of this rank's shards when sharded) are counted on every rank.
+TEST(Codec, AThrowawayDoubleCodecGivesTheFloatCodecsBits) {
+  const ModelSpec spec = parse_model_spec(kSmall, Shape{1, 28, 28}, 10);
+  auto c = make_mpi_communicator(MPI_COMM_WORLD);
+  const int r = c->rank(), n = c->size();
+  std::mt19937 gen(1234u + unsigned(r));
+  std::uniform_int_distribution<int> grid(-(1 << 20) + 1, (1 << 20) - 1);
+  std::uniform_real_distribution<float> any(-3.0f, 3.0f);
+  std::vector<float> start(std::size_t(spec.param_count)), a(start.size()), b(start.size()), params(start.size());
+  for (bool arbitrary : {false, true}) {
+    if (arbitrary && n > 2) continue;  // three float additions round twice through a double
+    for (std::int64_t cap : {std::int64_t{7}, std::int64_t{1000}, spec.param_count}) {
+      for (bool overlap : {true, false}) {
+        for (bool sharded : {false, true}) {
+          int starts = 0;
+          const auto plan = plan_buckets(spec, cap, cap);
+          Reducer floats(*c, a, plan, overlap, sharded ? std::span<float>(params) : std::span<float>());
+          Reducer doubles(*c, b, plan, overlap, sharded ? std::span<float>(params) : std::span<float>(),
+                          [&](const CodecBinding& bind) { return std::make_unique<DoubleCodec>(bind, starts); });
+          for (int step = 0; step < 2; ++step) {
+            for (float& g : start) g = arbitrary ? any(gen) : float(grid(gen)) * 0x1p-20f;
+            a = start;
+            b = start;
+            for (Reducer* red : {&floats, &doubles}) {
+              for (int layer = int(spec.layers.size()) - 1; layer >= 0; --layer) red->on_layer_done(layer);
+              red->finish();
+            }
+            std::int64_t wrong = 0, summed = 0;
+            for (const ParamRange& o : floats.owned())
+              for (std::int64_t i = o.begin; i < o.end; ++i) {
+                wrong += std::memcmp(&a[std::size_t(i)], &b[std::size_t(i)], sizeof(float)) != 0 ? 1 : 0;
+                summed += n > 1 && a[std::size_t(i)] != start[std::size_t(i)] ? 1 : 0;
+              }
+            c->allreduce_max(std::span<std::int64_t>(&wrong, 1));
+            c->allreduce_sum(std::span<std::int64_t>(&summed, 1));
+            EXPECT_EQ(wrong, 0) << "cap " << cap << " overlap " << overlap << " sharded " << sharded << " step "
+                                << step << (arbitrary ? " (any floats)" : " (grid)");
+            if (n > 1) {
+              EXPECT_GT(summed, 0) << "nothing was summed";
+            }
+          }
+          // Every bucket went through the codec each step, or the whole buffer once (--no-overlap).
+          EXPECT_EQ(starts, 2 * (overlap || sharded ? int(plan.size()) : 1));
+        }
+      }
+    }
+  }
+}
+
+// A collective's elements are read as the type they were made of: anything else is a program error.
+TEST(Codec, ElementsAreReadOnlyAsTheirOwnType) {
+  std::vector<double> d(3);
+  const Elements e(d);
+  EXPECT_EQ(e.type, ElementType::kFloat64);
+  EXPECT_EQ(e.size_bytes(), 3 * sizeof(double));
+  EXPECT_EQ(e.as<double>().data(), d.data());
+  EXPECT_THROW(e.as<float>(), Error);
 }
 
 // Seed bug 2 at full size: lenet's 3.3 M gradients (chunks of several transfer segments, uneven

@@ -1,5 +1,5 @@
-// What every Communicator shares: how a range is cut into the ranks' shards (Note [Shards] in
-// include/mnist_mpi/comm/communicator.hpp).
+// What every Communicator shares: the element types' names and sizes, and how a range is cut into
+// the ranks' shards (Note [Shards] in include/mnist_mpi/comm/communicator.hpp).
 #include "mnist_mpi/comm/communicator.hpp"
 
 #include <algorithm>
@@ -7,9 +7,44 @@
 #include <string>
 #include <vector>
 
+#include "mnist_mpi/check.hpp"
 #include "mnist_mpi/hash.hpp"
 
 namespace mnist_mpi {
+
+const char* element_name(ElementType t) {
+  switch (t) {
+    case ElementType::kFloat32: return "float";
+    case ElementType::kFloat64: return "double";
+    case ElementType::kInt64: return "int64";
+    case ElementType::kUInt8: return "bytes";
+  }
+  return "an unknown element type";
+}
+
+std::size_t element_bytes(ElementType t) {
+  switch (t) {
+    case ElementType::kFloat32: return sizeof(float);
+    case ElementType::kFloat64: return sizeof(double);
+    case ElementType::kInt64: return sizeof(std::int64_t);
+    case ElementType::kUInt8: return 1;
+  }
+  return 0;
+}
+
+void Elements::check_type(ElementType t) const {
+  MNIST_CHECK(type == t, ExitCode::kRuntime,
+              std::string("a collective's elements are ") + element_name(type) + ", read as " + element_name(t));
+}
+
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kAllreduceSum: return "allreduce_sum";
+    case Collective::kReduceScatterSum: return "reduce_scatter_sum";
+    case Collective::kAllgatherShards: return "allgather_shards";
+  }
+  return "an unknown collective";
+}
 
 Shard shard_of(std::int64_t count, int rank, int world) {
   const std::int64_t q = count / world;

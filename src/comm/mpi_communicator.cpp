@@ -126,28 +126,35 @@ class MpiCommunicator final : public Communicator {
                      : "summed inside wait() (MPI lacks MPI_THREAD_MULTIPLE, so no communication thread)";
   }
 
-  void allreduce_sum(std::span<float> d) override {  // the same sums as start_allreduce_sum
-    CommRequest r = start_allreduce_sum(d);
-    wait(r, nullptr);
-  }
-  void allreduce_sum(std::span<double> d) override {
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_DOUBLE, MPI_SUM, comm_));
-  }
-  void allreduce_sum(std::span<std::int64_t> d) override {
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_INT64_T, MPI_SUM, comm_));
-  }
-  void allreduce_max(std::span<std::int64_t> d) override {
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_INT64_T, MPI_MAX, comm_));
-  }
-  void allreduce_min(std::span<std::int64_t> d) override {
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data(), checked_count(d.size()), MPI_INT64_T, MPI_MIN, comm_));
+  // Float sums go the way of the started ones (rank order); the rest is Open MPI's reduction.
+  void allreduce(Elements d, Reduction op) override {
+    if (d.is(ElementType::kFloat32) && op == Reduction::kSum) {
+      CommRequest r = start(Collective::kAllreduceSum, d);
+      wait(r, nullptr);
+      return;
+    }
+    const MPI_Op mpi_op = op == Reduction::kSum ? MPI_SUM : op == Reduction::kMax ? MPI_MAX : MPI_MIN;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data, checked_count(d.size()), mpi_type(d.type), mpi_op, comm_));
   }
 
-  CommRequest start_allreduce_sum(std::span<float> d) override { return start(d, Kind::kSum); }
-  CommRequest start_reduce_scatter_sum(std::span<float> d) override { return start(d, Kind::kScatter); }
-  CommRequest start_allgather_shards(std::span<float> d) override { return start(d, Kind::kGather); }
-  CommRequest start_allreduce_sum(std::span<std::int64_t> d) override { return start({}, Kind::kSum, d); }
-  CommRequest start_reduce_scatter_sum(std::span<std::int64_t> d) override { return start({}, Kind::kScatter, d); }
+  // Queues a sum or a half of one for the communication thread (one rank: done at once).
+  CommRequest start(Collective what, Elements d) override {
+    MNIST_CHECK(d.is(ElementType::kFloat32) || d.is(ElementType::kFloat64) || d.is(ElementType::kInt64),
+                ExitCode::kRuntime, std::string("a started collective of ") + element_name(d.type));
+    std::unique_lock<std::mutex> lk(mu_);
+    std::size_t slot = 0;
+    while (slot < ops_.size() && ops_[slot].state != Op::kFree) ++slot;
+    if (slot == ops_.size()) ops_.emplace_back();  // grows to the number of buckets, in the first step
+    Op& op = ops_[slot];
+    op.data = d;
+    op.what = what;
+    op.seq = next_seq_++;
+    op.state = size_ == 1 ? Op::kDone : Op::kQueued;
+    op.done_at = Clock::now();
+    lk.unlock();
+    if (threaded_) work_cv_.notify_one();
+    return CommRequest{static_cast<std::int64_t>(slot)};
+  }
 
   void wait(CommRequest& req, Clock::time_point* completed) override {
     std::unique_lock<std::mutex> lk(mu_);
@@ -173,11 +180,8 @@ class MpiCommunicator final : public Communicator {
     req.id = -1;
   }
 
-  void broadcast(std::span<float> d, int root) override {
-    MPI_CHECK(MPI_Bcast(d.data(), checked_count(d.size()), MPI_FLOAT, root, comm_));
-  }
-  void broadcast(std::span<std::uint8_t> d, int root) override {
-    MPI_CHECK(MPI_Bcast(d.data(), checked_count(d.size()), MPI_UINT8_T, root, comm_));
+  void broadcast(Elements d, int root) override {
+    MPI_CHECK(MPI_Bcast(d.data, checked_count(d.size()), mpi_type(d.type), root, comm_));
   }
   void allgather(std::uint64_t value, std::span<std::uint64_t> out) override {
     MNIST_CHECK(out.size() == static_cast<std::size_t>(size_), ExitCode::kRuntime,
@@ -210,36 +214,24 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  // A whole sum, or one of its halves (Note [Shards]), of floats or of integers (exact in any
-  // order: Note [Exact sums in fixed point]).
-  enum class Kind { kSum, kScatter, kGather };
+  // A whole sum, or one of its halves (Note [Shards]), of floats, doubles or integers (exact in
+  // any order: Note [Exact sums in fixed point]).
   struct Op {
     enum State { kFree, kQueued, kDone } state = kFree;
     std::int64_t seq = 0;
-    std::span<float> data;
-    std::span<std::int64_t> ints;
-    bool integers = false;  // ints, not data
-    Kind kind = Kind::kSum;
+    Elements data;
+    Collective what = Collective::kAllreduceSum;
     Clock::time_point done_at;
   };
 
-  // Queues a sum or a half of one for the communication thread (one rank: done at once).
-  CommRequest start(std::span<float> d, Kind kind, std::optional<std::span<std::int64_t>> ints = std::nullopt) {
-    std::unique_lock<std::mutex> lk(mu_);
-    std::size_t slot = 0;
-    while (slot < ops_.size() && ops_[slot].state != Op::kFree) ++slot;
-    if (slot == ops_.size()) ops_.emplace_back();  // grows to the number of buckets, in the first step
-    Op& op = ops_[slot];
-    op.data = d;
-    op.ints = ints.value_or(std::span<std::int64_t>{});
-    op.integers = ints.has_value();
-    op.kind = kind;
-    op.seq = next_seq_++;
-    op.state = size_ == 1 ? Op::kDone : Op::kQueued;
-    op.done_at = Clock::now();
-    lk.unlock();
-    if (threaded_) work_cv_.notify_one();
-    return CommRequest{static_cast<std::int64_t>(slot)};
+  static MPI_Datatype mpi_type(ElementType t) {
+    switch (t) {
+      case ElementType::kFloat32: return MPI_FLOAT;
+      case ElementType::kFloat64: return MPI_DOUBLE;
+      case ElementType::kInt64: return MPI_INT64_T;
+      case ElementType::kUInt8: return MPI_UINT8_T;
+    }
+    throw_error(ExitCode::kRuntime, "no MPI datatype for this element type");
   }
 
   Op& checked_op(const CommRequest& req) {
@@ -289,10 +281,12 @@ class MpiCommunicator final : public Communicator {
   }
 
   void run_op(Op& op) {
-    if (op.integers)
-      reduce(op.ints, op.kind, scratch_ints_);
-    else
-      reduce(op.data, op.kind, scratch_);
+    switch (op.data.type) {
+      case ElementType::kFloat32: return reduce(op.data.as<float>(), op.what, scratch_);
+      case ElementType::kFloat64: return reduce(op.data.as<double>(), op.what, scratch_doubles_);
+      case ElementType::kInt64: return reduce(op.data.as<std::int64_t>(), op.what, scratch_ints_);
+      case ElementType::kUInt8: break;  // refused by start()
+    }
   }
 
   // After a poll that found nothing: Note [A thread for the sums]'s nap, once 64 polls in a row
@@ -314,18 +308,17 @@ class MpiCommunicator final : public Communicator {
   //   [A+B, A+2B)     gather receives, the same (p, k) order: posted when that send completed,
   //                   because they land where it leaves from
   //   [A+2B, 2A+2B)   gather sends of my summed segment k to peer j: posted when k is summed
-  // A reduce-scatter (kScatter) posts only the first two groups and sums without sending; an
-  // allgather of shards (kGather) posts only the last two, at once. Integers (--exact-sums) go the
+  // A reduce-scatter posts only the first two groups and sums without sending; an
+  // allgather of shards posts only the last two, at once. Integers (--exact-sums) go the
   // same way: their sums are exact, so the rank order only keeps the code one.
   // Long on purpose (Note [Why a function is long] in docs/style.md): the event loop above is one
   // state machine over four groups of requests; its indices are shared by every branch.
   template <class T>
-  void reduce(std::span<T> d, Kind kind, std::vector<T>& scratch) {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, std::int64_t>);
-    const MPI_Datatype type = std::is_same_v<T, float> ? MPI_FLOAT : MPI_INT64_T;
+  void reduce(std::span<T> d, Collective what, std::vector<T>& scratch) {
+    const MPI_Datatype type = mpi_type(element_type_of<T>());
     const int n = size_, me = rank_;
     if (n == 1) return;
-    const bool scatter = kind != Kind::kGather, gather = kind != Kind::kScatter;
+    const bool scatter = what != Collective::kAllgatherShards, gather = what != Collective::kReduceScatterSum;
     T* data = d.data();
     const auto count = static_cast<std::int64_t>(d.size());
     auto lo = [&](int r) { return r == n ? count : shard_of(count, r, n).begin; };  // Note [Shards]
@@ -463,7 +456,8 @@ class MpiCommunicator final : public Communicator {
 
   // Owned by whichever thread runs reduce().
   std::vector<float> scratch_;                  // (world - 1, my chunk): the peers' contributions to my chunk
-  std::vector<std::int64_t> scratch_ints_;      // the same for sums of integers
+  std::vector<double> scratch_doubles_;         // the same for sums of doubles
+  std::vector<std::int64_t> scratch_ints_;      // and of integers
   std::vector<MPI_Request> reqs_;               // the four groups of reduce()
   std::vector<std::pair<int, int>> send_peer_;  // (peer, segment) of each reduce-scatter send
   std::vector<int> indices_, arrived_;

@@ -111,6 +111,23 @@ void CollectiveWatch::loop() {
 
 namespace {
 
+// The watchdog's names of the collectives, literals (the watch keeps the pointer), by the
+// operation and the element type (ElementType's order: float, double, int64, bytes). A started
+// sum of floats is the gradient buckets' and goes without its type.
+constexpr const char* kReductionNames[3][kElementTypes] = {
+    {"allreduce_sum (float)", "allreduce_sum (double)", "allreduce_sum (int64)", "allreduce_sum (bytes)"},
+    {"allreduce_max (float)", "allreduce_max (double)", "allreduce_max", "allreduce_max (bytes)"},
+    {"allreduce_min (float)", "allreduce_min (double)", "allreduce_min", "allreduce_min (bytes)"}};
+constexpr const char* kStartedNames[kCollectives][kElementTypes] = {
+    {"wait for allreduce_sum", "wait for allreduce_sum (double)", "wait for allreduce_sum (int64)",
+     "wait for allreduce_sum (bytes)"},
+    {"wait for reduce_scatter_sum", "wait for reduce_scatter_sum (double)", "wait for reduce_scatter_sum (int64)",
+     "wait for reduce_scatter_sum (bytes)"},
+    {"wait for allgather_shards", "wait for allgather_shards (double)", "wait for allgather_shards (int64)",
+     "wait for allgather_shards (bytes)"}};
+constexpr const char* kBroadcastNames[kElementTypes] = {"broadcast (float)", "broadcast (double)", "broadcast (int64)",
+                                                        "broadcast (bytes)"};
+
 // Forwards to the inner communicator; marks each blocking call with a literal naming it.
 class WatchedCommunicator final : public Communicator {
  public:
@@ -125,51 +142,19 @@ class WatchedCommunicator final : public Communicator {
   std::string host() const override { return in_->host(); }
   std::string progress_mode() const override { return in_->progress_mode(); }
 
-  void allreduce_sum(std::span<float> d) override {
-    WatchScope s(&w_, "allreduce_sum (float)");
-    in_->allreduce_sum(d);
+  void allreduce(Elements d, Reduction op) override {
+    WatchScope s(&w_, kReductionNames[static_cast<int>(op)][static_cast<int>(d.type)]);
+    in_->allreduce(d, op);
   }
-  void allreduce_sum(std::span<double> d) override {
-    WatchScope s(&w_, "allreduce_sum (double)");
-    in_->allreduce_sum(d);
-  }
-  void allreduce_sum(std::span<std::int64_t> d) override {
-    WatchScope s(&w_, "allreduce_sum (int64)");
-    in_->allreduce_sum(d);
-  }
-  CommRequest start_allreduce_sum(std::span<std::int64_t> d) override {
-    return named(in_->start_allreduce_sum(d), "wait for allreduce_sum (int64)");
-  }
-  CommRequest start_reduce_scatter_sum(std::span<std::int64_t> d) override {
-    return named(in_->start_reduce_scatter_sum(d), "wait for reduce_scatter_sum (int64)");
-  }
-  void allreduce_max(std::span<std::int64_t> d) override {
-    WatchScope s(&w_, "allreduce_max");
-    in_->allreduce_max(d);
-  }
-  void allreduce_min(std::span<std::int64_t> d) override {
-    WatchScope s(&w_, "allreduce_min");
-    in_->allreduce_min(d);
-  }
-  CommRequest start_allreduce_sum(std::span<float> d) override {
-    return named(in_->start_allreduce_sum(d), "wait for allreduce_sum");
-  }
-  CommRequest start_reduce_scatter_sum(std::span<float> d) override {
-    return named(in_->start_reduce_scatter_sum(d), "wait for reduce_scatter_sum");
-  }
-  CommRequest start_allgather_shards(std::span<float> d) override {
-    return named(in_->start_allgather_shards(d), "wait for allgather_shards");
+  CommRequest start(Collective what, Elements d) override {
+    return named(in_->start(what, d), kStartedNames[static_cast<int>(what)][static_cast<int>(d.type)]);
   }
   void wait(CommRequest& r, std::chrono::steady_clock::time_point* completed) override {
     WatchScope s(&w_, r.active() ? names_[static_cast<std::size_t>(r.id) % names_.size()] : "wait");
     in_->wait(r, completed);
   }
-  void broadcast(std::span<float> d, int root) override {
-    WatchScope s(&w_, "broadcast (float)");
-    in_->broadcast(d, root);
-  }
-  void broadcast(std::span<std::uint8_t> d, int root) override {
-    WatchScope s(&w_, "broadcast (bytes)");
+  void broadcast(Elements d, int root) override {
+    WatchScope s(&w_, kBroadcastNames[static_cast<int>(d.type)]);
     in_->broadcast(d, root);
   }
   void allgather(std::uint64_t value, std::span<std::uint64_t> out) override {

@@ -39,14 +39,12 @@ std::vector<Bucket> plan_buckets(const ModelSpec& spec, std::int64_t cap, std::i
 }
 
 Reducer::Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket> buckets, bool overlap,
-                 std::span<float> sharded_params, std::span<std::int64_t> fixed)
+                 std::span<float> sharded_params, const CodecFactory& codec, Backend* backend)
     : comm_(comm),
       grads_(grads),
       buckets_(std::move(buckets)),
       overlap_(overlap),
       params_(sharded_params),
-      fixed_(fixed),
-      requests_(buckets_.size()),
       gathers_(params_.empty() ? 0 : buckets_.size()),
       timings_(buckets_.size()) {
   MNIST_CHECK(params_.empty() || params_.size() == grads_.size(), ExitCode::kRuntime,
@@ -56,11 +54,19 @@ Reducer::Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket>
     MNIST_CHECK(b.begin == expect && b.end > b.begin, ExitCode::kRuntime, "buckets must tile the gradient buffer");
     expect = b.end;
   }
-  MNIST_CHECK(expect == static_cast<std::int64_t>(grads_.size()), ExitCode::kRuntime,
+  const auto total = static_cast<std::int64_t>(grads_.size());
+  MNIST_CHECK(expect == total, ExitCode::kRuntime,
               "buckets must cover the whole gradient buffer: every gradient is averaged");
-  MNIST_CHECK(fixed_.empty() || fixed_.size() >= grads_.size(), ExitCode::kRuntime,
-              "Reducer: the exact sums' integers must cover the gradient buffer");
-  for (std::size_t k = 0; k < buckets_.size(); ++k) mine_.push_back(shard(k, comm_.rank()));
+  for (std::size_t k = 0; k < buckets_.size(); ++k) {
+    mine_.push_back(shard(k, comm_.rank()));
+    const Bucket& b = buckets_[k];
+    codecs_.push_back(codec({&comm_, backend, range(b.begin, b.end), b.begin, total, sharded(), k + 1 == buckets_.size()}));
+  }
+  if (!overlap_ && !sharded()) whole_ = codec({&comm_, backend, grads_, 0, total, false, true});
+}
+
+std::span<float> Reducer::range(std::int64_t begin, std::int64_t end) const {
+  return grads_.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(end - begin));
 }
 
 // Note [Buckets start in index order]
@@ -76,17 +82,8 @@ void Reducer::on_layer_done(int layer) {
 
 void Reducer::start_ready(int layer) {
   while (next_ < buckets_.size() && buckets_[next_].ready_after_layer >= layer) {
-    const Bucket& b = buckets_[next_];
     timings_[next_].start = std::chrono::steady_clock::now();
-    const auto begin = static_cast<std::size_t>(b.begin), size = static_cast<std::size_t>(b.end - b.begin);
-    if (!fixed_.empty()) {
-      const auto range = fixed_.subspan(begin, size);
-      requests_[next_] = sharded() ? comm_.start_reduce_scatter_sum(range) : comm_.start_allreduce_sum(range);
-      if (next_ + 1 == buckets_.size()) counters_ = comm_.start_allreduce_sum(fixed_.subspan(grads_.size()));
-    } else {
-      const auto range = grads_.subspan(begin, size);
-      requests_[next_] = sharded() ? comm_.start_reduce_scatter_sum(range) : comm_.start_allreduce_sum(range);
-    }
+    codecs_[next_]->start();
     ++next_;
   }
 }
@@ -98,13 +95,9 @@ double Reducer::start_remaining() {
   } else if (sharded()) {  // every bucket's shard, blocking: the shards are per bucket
     start_ready(-1);
     for (std::size_t k = buckets_.size(); k-- > 0;) wait_bucket(k);
-  } else {
-    if (fixed_.empty()) {
-      comm_.allreduce_sum(grads_);
-    } else {  // the integers are in the backend's memory, which the started sums take
-      CommRequest r = comm_.start_allreduce_sum(fixed_);
-      comm_.wait(r);
-    }
+  } else {  // one sum of the whole buffer
+    whole_->start();
+    whole_->finish(nullptr);
     const auto t1 = std::chrono::steady_clock::now();
     for (BucketTiming& t : timings_) t = BucketTiming{t0, t1};
   }
@@ -114,11 +107,10 @@ double Reducer::start_remaining() {
 
 double Reducer::wait_bucket(std::size_t k) {
   MNIST_CHECK(k < buckets_.size(), ExitCode::kRuntime, "wait_bucket: no bucket " + std::to_string(k));
-  if (!requests_[k].active()) return 0.0;  // --no-overlap: already summed
+  if (!codecs_[k]->in_flight()) return 0.0;  // --no-overlap: already summed
   const auto t0 = std::chrono::steady_clock::now();
   watch_set_bucket(static_cast<std::int64_t>(k));  // named by the collective watchdog
-  comm_.wait(requests_[k], &timings_[k].end);
-  if (counters_.active() && k + 1 == buckets_.size()) comm_.wait(counters_);
+  codecs_[k]->finish(&timings_[k].end);
   watch_set_bucket(-1);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -233,7 +233,7 @@ void Trainer::make_training_state() {
   reducer_ = std::make_unique<Reducer>(
       *grad_comm_, flat(*grads_), plan_buckets(spec_, mb_to_elems(opt_.bucket_mb), mb_to_elems(opt_.first_bucket_mb)),
       !opt_.no_overlap, sharded_ ? params_->span() : std::span<float>(),
-      exact_ ? exact_->fixed() : std::span<std::int64_t>());
+      exact_ ? fixed_point_codec(exact_->fixed()) : find_codec("none").make(), backend_.get());
   // Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp)
   if (sharded_) {
     std::vector<std::vector<ParamRange>> every_rank;

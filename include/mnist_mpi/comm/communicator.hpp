@@ -5,11 +5,15 @@
 // in GPU memory and passes every other call to the MPI communicator it was made from.
 #pragma once
 
+#include <array>
 #include <chrono>
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace mnist_mpi {
@@ -37,6 +41,58 @@ struct Shard {
 };
 Shard shard_of(std::int64_t count, int rank, int world);
 
+// What a collective moves: a span of elements of one of these types, named by the type of the
+// span it is made from (std::span<float>, a std::vector<std::int64_t>, a pointer and a count).
+enum class ElementType : std::uint8_t { kFloat32, kFloat64, kInt64, kUInt8 };
+inline constexpr int kElementTypes = 4;
+const char* element_name(ElementType t);  // "float", "double", "int64", "bytes"
+std::size_t element_bytes(ElementType t);
+
+template <class T>
+constexpr ElementType element_type_of() {
+  if constexpr (std::is_same_v<T, float>) return ElementType::kFloat32;
+  else if constexpr (std::is_same_v<T, double>) return ElementType::kFloat64;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return ElementType::kInt64;
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return ElementType::kUInt8;
+  else static_assert(sizeof(T) == 0, "a collective moves float, double, int64 or bytes");
+}
+
+struct Elements {
+  void* data = nullptr;
+  std::size_t count = 0;
+  ElementType type = ElementType::kFloat32;
+
+  Elements() = default;
+  template <class T>
+  Elements(std::span<T> s) : data(s.data()), count(s.size()), type(element_type_of<T>()) {}
+  template <class T>
+  Elements(std::vector<T>& v) : Elements(std::span<T>(v)) {}
+  template <class T, std::size_t N>
+  Elements(T (&a)[N]) : Elements(std::span<T>(a)) {}
+  template <class T, std::size_t N>
+  Elements(std::array<T, N>& a) : Elements(std::span<T>(a)) {}
+  template <class T, std::integral N>
+  Elements(T* p, N n) : Elements(std::span<T>(p, static_cast<std::size_t>(n))) {}
+
+  std::size_t size() const { return count; }
+  std::size_t size_bytes() const { return count * element_bytes(type); }
+  bool is(ElementType t) const { return type == t; }
+  // The span again; T must be the type it was made from (a program error otherwise).
+  template <class T>
+  std::span<T> as() const {
+    check_type(element_type_of<T>());
+    return {static_cast<T*>(data), count};
+  }
+
+ private:
+  void check_type(ElementType t) const;
+};
+
+enum class Reduction : std::uint8_t { kSum, kMax, kMin };
+enum class Collective : std::uint8_t { kAllreduceSum, kReduceScatterSum, kAllgatherShards };
+inline constexpr int kCollectives = 3;
+const char* collective_name(Collective c);  // "allreduce_sum", "reduce_scatter_sum", "allgather_shards"
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -57,46 +113,47 @@ class Communicator {
   // the host does not wait (wait() makes the compute stream wait on the sum).
   virtual bool device_buffers() const { return false; }
 
-  // In place: data becomes the elementwise sum over all ranks, and every rank receives the same
-  // bits, so replicas stay identical (the replica check compares them). The order of the
-  // additions depends on the implementation:
+  // One set of operations for every element type (Elements): a reduction of every rank's values,
+  // a started collective (Collective), a broadcast. The named forms below are these calls.
+  //
+  // In place: data becomes the elementwise reduction over all ranks, and every rank receives the
+  // same bits, so replicas stay identical (the replica check compares them). The order of the
+  // additions of a sum depends on the implementation:
   //  - MpiCommunicator (and the CUDA backend's communicator for ranks that share a GPU, which sums
-  //    through it in host memory): ascending rank order, ((g0 + g1) + g2) + ..., for every world
-  //    size, so for a given world size the bits do not depend on how a buffer is split into
-  //    calls, on overlap, or on Open MPI's algorithm (Note [Sums in rank order]).
-  //  - The NCCL communicator's float sums (its double sums are the MPI communicator's): no
+  //    through it in host memory): floats in ascending rank order, ((g0 + g1) + g2) + ..., for
+  //    every world size, so for a given world size the bits do not depend on how a buffer is split
+  //    into calls, on overlap, or on Open MPI's algorithm (Note [Sums in rank order]); the started
+  //    sums of doubles the same; the blocking sums of doubles are Open MPI's.
+  //  - The NCCL communicator's float sums (its blocking double sums are the MPI communicator's): no
   //    promised order. With 2 ranks each element is one addition (none with 1), so there is
   //    nothing to order; with 3 or more the grouping is NCCL's and depends on its algorithm (ring,
   //    tree, ...), its protocol and how it cuts the buffer into chunks, so on the bucket size, the
   //    world size, the topology and the NCCL version. The bits may then differ from rank order
   //    and between bucket sizes, but are still the same on every rank.
   // Different world sizes group the additions differently on every implementation: results agree
-  // to rounding, not bitwise.
-  virtual void allreduce_sum(std::span<float> data) = 0;
-  virtual void allreduce_sum(std::span<double> data) = 0;
-  // Sums of 64-bit integers (Note [Exact sums in fixed point]), in host memory: exact, so neither
-  // the order nor the grouping of the additions changes a bit.
-  virtual void allreduce_sum(std::span<std::int64_t> data) = 0;
-  virtual void allreduce_max(std::span<std::int64_t> data) = 0;
-  virtual void allreduce_min(std::span<std::int64_t> data) = 0;
-  // Starts an in-place sum (as allreduce_sum); data must stay valid and untouched until wait()
-  // returns. Sums complete in the order they were started.
-  virtual CommRequest start_allreduce_sum(std::span<float> data) = 0;
-  // --exact-sums's buckets of integers: exact, in the memory of the float sums (device_buffers()).
-  virtual CommRequest start_allreduce_sum(std::span<std::int64_t> data) = 0;
-  // The halves of a sum (Note [Shards]), started like start_allreduce_sum and completing in start
-  // order with the sums. After a reduce-scatter this rank's shard shard_of(data.size(), rank(),
-  // size()) holds exactly the bits allreduce_sum would leave there; the rest of data is undefined
-  // (an implementation may sum it too). After an allgather of shards every rank holds every rank's
-  // shard, bit for bit.
-  virtual CommRequest start_reduce_scatter_sum(std::span<float> data) = 0;
-  virtual CommRequest start_reduce_scatter_sum(std::span<std::int64_t> data) = 0;  // as the int64 sums
-  virtual CommRequest start_allgather_shards(std::span<float> data) = 0;
+  // to rounding, not bitwise. Sums of 64-bit integers (Note [Exact sums in fixed point]) are
+  // exact, so neither the order nor the grouping of the additions changes a bit.
+  // Where the data lies (device_buffers()): on a device, the float reductions and broadcasts and
+  // every started collective take device memory; every other reduction and broadcast host memory.
+  virtual void allreduce(Elements data, Reduction op) = 0;
+  // Starts an in-place collective on data, which must stay valid and untouched until wait()
+  // returns. Started collectives complete in the order they were started. The halves of a sum
+  // (Note [Shards]): after a reduce-scatter this rank's shard shard_of(data.size(), rank(),
+  // size()) holds exactly the bits an allreduce sum would leave there; the rest of data is
+  // undefined (an implementation may sum it too). After an allgather of shards every rank holds
+  // every rank's shard, bit for bit. Element types: float, double and int64.
+  virtual CommRequest start(Collective what, Elements data) = 0;
+  virtual void broadcast(Elements data, int root) = 0;
+
+  void allreduce_sum(Elements d) { allreduce(d, Reduction::kSum); }
+  void allreduce_max(Elements d) { allreduce(d, Reduction::kMax); }
+  void allreduce_min(Elements d) { allreduce(d, Reduction::kMin); }
+  CommRequest start_allreduce_sum(Elements d) { return start(Collective::kAllreduceSum, d); }
+  CommRequest start_reduce_scatter_sum(Elements d) { return start(Collective::kReduceScatterSum, d); }
+  CommRequest start_allgather_shards(Elements d) { return start(Collective::kAllgatherShards, d); }
   // Blocks until the request has completed and frees it. completed (optional) receives the time
   // the sum finished, which may be earlier than the time wait() returns.
   virtual void wait(CommRequest& request, std::chrono::steady_clock::time_point* completed = nullptr) = 0;
-  virtual void broadcast(std::span<float> data, int root) = 0;
-  virtual void broadcast(std::span<std::uint8_t> data, int root) = 0;
   // out.size() == size(): out[r] = rank r's value.
   virtual void allgather(std::uint64_t value, std::span<std::uint64_t> out) = 0;
   virtual void barrier() = 0;

@@ -1,17 +1,22 @@
 // The reducer: sums the flat gradient buffer across ranks in buckets, each a contiguous range of
 // it (Note [Reverse layer order]), started as soon as backward has produced every gradient in it;
 // the Communicator moves them on while backward goes on (the MPI one on a thread of its own), and
-// the optimiser waits for each bucket only when it updates that bucket's parameters.
+// the optimiser waits for each bucket only when it updates that bucket's parameters. What goes on
+// the wire for a bucket is its codec's business (Note [A gradient codec] in
+// include/mnist_mpi/train/codec.hpp): the reducer owns one per bucket and decides only when each
+// starts and who waits for it.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/run_facts.hpp"
 #include "mnist_mpi/model/spec.hpp"
+#include "mnist_mpi/train/codec.hpp"
 #include "mnist_mpi/train/optimizer.hpp"  // ParamRange
 
 namespace mnist_mpi {
@@ -33,12 +38,10 @@ class Reducer {
   // reduce-scattered instead of summed, so that only this rank's shard of it (shard()) holds the
   // summed gradient, and start_gather() hands the updated shards of a bucket's parameters to every
   // rank. --no-overlap then reduce-scatters every bucket, blocking, after backward.
-  // fixed (--exact-sums, include/mnist_mpi/train/exact_sums.hpp): the integers to sum instead of
-  // grads, param_count of them and then extra counters, summed (whole, on every rank) just after
-  // the last bucket. Each bucket's integers are summed exactly, as the floats would be: whole, or
-  // sharded only this rank's shard of them.
+  // codec: makes each bucket's codec (the float codec unless told); --no-overlap unsharded has one
+  // more, over the whole buffer, which sums it in one go.
   Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket> buckets, bool overlap,
-          std::span<float> sharded_params = {}, std::span<std::int64_t> fixed = {});
+          std::span<float> sharded_params = {}, const CodecFactory& codec = float_codec(), Backend* backend = nullptr);
 
   // Call after backward finished `layer` (layers come in descending order): starts every bucket
   // whose gradients are now final, in index order.
@@ -73,17 +76,17 @@ class Reducer {
 
  private:
   void start_ready(int layer);  // starts every bucket final after `layer`, in index order
+  std::span<float> range(std::int64_t begin, std::int64_t end) const;  // of grads_
 
   Communicator& comm_;
   std::span<float> grads_;
   std::vector<Bucket> buckets_;
   std::vector<ParamRange> mine_;  // shard(k, this rank) per bucket: computed once, read every step
   bool overlap_;
-  std::span<float> params_;            // sharded: the parameters to gather; empty otherwise
-  std::span<std::int64_t> fixed_;      // --exact-sums: the integers summed instead of grads_
-  std::vector<CommRequest> requests_;  // one per bucket, made once
-  CommRequest counters_;               // --exact-sums: the counters after the gradients' integers
-  std::vector<CommRequest> gathers_;   // sharded: one per bucket
+  std::span<float> params_;                             // sharded: the parameters to gather; empty otherwise
+  std::vector<std::unique_ptr<GradientCodec>> codecs_;  // one per bucket, made once
+  std::unique_ptr<GradientCodec> whole_;                // --no-overlap unsharded: the whole buffer's
+  std::vector<CommRequest> gathers_;                    // sharded: one per bucket
   std::vector<BucketTiming> timings_;  // one per bucket, made once
   std::size_t next_ = 0;               // the next bucket to start
 };

@@ -33,11 +33,19 @@ class HostForwarding : public Communicator {
   int local_size() const override { return host_.local_size(); }
   std::string host() const override { return host_.host(); }
   bool device_buffers() const override { return true; }
-  void allreduce_sum(std::span<double> d) override { host_.allreduce_sum(d); }
-  void allreduce_sum(std::span<std::int64_t> d) override { host_.allreduce_sum(d); }
-  void allreduce_max(std::span<std::int64_t> d) override { host_.allreduce_max(d); }
-  void allreduce_min(std::span<std::int64_t> d) override { host_.allreduce_min(d); }
-  void broadcast(std::span<std::uint8_t> d, int root) override { host_.broadcast(d, root); }
+  // Float sums and broadcasts are the device's (device_buffers()); the rest is host memory.
+  void allreduce(Elements d, Reduction op) final {
+    if (d.is(ElementType::kFloat32) && op == Reduction::kSum)
+      sum_on_device(d.as<float>());
+    else
+      host_.allreduce(d, op);
+  }
+  void broadcast(Elements d, int root) final {
+    if (d.is(ElementType::kFloat32))
+      broadcast_on_device(d.as<float>(), root);
+    else
+      host_.broadcast(d, root);
+  }
   void allgather(std::uint64_t value, std::span<std::uint64_t> out) override { host_.allgather(value, out); }
   void barrier() override { host_.barrier(); }
   void gather(std::span<const std::uint8_t> mine, std::vector<std::uint8_t>& out, std::vector<std::int64_t>& counts,
@@ -47,6 +55,9 @@ class HostForwarding : public Communicator {
   void gather(std::span<const double> mine, std::span<double> out, int root) override { host_.gather(mine, out, root); }
 
  protected:
+  virtual void sum_on_device(std::span<float> d) = 0;
+  virtual void broadcast_on_device(std::span<float> d, int root) = 0;
+
   Communicator& host_;
 };
 
@@ -69,8 +80,6 @@ class HostForwarding : public Communicator {
 // wait's deadline (--collective-timeout) aborts then (Note [Device waits have a deadline]).
 class NcclCommunicator final : public HostForwarding {
  public:
-  using HostForwarding::allreduce_sum;  // the host overloads, next to this class's float ones
-  using HostForwarding::broadcast;
   NcclCommunicator(Communicator& host, cuda::Context& c) : HostForwarding(host), c_(c), compute_(c.stream) {
     int lo = 0, hi = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
@@ -106,35 +115,41 @@ class NcclCommunicator final : public HostForwarding {
     };
   }
 
-  void allreduce_sum(std::span<float> d) override {
-    CommRequest r = start_allreduce_sum(d);
-    wait(r, nullptr);
-  }
-
-  CommRequest start_allreduce_sum(std::span<float> d) override { return start_sum(d, ncclFloat); }
-  CommRequest start_allreduce_sum(std::span<std::int64_t> d) override { return start_sum(d, ncclInt64); }
-
-  // Note [Shards] (include/mnist_mpi/comm/communicator.hpp): the equal pieces [0, W q) in one
-  // in-place ReduceScatter / AllGather (rank r's piece at r * q, where NCCL's in-place forms put
+  // Note [Shards] (include/mnist_mpi/comm/communicator.hpp): the halves' equal pieces [0, W q) in
+  // one in-place ReduceScatter / AllGather (rank r's piece at r * q, where NCCL's in-place forms put
   // it), the remainder reduced to and broadcast from the last rank, in one NCCL group each.
-  CommRequest start_reduce_scatter_sum(std::span<float> d) override { return start_reduce_scatter(d, ncclFloat); }
-  CommRequest start_reduce_scatter_sum(std::span<std::int64_t> d) override {
-    return start_reduce_scatter(d, ncclInt64);
+  CommRequest start(Collective what, Elements d) override {
+    const ncclDataType_t type = nccl_type(d.type);
+    switch (what) {
+      case Collective::kAllreduceSum:
+        return enqueue([&] { NCCL_CHECK(ncclAllReduce(d.data, d.data, d.size(), type, ncclSum, comm_, comm_stream_)); });
+      case Collective::kReduceScatterSum:
+        return enqueue([&] {
+          const auto [q, tail] = pieces(d);
+          NCCL_CHECK(ncclGroupStart());
+          if (q > 0)
+            NCCL_CHECK(ncclReduceScatter(d.data, at(d, static_cast<std::size_t>(host_.rank()) * q), q, type, ncclSum,
+                                         comm_, comm_stream_));
+          if (tail > 0)
+            NCCL_CHECK(ncclReduce(at(d, d.size() - tail), at(d, d.size() - tail), tail, type, ncclSum,
+                                  host_.size() - 1, comm_, comm_stream_));
+          NCCL_CHECK(ncclGroupEnd());
+        });
+      case Collective::kAllgatherShards:
+        return enqueue([&] {
+          const auto [q, tail] = pieces(d);
+          NCCL_CHECK(ncclGroupStart());
+          if (q > 0)
+            NCCL_CHECK(ncclAllGather(at(d, static_cast<std::size_t>(host_.rank()) * q), d.data, q, type, comm_,
+                                     comm_stream_));
+          if (tail > 0)
+            NCCL_CHECK(ncclBroadcast(at(d, d.size() - tail), at(d, d.size() - tail), tail, type, host_.size() - 1,
+                                     comm_, comm_stream_));
+          NCCL_CHECK(ncclGroupEnd());
+        });
+    }
+    throw_error(ExitCode::kRuntime, "an unknown collective");
   }
-  CommRequest start_allgather_shards(std::span<float> d) override {
-    return start([&] {
-      const auto [q, tail] = pieces(d);
-      NCCL_CHECK(ncclGroupStart());
-      if (q > 0)
-        NCCL_CHECK(ncclAllGather(d.data() + static_cast<std::size_t>(host_.rank()) * q, d.data(), q, ncclFloat, comm_,
-                                 comm_stream_));
-      if (tail > 0)
-        NCCL_CHECK(ncclBroadcast(d.data() + (d.size() - tail), d.data() + (d.size() - tail), tail, ncclFloat,
-                                 host_.size() - 1, comm_, comm_stream_));
-      NCCL_CHECK(ncclGroupEnd());
-    });
-  }
-
 
   // Does not block the host: the compute stream waits for the sum (completed: when the wait was
   // queued, the host does not know when the device finishes).
@@ -147,13 +162,17 @@ class NcclCommunicator final : public HostForwarding {
     if (completed) *completed = std::chrono::steady_clock::now();
   }
 
-  void broadcast(std::span<float> d, int root) override {
+ private:
+  void sum_on_device(std::span<float> d) override {
+    CommRequest r = start(Collective::kAllreduceSum, d);
+    wait(r, nullptr);
+  }
+  void broadcast_on_device(std::span<float> d, int root) override {
     connected();
     // On the compute stream: ordered after whatever wrote d and before whatever reads it.
     NCCL_CHECK(ncclBroadcast(d.data(), d.data(), d.size(), ncclFloat, root, comm_, compute_));
   }
 
- private:
   struct Slot {
     cudaEvent_t ready = nullptr, done = nullptr;
     bool busy = false;
@@ -162,7 +181,7 @@ class NcclCommunicator final : public HostForwarding {
   // Note [Buckets on the communication stream]: queue() puts the collective on the communication
   // stream, after the compute stream's work so far; the request's `done` event follows it.
   template <class Queue>
-  CommRequest start(Queue queue) {
+  CommRequest enqueue(Queue queue) {
     connected();
     std::size_t slot = 0;
     while (slot < slots_.size() && slots_[slot].busy) ++slot;
@@ -180,27 +199,19 @@ class NcclCommunicator final : public HostForwarding {
     s.busy = true;
     return CommRequest{static_cast<std::int64_t>(slot)};
   }
-  template <class T>
-  CommRequest start_sum(std::span<T> d, ncclDataType_t type) {
-    return start([&] { NCCL_CHECK(ncclAllReduce(d.data(), d.data(), d.size(), type, ncclSum, comm_, comm_stream_)); });
+  static ncclDataType_t nccl_type(ElementType t) {
+    switch (t) {
+      case ElementType::kFloat32: return ncclFloat;
+      case ElementType::kFloat64: return ncclDouble;
+      case ElementType::kInt64: return ncclInt64;
+      case ElementType::kUInt8: return ncclUint8;
+    }
+    throw_error(ExitCode::kRuntime, "no NCCL datatype for this element type");
   }
-  template <class T>
-  CommRequest start_reduce_scatter(std::span<T> d, ncclDataType_t type) {
-    return start([&] {
-      const auto [q, tail] = pieces(d);
-      NCCL_CHECK(ncclGroupStart());
-      if (q > 0)
-        NCCL_CHECK(ncclReduceScatter(d.data(), d.data() + static_cast<std::size_t>(host_.rank()) * q, q, type, ncclSum,
-                                     comm_, comm_stream_));
-      if (tail > 0)
-        NCCL_CHECK(ncclReduce(d.data() + (d.size() - tail), d.data() + (d.size() - tail), tail, type, ncclSum,
-                              host_.size() - 1, comm_, comm_stream_));
-      NCCL_CHECK(ncclGroupEnd());
-    });
-  }
+  // Element i of d, as NCCL's untyped pointer.
+  static void* at(const Elements& d, std::size_t i) { return static_cast<char*>(d.data) + i * element_bytes(d.type); }
   // The equal piece per rank and the remainder (Note [Shards]).
-  template <class T>
-  std::pair<std::size_t, std::size_t> pieces(std::span<T> d) const {
+  std::pair<std::size_t, std::size_t> pieces(const Elements& d) const {
     const auto w = static_cast<std::size_t>(host_.size());
     return {d.size() / w, d.size() % w};
   }
@@ -241,8 +252,6 @@ class NcclCommunicator final : public HostForwarding {
 // correct and simple; the staging buffers are made at construction.
 class StagedCommunicator final : public HostForwarding {
  public:
-  using HostForwarding::allreduce_sum;  // the host overloads, next to this class's float ones
-  using HostForwarding::broadcast;
   StagedCommunicator(Communicator& host, Backend& backend, cuda::Context& c, std::int64_t capacity,
                      bool integer_sums)
       : HostForwarding(host),
@@ -255,45 +264,47 @@ class StagedCommunicator final : public HostForwarding {
     return "copied to host memory and summed by MPI as each bucket is ready (ranks share GPUs)";
   }
 
-  void allreduce_sum(std::span<float> d) override {
-    std::span<float> h = stage(d);
-    host_.allreduce_sum(h);
-    backend_.upload(h, d.data());
-  }
-  CommRequest start_allreduce_sum(std::span<float> d) override {
-    allreduce_sum(d);  // done at once: the request only records that
-    return CommRequest{0};
-  }
-  // The integers of --exact-sums: their own staging buffer (the bucket's, and the two counters).
-  CommRequest start_allreduce_sum(std::span<std::int64_t> d) override {
-    MNIST_CHECK(d.size() <= integers_.size(), ExitCode::kRuntime, "staged collective larger than its buffer");
-    std::span<std::int64_t> h(integers_.data(), d.size());
-    copy(h.data(), d.data(), d.size_bytes(), cudaMemcpyDeviceToHost);
-    host_.allreduce_sum(h);
-    copy(d.data(), h.data(), d.size_bytes(), cudaMemcpyHostToDevice);
-    return CommRequest{0};
-  }
-  // A reduce-scatter is the whole sum (more than it must do); the allgather stages like the sum.
-  CommRequest start_reduce_scatter_sum(std::span<float> d) override { return start_allreduce_sum(d); }
-  CommRequest start_reduce_scatter_sum(std::span<std::int64_t> d) override { return start_allreduce_sum(d); }
-  CommRequest start_allgather_shards(std::span<float> d) override {
-    std::span<float> h = stage(d);
-    CommRequest r = host_.start_allgather_shards(h);
-    host_.wait(r, nullptr);
-    backend_.upload(h, d.data());
+  // Done at once: the request only records that. A reduce-scatter is the whole sum (more than it
+  // must do); the allgather stages like the sum. --exact-sums's integers have their own staging
+  // buffer (the bucket's, and the two counters).
+  CommRequest start(Collective what, Elements d) override {
+    if (d.is(ElementType::kInt64) && what != Collective::kAllgatherShards) {
+      MNIST_CHECK(d.size() <= integers_.size(), ExitCode::kRuntime, "staged collective larger than its buffer");
+      std::span<std::int64_t> h(integers_.data(), d.size());
+      copy(h.data(), d.data, d.size_bytes(), cudaMemcpyDeviceToHost);
+      host_.allreduce_sum(h);
+      copy(d.data, h.data(), d.size_bytes(), cudaMemcpyHostToDevice);
+      return CommRequest{0};
+    }
+    MNIST_CHECK(d.is(ElementType::kFloat32), ExitCode::kRuntime,
+                std::string("a staged ") + collective_name(what) + " of " + element_name(d.type));
+    if (what == Collective::kAllgatherShards) {
+      std::span<float> h = stage(d.as<float>());
+      CommRequest r = host_.start_allgather_shards(h);
+      host_.wait(r, nullptr);
+      backend_.upload(h, d.as<float>().data());
+    } else {
+      sum_on_device(d.as<float>());
+    }
     return CommRequest{0};
   }
   void wait(CommRequest& req, std::chrono::steady_clock::time_point* completed) override {
     req.id = -1;
     if (completed) *completed = std::chrono::steady_clock::now();
   }
-  void broadcast(std::span<float> d, int root) override {
+
+ private:
+  void sum_on_device(std::span<float> d) override {
+    std::span<float> h = stage(d);
+    host_.allreduce_sum(h);
+    backend_.upload(h, d.data());
+  }
+  void broadcast_on_device(std::span<float> d, int root) override {
     std::span<float> h = stage(d);
     host_.broadcast(h, root);
     backend_.upload(h, d.data());
   }
 
- private:
   std::span<float> stage(std::span<float> d) {
     MNIST_CHECK(d.size() <= staging_.size(), ExitCode::kRuntime, "staged collective larger than its buffer");
     std::span<float> h(staging_.data(), d.size());
