@@ -216,6 +216,23 @@ void Optimizer::update_second(float* params, const float* u, std::int64_t begin,
   });
 }
 
+// Note [The optimiser's two moments in a step] (include/mnist_mpi/train/optimizer.hpp)
+bool Optimizer::on_bucket(float* params, float* grads, ParamRange r) {
+  update(params, grads, r.begin, r.end);  // a two-phase kind's first phase: the parameters unchanged
+  return !two_phase();
+}
+
+double Optimizer::finish_step(float* params, float* grads, std::span<const ParamRange> ranges, Communicator* comm,
+                              FunctionRef<bool()> agree, FunctionRef<void(std::size_t)> written) {
+  if (!two_phase() || !agree()) return 0.0;
+  const double waited = finish_first_phase(comm);
+  for (std::size_t k = 0; k < ranges.size(); ++k) {
+    update_second(params, grads, ranges[k].begin, ranges[k].end);
+    written(k);
+  }
+  return waited;
+}
+
 // Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp): every rank's packed
 // moments go to rank 0, which puts each rank's ranges where they belong in full-size buffers, the
 // checkpoint's layout. One moment at a time, through one byte buffer that is kept for the next

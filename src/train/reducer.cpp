@@ -90,6 +90,7 @@ void Reducer::start_ready(int layer) {
 
 double Reducer::start_remaining() {
   const auto t0 = std::chrono::steady_clock::now();
+  agreed_ = false;  // a new step's sums: its verdicts are not agreed on yet
   if (overlap_) {
     start_ready(-1);       // anything not yet started
   } else if (sharded()) {  // every bucket's shard, blocking: the shards are per bucket
@@ -135,11 +136,37 @@ std::vector<ParamRange> Reducer::owned(int rank) const {
 // with them; every rank starts them in bucket order after the same sums, so the order of the
 // collectives is the same on every rank (Note [Buckets start in index order]).
 void Reducer::start_gather(std::size_t k) {
-  MNIST_CHECK(sharded() && k < buckets_.size() && !gathers_[k].active(), ExitCode::kRuntime,
-              "start_gather: not sharded, no bucket " + std::to_string(k) + " or already started");
+  if (!sharded()) return;
+  MNIST_CHECK(k == next_gather_ && k < buckets_.size() && !gathers_[k].active(), ExitCode::kRuntime,
+              "start_gather: bucket " + std::to_string(k) + " out of order or already started");
   const Bucket& b = buckets_[k];
   gathers_[k] = comm_.start_allgather_shards(
       params_.subspan(static_cast<std::size_t>(b.begin), static_cast<std::size_t>(b.end - b.begin)));
+  ++next_gather_;
+}
+
+double Reducer::finish_gathers(ParameterStore* store) {
+  if (!sharded()) return 0.0;
+  while (next_gather_ < buckets_.size()) start_gather(next_gather_);  // not updated: the same bits
+  next_gather_ = 0;
+  // The gathers first: on the CPU the caller then sleeps in wait() while the communication thread
+  // has the core, where a blocking collective beside it would spin against it.
+  const double waited = wait_gathers();
+  if (store)
+    for (std::size_t k = 0; k < buckets_.size(); ++k) {  // the other ranks' shards, gathered
+      store->changed(buckets_[k].begin, mine_[k].begin);
+      store->changed(mine_[k].end, buckets_[k].end);
+    }
+  return waited;
+}
+
+bool Reducer::agree(StepGuard& guard) {
+  if (!sharded()) return true;
+  if (!agreed_) {
+    verdict_ = guard.agree(comm_);
+    agreed_ = true;
+  }
+  return verdict_;
 }
 
 double Reducer::wait_gathers() {

@@ -66,17 +66,6 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
   return r;
 }
 
-// The optimiser's pass over [begin, end); it reports what it wrote to the parameter store (Note
-// [The parameters and their copies] in include/mnist_mpi/backend/parameter_store.hpp).
-void Step::update(std::int64_t begin, std::int64_t end) {
-  float* p = p_.params->data();
-  float* g = p_.grads->data();
-  if (p_.optimizer->two_phase())
-    p_.optimizer->update_second(p, g, begin, end);
-  else
-    p_.optimizer->update(p, g, begin, end);
-}
-
 // The optimiser waits only for what it needs: bucket k's parameters are updated as soon as its
 // sum is in, while the later buckets are still being summed (the update is elementwise, so the
 // bits are those of one pass over the whole buffer). Each bucket is checked before it is applied
@@ -84,35 +73,34 @@ void Step::update(std::int64_t begin, std::int64_t end) {
 // for and checked before the first is applied, so that a skipped step changes nothing; without
 // it a bucket the guard refuses stops the updates there, and the run stops after the step.
 // Sharded (Note [Sharded optimiser state] in include/mnist_mpi/train/optimizer.hpp): a bucket's
-// sum is this rank's shard of it, which is all the rank checks and updates; the guard's verdicts
-// are then agreed on, and every bucket's parameters are gathered, updated or not, so that every
-// rank starts the same collectives in the same order.
+// sum is this rank's shard of it, which is all the rank checks and updates; the reducer has the
+// ranks agree on the guard's verdicts and gathers every bucket's parameters, updated or not, so
+// that every rank starts the same collectives in the same order. What the optimiser does with a
+// bucket and at the end of the step is its own (Note [The optimiser's two moments in a step]).
 void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, StepTiming& t, bool sums_in) {
   Reducer& reducer = *p_.reducer;
-  const std::vector<Bucket>& buckets = reducer.buckets();
-  const bool sharded = reducer.sharded();
+  Optimizer& optimizer = *p_.optimizer;
+  const std::size_t buckets = reducer.buckets().size();
+  float* params = p_.params->data();
+  float* grads = p_.grads->data();
   const auto ok = [&](std::size_t k) {
     const ParamRange mine = reducer.shard(k);
-    return p_.guard->bucket_ok(p_.grads->data() + mine.begin, mine.end - mine.begin);
+    return p_.guard->bucket_ok(grads + mine.begin, mine.end - mine.begin);
   };
   if (!sums_in) t.exposed_comm = reducer.start_remaining();
-  const bool check_all_first = shape_.check_all_first || sums_in;  // with every sum in, nothing to overlap
   bool finite = true;
   std::size_t waited = 0;  // buckets whose sums are in (a sum already in returns at once)
-  if (check_all_first) {
-    for (; waited < buckets.size(); ++waited) {
+  if (shape_.check_all_first || sums_in) {  // with every sum in, nothing to overlap
+    for (; waited < buckets; ++waited) {
       t.exposed_comm += reducer.wait_bucket(waited);
-      finite = finite && ok(waited);
+      finite = ok(waited) && finite;
     }
-    if (sharded) finite = p_.guard->agree(reducer.communicator()) && finite;
+    finite = reducer.agree(*p_.guard) && finite;
   }
-  std::size_t gathered = 0;  // sharded: buckets whose gathers have started
-  const bool two_phase =
-      p_.optimizer->two_phase();  // Note [LAMB in two phases] in include/mnist_mpi/train/optimizer.hpp
   if (finite) {
-    p_.optimizer->begin_step(lr);
+    optimizer.begin_step(lr);
     auto waited_from = backward_end;  // for the timeline: when the wait for bucket k began
-    for (std::size_t k = 0; k < buckets.size(); ++k) {
+    for (std::size_t k = 0; k < buckets; ++k) {
       if (k >= waited) {
         t.exposed_comm += reducer.wait_bucket(k);
         waited = k + 1;
@@ -122,58 +110,22 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
         }
       }
       const auto o0 = Clock::now();
-      const ParamRange mine = reducer.shard(k);
-      if (two_phase)  // the first phase: the parameters are written after the last bucket
-        p_.optimizer->update(p_.params->data(), p_.grads->data(), mine.begin, mine.end);
-      else
-        update(mine.begin, mine.end);
+      if (optimizer.on_bucket(params, grads, reducer.shard(k))) reducer.start_gather(k);
       const auto o1 = Clock::now();
       t.optimizer += seconds(o1 - o0);
-      if (sharded && !two_phase) reducer.start_gather(gathered++);
       if (p_.timeline) p_.timeline->bucket_updated(step, k, waited_from, o0, o1);
       waited_from = o1;
     }
   }
-  for (; waited < buckets.size(); ++waited) t.exposed_comm += reducer.wait_bucket(waited);  // none left in flight
-  bool agreed = check_all_first;
-  if (two_phase) gathered = second_phase(finite, agreed, t);
-  if (!sharded) return;
-  for (; gathered < buckets.size(); ++gathered) reducer.start_gather(gathered);  // not updated: the same bits
-  // The gathers first: on the CPU the caller then sleeps in wait() while the communication thread
-  // has the core, where a blocking collective beside it would spin against it.
-  t.exposed_comm += reducer.wait_gathers();
-  const auto r0 = Clock::now();
-  for (std::size_t k = 0; k < buckets.size(); ++k) {  // the other ranks' shards, gathered
-    const ParamRange mine = reducer.shard(k);
-    p_.params->changed(buckets[k].begin, mine.begin);
-    p_.params->changed(mine.end, buckets[k].end);
-  }
-  t.optimizer += seconds(Clock::now() - r0);
-  if (!agreed) p_.guard->agree(reducer.communicator());
-}
-
-// Note [LAMB in two phases] (include/mnist_mpi/train/optimizer.hpp). Sharded, the norms are one
-// allreduce, so the ranks first agree on the guard's verdicts (each checked its own shards): a
-// rank that stopped at a refused bucket must not leave the others waiting in it.
-std::size_t Step::second_phase(bool finite, bool& agreed, StepTiming& t) {
-  Reducer& reducer = *p_.reducer;
-  const bool sharded = reducer.sharded();
-  if (sharded && !agreed) {
-    finite = p_.guard->agree(reducer.communicator()) && finite;
-    agreed = true;
-  }
-  if (!finite) return 0;
-  const auto o0 = Clock::now();
-  const double waited = p_.optimizer->finish_first_phase(sharded ? &reducer.communicator() : nullptr);
-  std::size_t gathered = 0;
-  for (std::size_t k = 0; k < reducer.buckets().size(); ++k) {
-    const ParamRange mine = reducer.shard(k);
-    update(mine.begin, mine.end);
-    if (sharded) reducer.start_gather(gathered++);
-  }
-  t.exposed_comm += waited;
-  t.optimizer += seconds(Clock::now() - o0) - waited;
-  return gathered;
+  for (; waited < buckets; ++waited) t.exposed_comm += reducer.wait_bucket(waited);  // none left in flight
+  const auto f0 = Clock::now();
+  const double norms = optimizer.finish_step(
+      params, grads, reducer.shards(), reducer.shards_communicator(),
+      [&] { return reducer.agree(*p_.guard) && finite; }, [&](std::size_t k) { reducer.start_gather(k); });
+  t.exposed_comm += norms;
+  t.optimizer += seconds(Clock::now() - f0) - norms;
+  t.exposed_comm += reducer.finish_gathers(p_.params);
+  reducer.agree(*p_.guard);  // sharded, once a step: the verdicts the checkpoint and the loop read
 }
 
 }  // namespace mnist_mpi

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mnist_mpi/config/optimizer_config.hpp"
+#include "mnist_mpi/function_ref.hpp"
 #include "mnist_mpi/backend/optimizer_pass.hpp"
 
 namespace mnist_mpi {
@@ -39,8 +40,8 @@ struct OptimizerTensor {
 // + weight_decay * w, and r = ||w|| / ||u|| is the tensor's trust ratio (1 when either norm is 0).
 // r needs the whole tensor's u, hence every bucket's sum (a bucket may cut a tensor, and a shard
 // may hold any part of one: Note [Shards] in include/mnist_mpi/comm/communicator.hpp), so the
-// update is two passes where Adam's is one (traits' two_phase; the step asks two_phase() and
-// nothing else of the kind):
+// update is two passes where Adam's is one (traits' two_phase). The optimiser owns the phases
+// (Note [The optimiser's two moments in a step]); the step does not ask which kind it runs:
 //   1. update(), per bucket as its sum arrives: the moments, u written over the gradient (its
 //      range is not read again in the step), and ||w||^2 and ||u||^2 of the range added, exactly,
 //      to its tensor's sums (Note [Exact squared norms] in include/mnist_mpi/exact_norm.hpp);
@@ -98,6 +99,22 @@ class Optimizer {
   // For a two-phase kind this is the first phase (Note [LAMB in two phases]): the parameters are
   // not changed, grads[begin, end) becomes the direction.
   void update(float* params, float* grads, std::int64_t begin, std::int64_t end);
+
+  // Note [The optimiser's two moments in a step]
+  // The step hands the optimiser each bucket's sum as it arrives (on_bucket, after begin_step) and
+  // then, once, the end of the step (finish_step), and asks nothing else: a one-phase kind (sgd,
+  // adam) writes a bucket's parameters in on_bucket, which says so, so that their gathers start
+  // at once (sharded); a two-phase kind (Note [LAMB in two phases]) takes its first phase there
+  // and its norms and second phase in finish_step, which says which bucket it wrote (written(k))
+  // as it goes. Before its norms' collective it asks the ranks to agree that the step stands
+  // (agree(): false, the step is refused everywhere and nothing more is written).
+  // r: inside one owned range. Returns whether the parameters of r were written.
+  bool on_bucket(float* params, float* grads, ParamRange r);
+  // ranges: each bucket's range given to on_bucket (in bucket order); comm: the communicator over
+  // whose ranks they are shards (null when every rank holds every sum). Returns the seconds spent
+  // waiting in a collective.
+  double finish_step(float* params, float* grads, std::span<const ParamRange> ranges, Communicator* comm,
+                     FunctionRef<bool()> agree, FunctionRef<void(std::size_t)> written);
 
   // Note [LAMB in two phases]. True when the step must call finish_first_phase() once every
   // bucket's update() is done, and then update_second() over the same ranges.

@@ -13,6 +13,8 @@
 #include <span>
 #include <vector>
 
+#include "mnist_mpi/backend/parameter_store.hpp"
+#include "mnist_mpi/backend/step_guard.hpp"
 #include "mnist_mpi/comm/communicator.hpp"
 #include "mnist_mpi/run_facts.hpp"
 #include "mnist_mpi/model/spec.hpp"
@@ -63,12 +65,24 @@ class Reducer {
   // Every bucket's non-empty shard of this rank (or of `rank`), in order: the optimiser's owned ranges.
   std::vector<ParamRange> owned() const;
   std::vector<ParamRange> owned(int rank) const;
-  // Sharded: starts the allgather of bucket k's parameters (this rank's shard updated). Each
-  // bucket once per step, in index order, after its wait_bucket().
+  // Every bucket's part (shard(k)), in bucket order: what the optimiser updates.
+  std::span<const ParamRange> shards() const { return mine_; }
+  // Sharded: the communicator over whose ranks shards() are shards; null unsharded.
+  Communicator* shards_communicator() const { return sharded() ? &comm_ : nullptr; }
+  // Sharded: starts the allgather of bucket k's parameters (this rank's shard updated), buckets
+  // in index order once a step each; unsharded nothing (every rank updated every bucket).
   void start_gather(std::size_t k);
   // Sharded: waits for every started gather; returns the seconds spent waiting. After it every
   // rank holds every updated parameter.
   double wait_gathers();
+  // The end of a step's gathers: starts those not started yet (buckets not updated: their bits
+  // are the same on every rank), waits for all, and tells the store (may be null) which
+  // parameters the other ranks wrote. Returns the seconds spent waiting; unsharded nothing.
+  double finish_gathers(ParameterStore* store);
+  // Whether the step stands on every rank (Note [Non-finite steps]): sharded, each rank checked
+  // only its shards, so the guard's verdicts are agreed on, once a step (the first call; later
+  // ones give its answer); unsharded every rank checked every sum: true, nothing collective.
+  bool agree(StepGuard& guard);
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   Communicator& communicator() const { return comm_; }
@@ -89,6 +103,8 @@ class Reducer {
   std::vector<CommRequest> gathers_;                    // sharded: one per bucket
   std::vector<BucketTiming> timings_;  // one per bucket, made once
   std::size_t next_ = 0;               // the next bucket to start
+  std::size_t next_gather_ = 0;        // sharded: the next bucket whose gather starts
+  bool agreed_ = false, verdict_ = true;  // this step's agreement (agree())
 };
 
 }  // namespace mnist_mpi

@@ -39,14 +39,6 @@ class Step {
   // The step's work, queued (or, inside a graph capture, recorded); adds host times to `timing`.
   void body(std::int64_t step, double lr, bool poison, StepTiming& timing);
   void use_order(std::int64_t epoch);  // the data source's order is that of `epoch`
-  // The optimiser's pass that writes the parameters of the flat range [begin, end): its one pass,
-  // or a two-phase optimiser's second (Note [LAMB in two phases] in
-  // include/mnist_mpi/train/optimizer.hpp).
-  void update(std::int64_t begin, std::int64_t end);
-  // A two-phase optimiser's norms and second phase over this rank's shard of every bucket, each
-  // bucket's gather started (sharded) once it is written; agreed: whether the ranks have agreed on
-  // the guard's verdicts (set when this agrees). Returns the number of gathers started.
-  std::size_t second_phase(bool finite, bool& agreed, StepTiming& t);
   // Waits for every bucket's sum, checks it and applies it; stops applying at the first bucket the
   // guard refuses (every sum is still waited for: none is left in flight). sums_in: every bucket's
   // sum is already in (the exact pipeline); all are checked before any is applied.
