@@ -1426,7 +1426,8 @@ TEST(Model, Bf16GradientsAreTheFp32OnesToBf16Precision) {
 // ranges (one ends inside the second convolution's weights, one inside the first fc's), each
 // reported, a pass gives the logits and gradients of a model on a bare pointer, which makes its
 // copies at every pass; a change not reported leaves the stale copies' logits (so the store's
-// model does skip the conversions). The optimiser's pass writes the fc copies in its own loop,
+// model does skip the conversions), while the same change through a lease is reported by itself.
+// The optimiser's pass writes the fc copies in its own loop,
 // and an evaluation model on the same store makes its copies again at its next pass.
 TEST(Model, Bf16WeightCopiesAreRefreshedWhereTheParametersChanged) {
   if (!cpu_has_bf16()) GTEST_SKIP() << "this CPU has no bf16 instructions";
@@ -1485,6 +1486,20 @@ TEST(Model, Bf16WeightCopiesAreRefreshedWhereTheParametersChanged) {
     pass(fresh, &lf);
     EXPECT_FALSE(same_bits(lk, lf)) << (w == conv2_w ? "the second convolution" : "the first fc")
                                     << " made its copy though no change was reported";
+  }
+  // The same changes made through a lease (Note [Writes that report themselves]): reported when
+  // the lease ends, so the store's model computes with them.
+  for (const std::size_t w : {conv2_w, fc1_w}) {
+    store.changed_all();
+    pass(kept, &lk);
+    {
+      const ParameterStore::Lease lease = store.write(static_cast<std::int64_t>(w), static_cast<std::int64_t>(w + 100));
+      for (float& v : lease.span()) v *= 0.5f;
+    }
+    pass(kept, &lk);
+    pass(fresh, &lf);
+    EXPECT_TRUE(same_bits(lk, lf)) << (w == conv2_w ? "the second convolution" : "the first fc")
+                                   << " kept a stale copy after a write through a lease";
   }
   // The fc layers' copies are plain: the optimiser's pass writes them in its own loop, which it
   // can only do for the ranges the store names, exactly the fc weights.

@@ -45,6 +45,12 @@ void ParameterStore::state_to_backend() {
   if (state_) state_host_->to_backend();
 }
 
+ParameterStore::Lease ParameterStore::write(std::int64_t begin, std::int64_t end) {
+  MNIST_CHECK(0 <= begin && begin <= end && end <= count_, ExitCode::kRuntime,
+              "ParameterStore::write: a range outside the parameters");
+  return Lease(*this, {buffer_->data() + begin, static_cast<std::size_t>(end - begin)});
+}
+
 void ParameterStore::changed(const float* from, const float* to, Images images) {
   MNIST_CHECK(data() <= from && from <= to && to <= data() + count_, ExitCode::kRuntime,
               "ParameterStore::changed: a range outside the parameters");

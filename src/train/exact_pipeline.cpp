@@ -248,14 +248,22 @@ bool ExactGradients::tail_matches_chunks(int first) {
   // Random parameters too: with the run's own (all zero under --weight-init zeros, say) every
   // product could be 0 whatever the order of its sums, and the comparison would prove nothing.
   // They are the run's again when it returns.
-  float* params = p_.params->data();
+  // Both writes go through leases (Note [Writes that report themselves]), so the kernels' copies
+  // follow the random parameters and then the run's again.
+  const float* params = p_.params->data();
   std::vector<float> saved(params, params + spec.param_count);
-  for (std::int64_t i = 0; i < spec.param_count; ++i) params[i] = (uniform() - 0.5f) * 0.2f;
+  {
+    const ParameterStore::Lease random = p_.params->write_all();
+    for (float& v : random.span()) v = (uniform() - 0.5f) * 0.2f;
+  }
   struct Restore {
-    float* to;
+    ParameterStore& to;
     const std::vector<float>& from;
-    ~Restore() { std::copy(from.begin(), from.end(), to); }
-  } restore{params, saved};
+    ~Restore() {
+      const ParameterStore::Lease back = to.write_all();
+      std::copy(from.begin(), from.end(), back.data());
+    }
+  } restore{*p_.params, saved};
   const auto ctx = [&](std::int64_t j) { return StepContext{true, shape_.seed, 0, j * c}; };
   // The head's parameters: layers [0, first).
   std::vector<std::pair<std::int64_t, std::int64_t>> head;

@@ -81,7 +81,7 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
   Reducer& reducer = *p_.reducer;
   Optimizer& optimizer = *p_.optimizer;
   const std::size_t buckets = reducer.buckets().size();
-  float* params = p_.params->data();
+  float* params = p_.params->data_for_reporting_writers();  // the optimiser's pass reports its writes
   float* grads = p_.grads->data();
   const auto ok = [&](std::size_t k) {
     const ParamRange mine = reducer.shard(k);

@@ -232,7 +232,9 @@ void Trainer::make_training_state() {
   }
   reducer_ = std::make_unique<Reducer>(
       *grad_comm_, flat(*grads_), plan_buckets(spec_, mb_to_elems(opt_.bucket_mb), mb_to_elems(opt_.first_bucket_mb)),
-      !opt_.no_overlap, sharded_ ? params_->span() : std::span<float>(),
+      !opt_.no_overlap,
+      sharded_ ? std::span<float>(params_->data_for_reporting_writers(), static_cast<std::size_t>(spec_.param_count))
+               : std::span<float>(),
       exact_ ? fixed_point_codec(exact_->fixed()) : find_codec("none").make(), backend_.get());
   // Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp)
   if (sharded_) {
@@ -466,8 +468,10 @@ RunResult Trainer::run() {
   if (first_step > 0) params_->to_backend();
   res.first_step = first_step;
   // Rank 0's initial parameters are everyone's: no rank trains weights of its own.
-  grad_comm_->broadcast(params_->span(), 0);
-  params_->changed_all();
+  {
+    const ParameterStore::Lease all = params_->write_all();
+    grad_comm_->broadcast(all.span(), 0);
+  }
   check_replicas(first_step);
   monitor_->start(comm_);
   start_rank_times();

@@ -22,9 +22,9 @@ class Model;
 // copy cost 5 % of a bf16 step, and as much again for every batch of an evaluation. The store
 // holds the parameters, and every model built on it (Model's store constructor) is told by the
 // store, not by its caller, which ranges changed:
-//   - whatever writes the parameters writes them through the store or says what it wrote:
-//     changed() for a range of the backend's buffer, to_backend() for the host image, the
-//     optimiser's pass for its ranges (Backend::make_optimizer_pass is given the store);
+//   - whatever writes the parameters writes them through the store, which then tells the models
+//     (Note [Writes that report themselves]): a Lease of a range, to_backend() for the host
+//     image, the optimiser's pass for its ranges (Backend::make_optimizer_pass is given the store);
 //   - each kernel decides what a change means for its copy: a training model's fc converts the
 //     range while it is in cache, a convolution marks its copy to be made whole by its next pass,
 //     an evaluation model's kernels mark theirs to be made at the next evaluation;
@@ -37,6 +37,15 @@ class Model;
 // The store also holds the model state (Note [State that is not trained] in
 // include/mnist_mpi/model/spec.hpp: batch norm's running statistics), so that a layer with state
 // needs nothing of its own in the trainer, the checkpoint writer or the commands that load a model.
+// Note [Writes that report themselves]
+// A write the store is not told of leaves a kernel's copy stale: the next pass computes with the
+// old weights, silently. So the parameters in the backend's memory are writable only through the
+// store: write(begin, end) lends the range as a Lease, and the lease, when it ends (also when an
+// exception passes), reports the range as changed, so a writer cannot forget to. The writers
+// that report finer than a lease, range by range as they go, ask for the buffer by a name that
+// says so (data_for_reporting_writers()): the optimiser's pass (its ranges, and the bf16 images it
+// writes itself) and the sharded optimiser's gathers (Reducer::finish_gathers). data() is for
+// readers only.
 class ParameterStore {
  public:
   // count zero-filled parameters and state_count values of model state in the backend's memory,
@@ -46,10 +55,29 @@ class ParameterStore {
   ParameterStore& operator=(const ParameterStore&) = delete;
   ~ParameterStore();
 
-  float* data() { return buffer_->data(); }
   const float* data() const { return buffer_->data(); }
   std::int64_t count() const { return count_; }
-  std::span<float> span() { return {data(), static_cast<std::size_t>(count_)}; }
+
+  // [begin, end) of the parameters, lent for writing; reported as changed when the lease ends.
+  class Lease {
+   public:
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { store_.changed(span_.data(), span_.data() + span_.size()); }
+    std::span<float> span() const { return span_; }
+    float* data() const { return span_.data(); }
+
+   private:
+    friend class ParameterStore;
+    Lease(ParameterStore& store, std::span<float> span) : store_(store), span_(span) {}
+    ParameterStore& store_;
+    std::span<float> span_;
+  };
+  Lease write(std::int64_t begin, std::int64_t end);
+  Lease write_all() { return write(0, count_); }
+  // The buffer, for the writers that report what they write themselves, range by range (Note
+  // [Writes that report themselves]); nobody else.
+  float* data_for_reporting_writers() { return buffer_->data(); }
 
   // The host image: read() copies the parameters into it and returns it; host() is the image
   // itself, to be filled and then written with to_backend(), which tells every model.
