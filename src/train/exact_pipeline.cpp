@@ -16,17 +16,18 @@ using Clock = std::chrono::steady_clock;
 
 class ExactGradients final : public GradientPipeline {
  public:
-  ExactGradients(const StepParts& parts, const StepShape& shape);
+  ExactGradients(const StepParts& parts, const StepShape& shape, const ExactParts& exact);
   Computed compute(std::int64_t step, bool poison, StepTiming& timing) override;
   std::string describe_layers() const override;
   std::string plan() const override { return "exact sums: " + exact_plan_; }
+  bool replayable() const override { return false; }  // the host decides whether to compute a step again
 
  private:
   // A layer's gradient on the last pass: its taken weight's chunks, then every chunk's values of
   // the layer, into the integers.
   void finish_layer(int layer) override {
     if (taken_layer_[static_cast<std::size_t>(layer)]) taker_->finish_weight_gradient(layer);
-    p_.exact->absorb_layer(p_.grads->data(), layer, exact_first_chunk_);
+    x_.sums->absorb_layer(p_.grads->data(), layer, exact_first_chunk_);
   }
   // One pass over this rank's chunks: probe (only the largest values) or sum into the integers;
   // returns when backward of the last chunk ended.
@@ -44,6 +45,7 @@ class ExactGradients final : public GradientPipeline {
   float* chunk_input(std::int64_t j);  // where chunk j's images go
   void finish_taken();                 // every taken weight's chunks to the sink
 
+  ExactParts x_;
   std::vector<ParamRange> owned_;           // the reducer's owned ranges: the sums this rank receives
   bool exact_first_chunk_ = false;          // the pass's first chunk assigns the integers
   std::vector<char> taken_layer_;           // layers whose kernel hands its weight gradient over
@@ -54,9 +56,9 @@ class ExactGradients final : public GradientPipeline {
   std::string exact_plan_;
 };
 
-ExactGradients::ExactGradients(const StepParts& parts, const StepShape& shape)
-    : GradientPipeline(parts, shape), owned_(parts.reducer->owned()) {
-  MNIST_CHECK(p_.exact && p_.scratch_loss, ExitCode::kRuntime, "exact sums: the integers and a scratch loss are needed");
+ExactGradients::ExactGradients(const StepParts& parts, const StepShape& shape, const ExactParts& exact)
+    : GradientPipeline(parts, shape), x_(exact), owned_(parts.reducer->owned()) {
+  MNIST_CHECK(x_.sums && x_.scratch_loss, ExitCode::kRuntime, "exact sums: the integers and a scratch loss are needed");
   const ModelSpec& spec = p_.model->spec();
   // Note [A weight gradient written once as integers] in include/mnist_mpi/backend/layer.hpp
   // Note [The row-wise tail at the rank's batch]: the layers from `first` on compute each row alone.
@@ -67,14 +69,14 @@ ExactGradients::ExactGradients(const StepParts& parts, const StepShape& shape)
   // runs chunk by chunk.
   if (!p_.backend->host_buffers())
     exact_plan_ = "every layer chunk by chunk (on a GPU)";
-  else if (shape_.my_chunks.count > 1 && first < static_cast<int>(spec.layers.size()))
+  else if (x_.my_chunks.count > 1 && first < static_cast<int>(spec.layers.size()))
     try_tail(first);
   taker_ = tail_ ? tail_.get() : p_.model;
   taken_layer_.assign(spec.layers.size(), 0);
   std::int64_t taken = 0;
-  for (const Model::TakenWeight& w : taker_->take_weight_gradients(static_cast<int>(shape_.my_chunks.count),
-                                                                   static_cast<int>(shape_.batch), *p_.exact)) {
-    p_.exact->take(w.offset, w.size);
+  for (const Model::TakenWeight& w : taker_->take_weight_gradients(static_cast<int>(x_.my_chunks.count),
+                                                                   static_cast<int>(shape_.batch), *x_.sums)) {
+    x_.sums->take(w.offset, w.size);
     taken_layer_[static_cast<std::size_t>(w.layer)] = 1;
     taken += w.size;
   }
@@ -93,11 +95,11 @@ ExactGradients::ExactGradients(const StepParts& parts, const StepShape& shape)
 // tensor's limit means probe and compute the step again.
 GradientPipeline::Computed ExactGradients::compute(std::int64_t step, bool poison, StepTiming& timing) {
   p_.guard->begin_step();
-  ExactSums& x = *p_.exact;
+  ExactSums& x = *x_.sums;
   LossMeter* loss = p_.loss;  // the loss of the step is counted once, whatever is computed again
   for (;;) {
     if (x.needs_probe()) {
-      exact_pass(step, /*probe=*/true, false, *p_.scratch_loss, timing);
+      exact_pass(step, /*probe=*/true, false, *x_.scratch_loss, timing);
       x.finish_probe(p_.reducer->communicator());
     }
     const Clock::time_point backward_end = exact_pass(step, false, poison, *loss, timing);
@@ -115,12 +117,12 @@ GradientPipeline::Computed ExactGradients::compute(std::int64_t step, bool poiso
     timing.exposed_comm += sums.waited;
     if (sums.counts.out_of_range == 0 || sums.counts.nonfinite > 0) return {backward_end, true};
     x.require_probe();  // out of range: the exact limits of this step, then the step again
-    loss = p_.scratch_loss;
+    loss = x_.scratch_loss;
   }
 }
 
 Clock::time_point ExactGradients::exact_pass(std::int64_t step, bool probe, bool poison, LossMeter& loss, StepTiming& timing) {
-  ExactSums& x = *p_.exact;
+  ExactSums& x = *x_.sums;
   Timeline* const tl = probe ? nullptr : p_.timeline;
   if (probe)
     x.begin_probe();
@@ -128,9 +130,9 @@ Clock::time_point ExactGradients::exact_pass(std::int64_t step, bool probe, bool
     x.begin_pass();
   if (tail_) return exact_pass_tail(step, probe, poison, loss, tl, timing);
   Clock::time_point backward_end;
-  for (std::int64_t j = 0; j < shape_.my_chunks.count; ++j) {
-    const bool last = j + 1 == shape_.my_chunks.count;
-    const Slice slice = p_.sampler->slice(step, shape_.my_chunks.first + j, shape_.chunks);  // c images
+  for (std::int64_t j = 0; j < x_.my_chunks.count; ++j) {
+    const bool last = j + 1 == x_.my_chunks.count;
+    const Slice slice = p_.sampler->slice(step, x_.my_chunks.first + j, x_.chunks);  // c images
     MicroTimes at;
     const StepContext ctx = forward_and_loss(step, slice, loss, poison && last, tl, at);
     exact_first_chunk_ = j == 0;
@@ -178,7 +180,7 @@ Clock::time_point ExactGradients::exact_pass(std::int64_t step, bool probe, bool
 void ExactGradients::try_tail(int first) {
   // A model per chunk: with many chunks a rank they would cost more in memory and start-up than
   // the tail saves (the activations of the rank's whole batch, as the default mode holds).
-  const std::int64_t k = shape_.my_chunks.count;
+  const std::int64_t k = x_.my_chunks.count;
   if (k > kMaxTailChunks) {
     exact_plan_ = "every layer chunk by chunk (" + std::to_string(k) + " chunks a rank: the tail is tried up to " +
                   std::to_string(kMaxTailChunks) + ")";
@@ -195,7 +197,7 @@ void ExactGradients::try_tail(int first) {
 
 void ExactGradients::build_tail(int first) {
   const ModelSpec& spec = p_.model->spec();
-  const int c = static_cast<int>(shape_.batch), k = static_cast<int>(shape_.my_chunks.count);
+  const int c = static_cast<int>(shape_.batch), k = static_cast<int>(x_.my_chunks.count);
   Backend& be = *p_.backend;
   tail_ = std::make_unique<Model>(spec, k * c, be, *p_.params, p_.grads->data(), ModelPart{first, -1});
   const std::int64_t row = spec.activation(static_cast<std::size_t>(first)).size();
@@ -237,7 +239,7 @@ float* ExactGradients::chunk_input(std::int64_t j) {
 
 bool ExactGradients::tail_matches_chunks(int first) {
   const ModelSpec& spec = p_.model->spec();
-  const std::int64_t c = shape_.batch, k = shape_.my_chunks.count, L = static_cast<std::int64_t>(spec.layers.size());
+  const std::int64_t c = shape_.batch, k = x_.my_chunks.count, L = static_cast<std::int64_t>(spec.layers.size());
   const auto row_size = [&](std::int64_t i) { return spec.activation(static_cast<std::size_t>(i)).size(); };
   std::uint64_t drawn = 0;  // the same random values on every rank (include/mnist_mpi/rng.hpp)
   const auto uniform = [&drawn] { return rng::uniform(rng::key(0x7A11, drawn++)); };
@@ -327,14 +329,14 @@ void ExactGradients::finish_taken() {
 // exact_pass with the tail at the rank's batch (Note [The row-wise tail at the rank's batch]).
 Clock::time_point ExactGradients::exact_pass_tail(std::int64_t step, bool probe, bool poison, LossMeter& loss, Timeline* tl,
                                         StepTiming& timing) {
-  ExactSums& x = *p_.exact;
+  ExactSums& x = *x_.sums;
   const ModelSpec& spec = p_.model->spec();
-  const std::int64_t c = shape_.batch, k = shape_.my_chunks.count;
+  const std::int64_t c = shape_.batch, k = x_.my_chunks.count;
   MicroTimes at;
   at.start = Clock::now();
   std::int64_t first_sample = 0;
   for (std::int64_t j = 0; j < k; ++j) {
-    const Slice slice = p_.sampler->slice(step, shape_.my_chunks.first + j, shape_.chunks);  // c images
+    const Slice slice = p_.sampler->slice(step, x_.my_chunks.first + j, x_.chunks);  // c images
     MNIST_CHECK(slice.count == c, ExitCode::kRuntime, "exact sums: a chunk shorter than its size");
     if (j == 0) first_sample = shape_.local_dropout_key ? 0 : slice.first;
     p_.data->gather(slice.position, c, chunk_input(j));
@@ -383,8 +385,9 @@ Clock::time_point ExactGradients::exact_pass_tail(std::int64_t step, bool probe,
 
 }  // namespace
 
-std::unique_ptr<GradientPipeline> make_exact_pipeline(const StepParts& parts, const StepShape& shape) {
-  return std::make_unique<ExactGradients>(parts, shape);
+std::unique_ptr<GradientPipeline> make_exact_pipeline(const StepParts& parts, const StepShape& shape,
+                                                      const ExactParts& exact) {
+  return std::make_unique<ExactGradients>(parts, shape, exact);
 }
 
 }  // namespace mnist_mpi

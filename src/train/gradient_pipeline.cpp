@@ -135,8 +135,4 @@ std::unique_ptr<GradientPipeline> make_summed_pipeline(const StepParts& parts, c
   return std::make_unique<SummedGradients>(parts, shape);
 }
 
-std::unique_ptr<GradientPipeline> make_gradient_pipeline(const StepParts& parts, const StepShape& shape) {
-  return parts.exact ? make_exact_pipeline(parts, shape) : make_summed_pipeline(parts, shape);
-}
-
 }  // namespace mnist_mpi

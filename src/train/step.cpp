@@ -11,18 +11,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 }  // namespace
 
-Step::Step(const StepParts& parts, const StepShape& shape)
-    : p_(parts), shape_(shape) {
+Step::Step(const StepParts& parts, const StepShape& shape, std::unique_ptr<GradientPipeline> pipeline)
+    : p_(parts), shape_(shape), pipeline_(std::move(pipeline)) {
   MNIST_CHECK(p_.backend && p_.model && p_.params && p_.grads && p_.reducer && p_.optimizer && p_.guard && p_.sampler &&
-                  p_.data && p_.loss,
+                  p_.data && p_.loss && pipeline_,
               ExitCode::kRuntime, "Step: a part is missing");
   if (shape_.graph) graph_ = p_.backend->make_step_graph();
-  // A graph replays body(), and the exact pipeline decides on the host whether to compute its step
-  // again. The options' table refuses the pair with the fix (src/config/combinations.cpp); a Step
-  // made in code that has it is a program error.
-  MNIST_CHECK(!shape_.graph || !p_.exact, ExitCode::kRuntime, "Step: a CUDA graph of the exact step");
+  // A graph replays body(); a pipeline that decides on the host whether to compute its step again
+  // cannot be one. The options' table refuses the pair with the fix (src/config/combinations.cpp);
+  // a Step made in code that has it is a program error.
+  MNIST_CHECK(!shape_.graph || pipeline_->replayable(), ExitCode::kRuntime,
+              "Step: a CUDA graph of a step that is not the same work every time");
   MNIST_CHECK(!shape_.graph || graph_, ExitCode::kRuntime, "Step: a CUDA graph on a backend that has none");
-  pipeline_ = make_gradient_pipeline(p_, shape_);
 }
 
 void Step::use_order(std::int64_t epoch) {

@@ -82,32 +82,31 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   for (const LayerSpec& l : spec_.layers) ms.layer_names.push_back(l.text);
   monitor_ = std::make_unique<Monitor>(opt_, std::move(ms));  // opens the metrics file (rank 0)
   timeline_ = monitor_->timeline();
+  const StepParts parts{.backend = backend_.get(),
+                        .model = train_model_.get(),
+                        .params = params_.get(),
+                        .grads = grads_.get(),
+                        .reducer = reducer_.get(),
+                        .optimizer = optimizer_.get(),
+                        .guard = guard_.get(),
+                        .sampler = sampler_.get(),
+                        .data = train_data_.get(),
+                        .loss = train_loss_.get(),
+                        .timeline = timeline_};
+  const StepShape shape{.rank = comm_.rank(),
+                        .world = comm_.size(),
+                        .accumulation = accumulation_,
+                        .batch = batch_,
+                        .global_batch = global_batch_,
+                        .seed = opt_.seed,
+                        .check_all_first = opt_.skip_nonfinite_steps,
+                        .graph = opt_.cuda_graph,
+                        .slow_ms = fault_.slow_ms_for(comm_.rank()),
+                        .local_dropout_key = fault_.local_dropout_key_for(comm_.rank())};
   step_ = std::make_unique<Step>(
-      StepParts{.backend = backend_.get(),
-                .model = train_model_.get(),
-                .params = params_.get(),
-                .grads = grads_.get(),
-                .reducer = reducer_.get(),
-                .optimizer = optimizer_.get(),
-                .guard = guard_.get(),
-                .sampler = sampler_.get(),
-                .data = train_data_.get(),
-                .loss = train_loss_.get(),
-                .timeline = timeline_,
-                .exact = exact_.get(),
-                .scratch_loss = scratch_loss_.get()},
-      StepShape{.rank = comm_.rank(),
-                .world = comm_.size(),
-                .accumulation = accumulation_,
-                .batch = batch_,
-                .global_batch = global_batch_,
-                .seed = opt_.seed,
-                .check_all_first = opt_.skip_nonfinite_steps,
-                .graph = opt_.cuda_graph,
-                .chunks = exact_ ? global_batch_ / exact_chunk_ : 0,
-                .my_chunks = my_chunks_,
-                .slow_ms = fault_.slow_ms_for(comm_.rank()),
-                .local_dropout_key = fault_.local_dropout_key_for(comm_.rank())});
+      parts, shape,
+      exact_ ? make_exact_pipeline(parts, shape, {exact_.get(), scratch_loss_.get(), global_batch_ / exact_chunk_, my_chunks_})
+             : make_summed_pipeline(parts, shape));
   monitor_->on_start(start_facts(threads, gpus));  // which GPU (every rank), the banner, the "start" event
 }
 

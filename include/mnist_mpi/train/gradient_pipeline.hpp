@@ -45,8 +45,6 @@ struct StepParts {
   DataSource* data = nullptr;    // the training split where the backend computes
   LossMeter* loss = nullptr;     // the training loss, summed over the log window
   Timeline* timeline = nullptr;  // null unless --timeline
-  ExactSums* exact = nullptr;    // --exact-sums (the exact pipeline); null otherwise
-  LossMeter* scratch_loss = nullptr;  // --exact-sums: the loss of a pass computed again (not counted twice)
 };
 
 // The shape of the step, fixed for the run.
@@ -58,10 +56,6 @@ struct StepShape {
   std::uint64_t seed = 0;         // dropout key
   bool check_all_first = false;   // --skip-nonfinite-steps: every bucket checked before any is applied
   bool graph = false;             // --cuda-graph: Note [A step as one CUDA graph]
-  // --exact-sums: the global batch's chunks and this rank's (Note [Chunks of the global batch]);
-  // batch is then the chunk's size.
-  std::int64_t chunks = 0;
-  ChunkRange my_chunks;
   std::int64_t slow_ms = 0;  // MNIST_MPI_FAULT=RANK:slow:MS: this rank sleeps in every step's backward
   bool local_dropout_key = false;  // MNIST_MPI_FAULT=RANK:dropout:local: a wrong mask, on purpose
 };
@@ -83,6 +77,9 @@ class GradientPipeline {
   virtual std::string describe_layers() const { return p_.model->describe(); }
   // How the pipeline runs, for the banner ("" when there is nothing to say).
   virtual std::string plan() const { return ""; }
+  // Whether a step's work is the same queued work at every step, so that a CUDA graph of it can
+  // replay any step (Note [A step as one CUDA graph]).
+  virtual bool replayable() const { return true; }
   // MNIST_MPI_FAULT=RANK:slow:MS (include/mnist_mpi/resilience/fault.hpp): this rank sleeps at the
   // end of every step's backward, on every path (the passes here, and the step's replayed CUDA graph).
   void slow_down() const;
@@ -113,9 +110,18 @@ class GradientPipeline {
   std::function<void(int)> on_layer_done_;  // made once: finish_layer, then the layer's buckets start
 };
 
-// The pipeline of these options: exact when parts.exact is set, else summed.
-std::unique_ptr<GradientPipeline> make_gradient_pipeline(const StepParts& parts, const StepShape& shape);
 std::unique_ptr<GradientPipeline> make_summed_pipeline(const StepParts& parts, const StepShape& shape);
-std::unique_ptr<GradientPipeline> make_exact_pipeline(const StepParts& parts, const StepShape& shape);
+
+// What the exact pipeline needs besides the step's parts: the integers and limits, a loss meter
+// for passes computed again (not counted twice), the global batch's chunks and this rank's (Note
+// [Chunks of the global batch]; the shape's batch is then the chunk's size).
+struct ExactParts {
+  ExactSums* sums = nullptr;
+  LossMeter* scratch_loss = nullptr;
+  std::int64_t chunks = 0;
+  ChunkRange my_chunks;
+};
+std::unique_ptr<GradientPipeline> make_exact_pipeline(const StepParts& parts, const StepShape& shape,
+                                                      const ExactParts& exact);
 
 }  // namespace mnist_mpi

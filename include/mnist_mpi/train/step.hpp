@@ -24,7 +24,8 @@ struct StepResult {
 
 class Step {
  public:
-  Step(const StepParts& parts, const StepShape& shape);
+  // pipeline: made on the same parts and shape (make_summed_pipeline, make_exact_pipeline).
+  Step(const StepParts& parts, const StepShape& shape, std::unique_ptr<GradientPipeline> pipeline);
   // Runs global step `step` with learning rate lr. poison: the testing hook marks this rank's loss
   // as non-finite (MNIST_MPI_FAULT=RANK:STEP:nan).
   StepResult run(std::int64_t step, double lr, bool poison);
@@ -47,7 +48,7 @@ class Step {
 
   StepParts p_;
   StepShape shape_;
-  std::unique_ptr<GradientPipeline> pipeline_;  // made once: summed or exact
+  std::unique_ptr<GradientPipeline> pipeline_;  // made once, by the caller
   std::int64_t order_epoch_ = -1;           // the epoch whose order p_.data holds
   std::unique_ptr<StepGraph> graph_;        // --cuda-graph: the step, captured at its second run
   std::int64_t runs_ = 0;                   // steps run by this Step
