@@ -14,8 +14,8 @@ objdump -d --no-show-raw-insn -C "$lib" >"$dis"
 
 # The hot kernels: every function whose name holds one of these must be one of the clones.
 # (Anchored at '::': pooled_image_weight_grad_3x3 and conv_pool_avx2 are AVX2 by hand, checked below.)
-kernels='::(image_weight_grad|pool_forward_blocked|bias_grad_blocked|expand_pooled_dy|adam_pass|to_fixed_loop|from_fixed_pass)'
-heads=$(grep -E '^[0-9a-f]+ <.*>:$' "$dis" | grep -E "$kernels" | grep -v -E '\[clone \.cold\]') || true
+kernels='::(image_weight_grad|pool_forward_blocked|bias_grad_blocked|expand_pooled_dy|adam_pass|to_fixed_loop|from_fixed_pass|bf16_add|bf16_encode_with_feedback|bf16_decode)'
+heads=$(grep -E '^[0-9a-f]+ <.*>:$' "$dis" | grep -E "$kernels" | grep -v -E '\[clone \.cold\]|@plt>') || true
 [ -n "$heads" ] || { echo "check_clones: no hot kernel found in $lib" >&2; exit 1; }
 bad=$(grep -v -E '\[clone \.(avx2|avx512f|default|resolver)\]' <<<"$heads") || true
 if [ -n "$bad" ]; then

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mnist_mpi/backend/cpu.hpp"
+#include "mnist_mpi/bf16.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/data/sampler.hpp"  // part_first, part_count
 #include "mnist_mpi/train/codec.hpp"
@@ -514,6 +515,52 @@ TEST(Codec, AThrowawayDoubleCodecGivesTheFloatCodecsBits) {
           // Every bucket went through the codec each step, or the whole buffer once (--no-overlap).
           EXPECT_EQ(starts, 2 * (overlap || sharded ? int(plan.size()) : 1));
         }
+      }
+    }
+  }
+}
+
+// The bf16 codec through the reducer (Note [bf16 on the wire with error feedback]): every rank
+// receives the rank-order sum, each addition rounded to bf16, of every rank's bf16(g + e), where e
+// is that rank's residual of the step before; computed here from every rank's gradients
+// (allgathered), over three steps, whole and sharded (this rank's shards), overlapped and not.
+TEST(Codec, Bf16SumIsTheRankOrderSumOfEveryRanksRoundedGradientAndResidual) {
+  const ModelSpec spec = parse_model_spec(kSmall, Shape{1, 28, 28}, 10);
+  auto c = make_mpi_communicator(MPI_COMM_WORLD);
+  const int r = c->rank(), n = c->size();
+  const auto P = std::size_t(spec.param_count);
+  std::vector<float> grads(P), params(P), every(P * std::size_t(n));
+  for (bool sharded : {false, true}) {
+    for (bool overlap : {true, false}) {
+      Reducer red(*c, grads, plan_buckets(spec, 1000, 1000), overlap,
+                  sharded ? std::span<float>(params) : std::span<float>(), bf16_codec());
+      std::vector<std::vector<float>> residual(std::size_t(n), std::vector<float>(P, 0.0f));
+      for (int step = 0; step < 3; ++step) {
+        std::vector<float> mine = uniform(P, 100u * std::uint64_t(step) + std::uint64_t(r), -1.0f, 1.0f);
+        grads = mine;
+        MPI_Allgather(mine.data(), int(P), MPI_FLOAT, every.data(), int(P), MPI_FLOAT, MPI_COMM_WORLD);
+        std::vector<Bf16> want(P);
+        for (int q = 0; q < n; ++q)  // written out here, not with the codec's loops
+          for (std::size_t i = 0; i < P; ++i) {
+            float& e = residual[std::size_t(q)][i];
+            const float v = every[std::size_t(q) * P + i] + e;
+            const Bf16 sent{bf16_bits(v)};
+            e = v - bf16_to_float(sent.bits);
+            if (q == 0)
+              want[i] = sent;
+            else
+              want[i].bits = bf16_bits(bf16_to_float(want[i].bits) + bf16_to_float(sent.bits));
+          }
+        for (int layer = int(spec.layers.size()) - 1; layer >= 0; --layer) red.on_layer_done(layer);
+        red.finish();
+        std::int64_t wrong = 0, checked = 0;
+        for (const ParamRange& o : red.owned())
+          for (std::int64_t i = o.begin; i < o.end; ++i, ++checked)
+            wrong += grads[std::size_t(i)] != bf16_to_float(want[std::size_t(i)].bits) ? 1 : 0;
+        c->allreduce_max(std::span<std::int64_t>(&wrong, 1));
+        c->allreduce_sum(std::span<std::int64_t>(&checked, 1));
+        EXPECT_EQ(wrong, 0) << "sharded " << sharded << " overlap " << overlap << " step " << step;
+        EXPECT_GE(checked, spec.param_count) << "every element is some rank's to check";
       }
     }
   }

@@ -8,12 +8,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <random>
 #include <memory>
 #include <numbers>
 #include <string>
 #include <vector>
 
 #include "mnist_mpi/backend/backend.hpp"
+#include "mnist_mpi/bf16.hpp"
 #include "mnist_mpi/backend/cpu.hpp"
 #include "mnist_mpi/backend/model.hpp"
 #include "mnist_mpi/check.hpp"
@@ -267,6 +270,64 @@ TEST(Optimizer, Bf16ImageIsTheUpdatedParametersInBf16) {
 
 // bf16_bits is the rounding of VCVTNEPS2BF16 (the fc copies are made by either): nearest even,
 // ties both ways, denormals to a zero of their sign, infinities, NaNs quiet; and random bits.
+// Note [bf16 on the wire with error feedback] (src/train/codecs/bf16_codec.cpp): what a bf16
+// codec's encoding leaves out is its residual, exactly (bf16(v) + e == v), and the next steps
+// send it; a value bf16 cannot hold (1 + 2^-10 rounds to 1) reaches the sum on average with the
+// feedback and never without it. A non-finite value is sent as it is and leaves no residual.
+TEST(Bf16, TheWireSumAndTheFeedbackLoseNothing) {
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> any(-4.0f, 4.0f);
+  constexpr int n = 4099;  // past every vector width, with a tail
+  std::vector<float> g(n), e(n), e_before(n);
+  std::vector<Bf16> wire(n), a(n), b(n);
+  for (int i = 0; i < n; ++i) {
+    g[i] = any(gen);
+    e[i] = any(gen) * 0x1p-9f;
+    a[i].bits = bf16_bits(any(gen));
+    b[i].bits = bf16_bits(any(gen));
+  }
+  std::vector<Bf16> sum = a;
+  bf16_add(sum.data(), b.data(), n);
+  for (int i = 0; i < n; ++i) {
+    Bf16 one = a[i];
+    one += b[i];
+    ASSERT_EQ(sum[i].bits, one.bits) << i;
+    ASSERT_EQ(sum[i].bits, bf16_bits(bf16_to_float(a[i].bits) + bf16_to_float(b[i].bits))) << i;
+  }
+  e_before = e;
+  bf16_encode_with_feedback(g.data(), e.data(), wire.data(), n);
+  for (int i = 0; i < n; ++i) {
+    const float v = g[i] + e_before[i];
+    ASSERT_EQ(wire[i].bits, bf16_bits(v)) << i;
+    ASSERT_EQ(bf16_to_float(wire[i].bits) + e[i], v) << "the residual is what the rounding left out, " << i;
+  }
+  // One value bf16 cannot hold, sent 1000 times.
+  constexpr int steps = 1000;
+  const float x = 1.0f + 0x1p-10f;
+  float residual = 0.0f, sent = 0.0f;
+  double with = 0.0, without = 0.0;
+  for (int k = 0; k < steps; ++k) {
+    Bf16 w;
+    bf16_encode_with_feedback(&x, &residual, &w, 1);
+    with += bf16_to_float(w.bits);
+    without += bf16_to_float(bf16_bits(x));
+    sent = bf16_to_float(w.bits);
+  }
+  (void)sent;
+  EXPECT_LE(std::abs(with - steps * double(x)), std::abs(residual) + 1e-3) << "with the feedback";
+  EXPECT_GE(std::abs(without - steps * double(x)), 0.9) << "without it 2^-10 is lost at every step";
+  for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    float r = 0.25f;
+    Bf16 w;
+    bf16_encode_with_feedback(&bad, &r, &w, 1);
+    EXPECT_FALSE(std::isfinite(bf16_to_float(w.bits))) << "a non-finite gradient reaches the sum as it is";
+    EXPECT_EQ(r, 0.0f) << "and leaves no residual to poison the next steps";
+  }
+  std::vector<float> decoded(n);
+  bf16_decode(wire.data(), decoded.data(), n);
+  for (int i = 0; i < n; ++i) ASSERT_EQ(decoded[i], bf16_to_float(wire[i].bits)) << i;
+}
+
 TEST(Bf16, TheRoundingIsTheInstructions) {
   if (!cpu::cpu_has_avx512_bf16()) GTEST_SKIP() << "this CPU has no AVX512-BF16 to compare with";
   std::vector<std::uint32_t> bits{0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00400000u, 0x00800000u,

@@ -403,6 +403,7 @@ TEST(Options, ConfigFilesParseAsBeforeAndTheCommandLineWins) {
             "collective-timeout = 300\nconv-algos = heuristic\ncuda-graph = false\ndevice = "
             "cpu\nepochs = 3\neps = 1e-08\n"
             "eval-batch-size = 100\neval-every = 0\nexact-chunk = 0\nexact-sums = false\nfirst-bucket-mb = 1\nglobal-batch-size = 0\n"
+            "grad-compression = none\n"
             "keep-checkpoints = 3\nlog-every = 50\nlr = 0.01\nlr-gamma = 0.7\nlr-min = 1e-05\n"
             "lr-schedule = step\nlr-step-epochs = 1\nmax-steps = 0\nmodel = "
             "conv:3x3:8:same,maxpool:2,conv:3x3:16:same,maxpool:2,flatten,fc:10\nmomentum = 0\n"

@@ -18,6 +18,7 @@ const char* element_name(ElementType t) {
     case ElementType::kFloat64: return "double";
     case ElementType::kInt64: return "int64";
     case ElementType::kUInt8: return "bytes";
+    case ElementType::kBFloat16: return "bf16";
   }
   return "an unknown element type";
 }
@@ -28,6 +29,7 @@ std::size_t element_bytes(ElementType t) {
     case ElementType::kFloat64: return sizeof(double);
     case ElementType::kInt64: return sizeof(std::int64_t);
     case ElementType::kUInt8: return 1;
+    case ElementType::kBFloat16: return sizeof(Bf16);
   }
   return 0;
 }

@@ -126,9 +126,12 @@ class MpiCommunicator final : public Communicator {
                      : "summed inside wait() (MPI lacks MPI_THREAD_MULTIPLE, so no communication thread)";
   }
 
-  // Float sums go the way of the started ones (rank order); the rest is Open MPI's reduction.
+  // Float and bf16 sums go the way of the started ones (rank order; MPI has no bf16 addition); the
+  // rest is Open MPI's reduction.
   void allreduce(Elements d, Reduction op) override {
-    if (d.is(ElementType::kFloat32) && op == Reduction::kSum) {
+    MNIST_CHECK(!d.is(ElementType::kBFloat16) || op == Reduction::kSum, ExitCode::kRuntime,
+                "a bf16 reduction other than a sum");
+    if ((d.is(ElementType::kFloat32) || d.is(ElementType::kBFloat16)) && op == Reduction::kSum) {
       CommRequest r = start(Collective::kAllreduceSum, d);
       wait(r, nullptr);
       return;
@@ -139,8 +142,7 @@ class MpiCommunicator final : public Communicator {
 
   // Queues a sum or a half of one for the communication thread (one rank: done at once).
   CommRequest start(Collective what, Elements d) override {
-    MNIST_CHECK(d.is(ElementType::kFloat32) || d.is(ElementType::kFloat64) || d.is(ElementType::kInt64),
-                ExitCode::kRuntime, std::string("a started collective of ") + element_name(d.type));
+    MNIST_CHECK(!d.is(ElementType::kUInt8), ExitCode::kRuntime, "a started collective of bytes");
     std::unique_lock<std::mutex> lk(mu_);
     std::size_t slot = 0;
     while (slot < ops_.size() && ops_[slot].state != Op::kFree) ++slot;
@@ -230,6 +232,7 @@ class MpiCommunicator final : public Communicator {
       case ElementType::kFloat64: return MPI_DOUBLE;
       case ElementType::kInt64: return MPI_INT64_T;
       case ElementType::kUInt8: return MPI_UINT8_T;
+      case ElementType::kBFloat16: return MPI_UINT16_T;  // moved as bits; summed here, never by MPI
     }
     throw_error(ExitCode::kRuntime, "no MPI datatype for this element type");
   }
@@ -285,6 +288,7 @@ class MpiCommunicator final : public Communicator {
       case ElementType::kFloat32: return reduce(op.data.as<float>(), op.what, scratch_);
       case ElementType::kFloat64: return reduce(op.data.as<double>(), op.what, scratch_doubles_);
       case ElementType::kInt64: return reduce(op.data.as<std::int64_t>(), op.what, scratch_ints_);
+      case ElementType::kBFloat16: return reduce(op.data.as<Bf16>(), op.what, scratch_bf16_);
       case ElementType::kUInt8: break;  // refused by start()
     }
   }
@@ -394,7 +398,10 @@ class MpiCommunicator final : public Communicator {
       if (n == 2) {  // c0 + c1 is c1 + c0 bit for bit (IEEE addition commutes): no block needed
         const T* __restrict c = peer_part(0, k);
         T* __restrict o = out;
-        for (int i = 0; i < len; ++i) o[i] += c[i];
+        if constexpr (std::is_same_v<T, Bf16>)
+          bf16_add(o, c, len);  // the CPU clones' loop
+        else
+          for (int i = 0; i < len; ++i) o[i] += c[i];
       } else {
         constexpr int kBlock = 2048;
         alignas(64) T acc[kBlock];
@@ -403,7 +410,10 @@ class MpiCommunicator final : public Communicator {
           std::memcpy(acc, part(0, at), static_cast<std::size_t>(m) * sizeof(T));
           for (int r = 1; r < n; ++r) {
             const T* __restrict c = part(r, at);
-            for (int i = 0; i < m; ++i) acc[i] += c[i];
+            if constexpr (std::is_same_v<T, Bf16>)
+              bf16_add(acc, c, m);
+            else
+              for (int i = 0; i < m; ++i) acc[i] += c[i];
           }
           std::memcpy(out + at, acc, static_cast<std::size_t>(m) * sizeof(T));
         }
@@ -458,6 +468,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<float> scratch_;                  // (world - 1, my chunk): the peers' contributions to my chunk
   std::vector<double> scratch_doubles_;         // the same for sums of doubles
   std::vector<std::int64_t> scratch_ints_;      // and of integers
+  std::vector<Bf16> scratch_bf16_;              // and of bf16 (each addition rounded to bf16)
   std::vector<MPI_Request> reqs_;               // the four groups of reduce()
   std::vector<std::pair<int, int>> send_peer_;  // (peer, segment) of each reduce-scatter send
   std::vector<int> indices_, arrived_;

@@ -112,21 +112,24 @@ void CollectiveWatch::loop() {
 namespace {
 
 // The watchdog's names of the collectives, literals (the watch keeps the pointer), by the
-// operation and the element type (ElementType's order: float, double, int64, bytes). A started
-// sum of floats is the gradient buckets' and goes without its type.
+// operation and the element type (ElementType's order: float, double, int64, bytes, bf16). A
+// started sum of floats is the gradient buckets' and goes without its type.
 constexpr const char* kReductionNames[3][kElementTypes] = {
-    {"allreduce_sum (float)", "allreduce_sum (double)", "allreduce_sum (int64)", "allreduce_sum (bytes)"},
-    {"allreduce_max (float)", "allreduce_max (double)", "allreduce_max", "allreduce_max (bytes)"},
-    {"allreduce_min (float)", "allreduce_min (double)", "allreduce_min", "allreduce_min (bytes)"}};
+    {"allreduce_sum (float)", "allreduce_sum (double)", "allreduce_sum (int64)", "allreduce_sum (bytes)",
+     "allreduce_sum (bf16)"},
+    {"allreduce_max (float)", "allreduce_max (double)", "allreduce_max", "allreduce_max (bytes)",
+     "allreduce_max (bf16)"},
+    {"allreduce_min (float)", "allreduce_min (double)", "allreduce_min", "allreduce_min (bytes)",
+     "allreduce_min (bf16)"}};
 constexpr const char* kStartedNames[kCollectives][kElementTypes] = {
     {"wait for allreduce_sum", "wait for allreduce_sum (double)", "wait for allreduce_sum (int64)",
-     "wait for allreduce_sum (bytes)"},
+     "wait for allreduce_sum (bytes)", "wait for allreduce_sum (bf16)"},
     {"wait for reduce_scatter_sum", "wait for reduce_scatter_sum (double)", "wait for reduce_scatter_sum (int64)",
-     "wait for reduce_scatter_sum (bytes)"},
+     "wait for reduce_scatter_sum (bytes)", "wait for reduce_scatter_sum (bf16)"},
     {"wait for allgather_shards", "wait for allgather_shards (double)", "wait for allgather_shards (int64)",
-     "wait for allgather_shards (bytes)"}};
+     "wait for allgather_shards (bytes)", "wait for allgather_shards (bf16)"}};
 constexpr const char* kBroadcastNames[kElementTypes] = {"broadcast (float)", "broadcast (double)", "broadcast (int64)",
-                                                        "broadcast (bytes)"};
+                                                        "broadcast (bytes)", "broadcast (bf16)"};
 
 // Forwards to the inner communicator; marks each blocking call with a literal naming it.
 class WatchedCommunicator final : public Communicator {

@@ -56,6 +56,17 @@ constexpr Combination kCombinations[] = {
      [](const Options&, const RunPlace&) -> std::string {
        return "--precision bf16 with --exact-sums: the exact sums run the fp32 kernels only; drop one of them";
      }},
+    {false, [](const Options& o, const RunPlace&) { return o.exact_sums && o.grad_compression == "bf16"; },
+     [](const Options&, const RunPlace&) -> std::string {
+       return "--grad-compression bf16 with --exact-sums: bf16 on the wire rounds every rank's gradient and every "
+              "addition of the sum, so the parameters would depend on the number of ranks, which is what the exact "
+              "sums exclude; drop one of them";
+     }},
+    {true, [](const Options& o, const RunPlace& p) { return o.grad_compression == "bf16" && p.cuda; },
+     [](const Options&, const RunPlace&) -> std::string {
+       return "--grad-compression bf16 on a GPU: its codec runs on the CPU only so far; drop it (NCCL's float sums "
+              "are the GPU's) or train with --device cpu";
+     }},
     {false, [](const Options& o, const RunPlace&) { return o.exact_sums && batch_norm(o); },
      [](const Options&, const RunPlace&) -> std::string {
        return "batchnorm in --model with --exact-sums: batch statistics are taken over each rank's own images, so "

@@ -324,6 +324,10 @@ void add_option_table(po::options_description& all, Options& o, ChoiceTexts& cho
       "exact-chunk", po::value(&o.exact_chunk)->default_value(d.exact_chunk),
       "--exact-sums: images per chunk; it divides the global batch, and the number of chunks is the most ranks "
       "(0 = the largest divisor of the global batch up to 10)")(
+      "grad-compression", po::value(&o.grad_compression)->default_value(d.grad_compression),
+      "none | bf16: what goes on the wire for each gradient bucket (include/mnist_mpi/train/codec.hpp). bf16: half "
+      "the bytes, summed in bf16, each rank's rounding residual added to its next step's gradient (error "
+      "feedback; docs/reduction.md)")(
       "no-overlap", po::bool_switch(&o.no_overlap),
       "one blocking sum of all gradients after backward (sharded: one blocking reduce-scatter per bucket), "
       "no overlap (for comparison)")(

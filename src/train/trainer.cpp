@@ -39,6 +39,7 @@ Trainer::Trainer(const Options& options, Communicator& comm, std::chrono::steady
   // Every pair of options, now with what the run found (Options built in code come through here too).
   const RunPlace place{device_.cuda, shared_gpus_, comm_.host(), comm_.size()};
   check_combinations(opt_, &place);
+  find_codec(opt_.grad_compression);  // an unknown codec is a usage error before any work
   const std::int64_t world = comm_.size();
   // --shard-optimizer auto: sharded on the CPU with 2 or more ranks (Note [Sharded optimiser state]
   // in include/mnist_mpi/train/optimizer.hpp); the CUDA path shards only when asked, until NCCL's
@@ -234,7 +235,7 @@ void Trainer::make_training_state() {
       !opt_.no_overlap,
       sharded_ ? std::span<float>(params_->data_for_reporting_writers(), static_cast<std::size_t>(spec_.param_count))
                : std::span<float>(),
-      exact_ ? fixed_point_codec(exact_->fixed()) : find_codec("none").make(), backend_.get());
+      exact_ ? fixed_point_codec(exact_->fixed()) : find_codec(opt_.grad_compression).make(), backend_.get());
   // Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp)
   if (sharded_) {
     std::vector<std::vector<ParamRange>> every_rank;

@@ -16,6 +16,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "mnist_mpi/bf16.hpp"
+
 namespace mnist_mpi {
 
 // An in-flight collective; wait() on the communicator that started it.
@@ -43,9 +45,9 @@ Shard shard_of(std::int64_t count, int rank, int world);
 
 // What a collective moves: a span of elements of one of these types, named by the type of the
 // span it is made from (std::span<float>, a std::vector<std::int64_t>, a pointer and a count).
-enum class ElementType : std::uint8_t { kFloat32, kFloat64, kInt64, kUInt8 };
-inline constexpr int kElementTypes = 4;
-const char* element_name(ElementType t);  // "float", "double", "int64", "bytes"
+enum class ElementType : std::uint8_t { kFloat32, kFloat64, kInt64, kUInt8, kBFloat16 };
+inline constexpr int kElementTypes = 5;
+const char* element_name(ElementType t);  // "float", "double", "int64", "bytes", "bf16"
 std::size_t element_bytes(ElementType t);
 
 template <class T>
@@ -54,7 +56,8 @@ constexpr ElementType element_type_of() {
   else if constexpr (std::is_same_v<T, double>) return ElementType::kFloat64;
   else if constexpr (std::is_same_v<T, std::int64_t>) return ElementType::kInt64;
   else if constexpr (std::is_same_v<T, std::uint8_t>) return ElementType::kUInt8;
-  else static_assert(sizeof(T) == 0, "a collective moves float, double, int64 or bytes");
+  else if constexpr (std::is_same_v<T, Bf16>) return ElementType::kBFloat16;
+  else static_assert(sizeof(T) == 0, "a collective moves float, double, int64, bytes or bf16");
 }
 
 struct Elements {
@@ -141,7 +144,8 @@ class Communicator {
   // (Note [Shards]): after a reduce-scatter this rank's shard shard_of(data.size(), rank(),
   // size()) holds exactly the bits an allreduce sum would leave there; the rest of data is
   // undefined (an implementation may sum it too). After an allgather of shards every rank holds
-  // every rank's shard, bit for bit. Element types: float, double and int64.
+  // every rank's shard, bit for bit. Element types: float, double, int64 and bf16 (whose sums
+  // round every addition to bf16; a bf16 sum is a started one, or a float-like device one).
   virtual CommRequest start(Collective what, Elements data) = 0;
   virtual void broadcast(Elements data, int root) = 0;
 

@@ -55,6 +55,9 @@ struct Options {
   // is at most kDefaultExactChunk.
   bool exact_sums = false;
   std::int64_t exact_chunk = 0;
+  // --grad-compression: the gradient codec's name (kCodecs in src/train/codecs/codecs.cpp, which
+  // refuses a name it lacks): none (floats) or bf16.
+  std::string grad_compression = "none";
   // checkpoints (docs/checkpoint.md)
   std::string checkpoint_dir;         // empty: no checkpoints
   std::int64_t checkpoint_every = 0;  // steps; 0: only at epoch ends and at the end of the run

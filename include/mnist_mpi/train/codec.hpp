@@ -10,6 +10,8 @@
 // range the summed gradient this rank receives: all of it, or with a sharded reducer
 // (--shard-optimizer) its shard (Note [Shards]) at least. Codecs so far:
 //   - the float codec (src/train/codecs/float_codec.cpp): the floats themselves, summed in place;
+//   - the bf16 codec (src/train/codecs/bf16_codec.cpp, --grad-compression bf16): half the bytes,
+//     each rank's rounding residual added to its next step's gradient;
 //   - the fixed-point codec (src/train/codecs/fixed_point_codec.cpp, --exact-sums): the 64-bit
 //     integers ExactSums made of the bucket's chunks, summed exactly; the last bucket's codec also
 //     sums the counters that decide whether the step stands, which is why its floats are made
@@ -57,12 +59,18 @@ class GradientCodec {
   // Waits for the collectives and decodes the sum this rank receives into the bucket's range.
   // completed (optional): when the wire finished, which may be before finish() returns.
   virtual void finish(std::chrono::steady_clock::time_point* completed) = 0;
+  // What the codec keeps from step to step on this rank (a residual, factors), for checkpoints:
+  // the same size at every step, in host memory; empty for a codec that keeps nothing.
+  virtual std::span<float> state() { return {}; }
 };
 
 using CodecFactory = std::function<std::unique_ptr<GradientCodec>(const CodecBinding&)>;
 
 // The float codec: the gradients summed as they are.
 CodecFactory float_codec();
+// The bf16 codec (--grad-compression bf16): bf16 on the wire, with error feedback (Note [bf16 on
+// the wire with error feedback] in src/train/codecs/bf16_codec.cpp).
+CodecFactory bf16_codec();
 // The fixed-point codec (--exact-sums): integers holds ExactSums::fixed(), the flat buffer's
 // integers and then its two counters.
 CodecFactory fixed_point_codec(std::span<std::int64_t> integers);

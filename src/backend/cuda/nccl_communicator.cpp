@@ -205,6 +205,7 @@ class NcclCommunicator final : public HostForwarding {
       case ElementType::kFloat64: return ncclDouble;
       case ElementType::kInt64: return ncclInt64;
       case ElementType::kUInt8: return ncclUint8;
+      case ElementType::kBFloat16: return ncclBfloat16;
     }
     throw_error(ExitCode::kRuntime, "no NCCL datatype for this element type");
   }

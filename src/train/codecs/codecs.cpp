@@ -10,6 +10,7 @@ namespace {
 
 constexpr CodecRow kCodecs[] = {
     {"none", "the float gradients as they are", &float_codec},
+    {"bf16", "bf16 on the wire (half the bytes), with error feedback", &bf16_codec},
 };
 
 }  // namespace
