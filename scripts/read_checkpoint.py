@@ -8,7 +8,8 @@
 
 As a module: `ck = read_checkpoint(path)` gives a dict with "meta" (dict), "spec", "config",
 "params" (name -> numpy array of its shape), "first_moment" and "second_moment" (same form, the
-second empty for SGD) and "flat_params" (the flat float32 buffer). Every section's CRC32C is
+second empty for SGD), "flat_params" (the flat float32 buffer) and "codec_state" (every rank's
+gradient-codec state, one row a rank: bf16's residuals; shape (0, 0) when its codec kept none). Every section's CRC32C is
 checked (verify=False skips it: pure Python does ~20 MB/s).
 """
 import struct
@@ -121,6 +122,10 @@ def read_checkpoint(path, verify=True):
     state_tensors = tensor_index(parts["SIDX"]) if "SIDX" in parts else []  # a model with batch norm
     flat = {tag: np.frombuffer(parts[tag], dtype="<f4") for tag in ("PARM", "MOM1", "MOM2")}
     flat["STAT"] = np.frombuffer(parts["STAT"], dtype="<f4") if "STAT" in parts else np.zeros(0, "<f4")
+    codec = np.zeros((0, 0), "<f4")
+    if "CDEC" in parts:  # u32 ranks, u32 zero, u64 floats a rank, then the ranks' states in rank order
+        ranks, _, per_rank = struct.unpack_from("<IIQ", parts["CDEC"], 0)
+        codec = np.frombuffer(parts["CDEC"], dtype="<f4", offset=16).reshape(ranks, per_rank)
 
     def by_name(arr, table=tensors):
         if arr.size == 0:
@@ -140,6 +145,7 @@ def read_checkpoint(path, verify=True):
         "second_moment": by_name(flat["MOM2"]),
         "state_tensors": state_tensors,
         "model_state": by_name(flat["STAT"], state_tensors),  # batch norm's running statistics
+        "codec_state": codec,
     }
 
 
@@ -171,6 +177,10 @@ def main(argv):
         for name, shape, off, size in ck["state_tensors"]:
             s = ck["model_state"][name]
             print("  %-22s %-12s state %-6d mean %+.6f std %.6f" % (name, tuple(shape), off, s.mean(), s.std()))
+        if ck["codec_state"].size:
+            c = ck["codec_state"]
+            print("  gradient-codec state: %d ranks x %d values, max |value| %.3g" % (c.shape[0], c.shape[1],
+                                                                                   abs(c).max()))
     if args.save:
         np.savez(args.save, **ck["params"], **ck["model_state"])
     return 0

@@ -84,6 +84,25 @@ exact() {  # exact NAME STEPS ARGS...: 2*STEPS straight == STEPS + --resume auto
 }
 exact tiny_exact 100 --config "$root/configs/tiny.ini" "${base[@]}" --batch-size 16
 exact lenet_dropout_exact 30 --config "$root/configs/lenet.ini" "${base[@]}" --global-batch-size 8
+# --grad-compression bf16: every rank's residuals are in the checkpoint (CDEC, Note [Codec state on
+# another number of ranks]), so the resumed run sends what the straight one would have, bit for bit;
+# the same checkpoint resumed on 1 rank takes the residuals' sum and trains on.
+exact tiny_bf16_wire 50 --config "$root/configs/tiny.ini" "${base[@]}" --batch-size 16 --grad-compression bf16
+if "$py" - "$reader" ck_tiny_bf16_wire/step-00000100.ckpt <<'EOF2'
+import sys, importlib.util
+spec = importlib.util.spec_from_file_location("rc", sys.argv[1]); rc = importlib.util.module_from_spec(spec); spec.loader.exec_module(rc)
+ck = rc.read_checkpoint(sys.argv[2])
+c = ck["codec_state"]
+print("codec state: %d ranks x %d, max |residual| %.3g" % (c.shape[0], c.shape[1], abs(c).max() if c.size else 0))
+sys.exit(0 if c.shape == (2, ck["meta"]["param_count"]) and abs(c).max() > 0 and not (c[0] == c[1]).all() else 1)
+EOF2
+then ok "bf16 wire: the checkpoint holds both ranks' own residuals"
+else bad "bf16 wire: the checkpoint's codec state"; fi
+run "$bin" --config "$root/configs/tiny.ini" "${base[@]}" --batch-size 32 --grad-compression bf16 --max-steps 150 \
+    --checkpoint-dir ck_tiny_bf16_wire --resume auto
+if [ "$rc" -eq 0 ] && grep -q "resuming from ck_tiny_bf16_wire/step-00000100.ckpt: step 100" out; then
+  ok "bf16 wire: a 2-rank checkpoint resumes on 1 rank"
+else bad "bf16 wire: resume on 1 rank (rc $rc)"; fi
 # Batch norm: the running statistics (the checkpoint's STAT, which evaluation reads) continue bit for
 # bit too, not only the parameters: the straight run's last checkpoint against the resumed run's.
 bn=(--model "conv:3x3:4:same,batchnorm,relu,maxpool:2,flatten,fc:32,batchnorm:0.3,relu,fc:10" "${base[@]}"

@@ -394,7 +394,7 @@ class DeviceLikeSource final : public CheckpointSource {
   void gather_state() override {}
   TrainingState state() override {
     host = device;  // the download
-    return {host.data(), opt_.first_moment().data(), nullptr, opt_.steps_taken(), &opt_.config(), {}};
+    return {host.data(), opt_.first_moment().data(), nullptr, opt_.steps_taken(), &opt_.config(), {}, nullptr, {}};
   }
   std::vector<float> host, device;
   int settled = 0;

@@ -63,15 +63,19 @@ struct Appender {
 
 // The sections, in the order they are written (docs/checkpoint.md): the one list the encoder and
 // the decoder share. An optional one is written only by the runs that have it (EXSM: --exact-sums;
-// SIDX and STAT: a model with batch norm); a required one missing makes the file corrupt.
-enum Section : std::size_t { kMeta, kSpec, kConf, kPidx, kParm, kMom1, kMom2, kExsm, kSidx, kStat, kEnd, kSections };
+// SIDX and STAT: a model with batch norm; CDEC: a gradient codec that keeps state); a required one
+// missing makes the file corrupt.
+enum Section : std::size_t {
+  kMeta, kSpec, kConf, kPidx, kParm, kMom1, kMom2, kExsm, kSidx, kStat, kCdec, kEnd, kSections
+};
 struct SectionKind {
   const char* tag;
   bool required;
 };
 constexpr SectionKind kSectionKinds[kSections] = {{"META", true},  {"SPEC", true},  {"CONF", true}, {"PIDX", true},
                                                   {"PARM", true},  {"MOM1", true},  {"MOM2", true}, {"EXSM", false},
-                                                  {"SIDX", false}, {"STAT", false}, {"END ", true}};
+                                                  {"SIDX", false}, {"STAT", false}, {"CDEC", false},
+                                                  {"END ", true}};
 std::size_t section_of(std::string_view tag) {  // kSections for a tag of no known section
   std::size_t i = 0;
   while (i < kSections && tag != kSectionKinds[i].tag) ++i;
@@ -222,9 +226,9 @@ std::int64_t checkpoint_file_step(const std::string& name) {
 // ---- encoder ----
 
 CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& config, bool second_moment,
-                                     std::int64_t exact_chunk)
+                                     std::int64_t exact_chunk, CodecStateShape codec)
     : count_(spec.param_count), state_count_(spec.state_count), second_(second_moment), exact_chunk_(exact_chunk),
-      tensors_(spec.params.size()) {
+      tensors_(spec.params.size()), codec_(codec) {
   // The fixed sections, each built as its payload first.
   std::vector<std::uint8_t> spec_p, conf_p, pidx_p, sidx_p;
   Appender s{spec_p};
@@ -265,10 +269,13 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
                                  {12 + 4 * tensors_, &exsm_at_},
                                  {sidx_p.size(), &sidx_at},
                                  {static_cast<std::size_t>(state_count_) * sizeof(float), &stat_at_},
+                                 {16 + codec_.floats() * sizeof(float), &cdec_at_},
                                  {16, &end_at}};
   const auto written = [&](std::size_t i) {
     if (kSectionKinds[i].required) return true;
-    return i == kExsm ? exact_chunk_ > 0 : state_count_ > 0;  // SIDX, STAT
+    if (i == kExsm) return exact_chunk_ > 0;
+    if (i == kCdec) return codec_.floats() > 0;
+    return state_count_ > 0;  // SIDX, STAT
   };
   std::size_t size = kHeaderBytes, sections = 0;
   for (std::size_t i = 0; i < kSections; ++i) {
@@ -291,6 +298,10 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
     put<std::int64_t>(b + exsm_at_ + kSectionHeaderBytes, exact_chunk_);
     put<std::uint32_t>(b + exsm_at_ + kSectionHeaderBytes + 8, static_cast<std::uint32_t>(tensors_));
   }
+  if (codec_.floats() > 0) {
+    put<std::uint32_t>(b + cdec_at_ + kSectionHeaderBytes, static_cast<std::uint32_t>(codec_.ranks));
+    put<std::uint64_t>(b + cdec_at_ + kSectionHeaderBytes + 8, static_cast<std::uint64_t>(codec_.per_rank));
+  }
   // std::copy, not memcpy: a section may be empty (a CONF without options), and memcpy from
   // an empty vector's null data() is undefined even for zero bytes.
   std::copy(spec_p.begin(), spec_p.end(), b + spec_at + kSectionHeaderBytes);
@@ -307,7 +318,12 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
 }
 
 void CheckpointEncoder::capture(const CheckpointMeta& meta, const float* params, const float* m, const float* v,
-                                std::span<const std::int32_t> exact_limits, const float* model_state) {
+                                std::span<const std::int32_t> exact_limits, const float* model_state,
+                                std::span<const float> codec_state) {
+  MNIST_CHECK(codec_state.size() == codec_.floats(), ExitCode::kRuntime,
+              "checkpoint: every rank's codec state, as the file was laid out for");
+  if (!codec_state.empty())
+    std::memcpy(image_.data() + cdec_at_ + kSectionHeaderBytes + 16, codec_state.data(), codec_state.size_bytes());
   MNIST_CHECK((model_state != nullptr) == (state_count_ > 0), ExitCode::kRuntime,
               "checkpoint: the model state of a model with batch norm, and only then");
   meta_ = meta;
@@ -327,8 +343,8 @@ void CheckpointEncoder::capture(const CheckpointMeta& meta, const float* params,
 
 void CheckpointEncoder::seal() {
   std::uint8_t* b = image_.data();
-  for (std::size_t at : {meta_at_, parm_at_, mom1_at_, mom2_at_, exsm_at_, stat_at_}) {
-    if (at == 0) continue;  // no EXSM, no STAT
+  for (std::size_t at : {meta_at_, parm_at_, mom1_at_, mom2_at_, exsm_at_, stat_at_, cdec_at_}) {
+    if (at == 0) continue;  // no EXSM, no STAT, no CDEC
     const std::size_t len = get<std::uint64_t>(b + at + 8);
     put<std::uint32_t>(b + at + 4, section_crc(b + at, {b + at + kSectionHeaderBytes, len}));
   }
@@ -493,6 +509,15 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
       ck.state_tensors = decode_tensor_index(payload, need);
     } else if (kind == kStat) {
       stat = payload;
+    } else if (kind == kCdec) {
+      need(length >= 16, "too short");
+      ck.codec_ranks = static_cast<std::int64_t>(get<std::uint32_t>(p));
+      const auto per_rank = get<std::uint64_t>(p + 8);
+      need(ck.codec_ranks > 0 && per_rank > 0 && per_rank <= length &&
+               length - 16 == static_cast<std::uint64_t>(ck.codec_ranks) * per_rank * sizeof(float),
+           "does not hold its ranks' states whole");
+      ck.codec_state.resize(static_cast<std::size_t>(length - 16) / sizeof(float));
+      std::memcpy(ck.codec_state.data(), p + 16, static_cast<std::size_t>(length - 16));
     } else if (kind == kEnd) {
       need(length == 16, "is not 16 bytes");
       need(get<std::uint64_t>(p) == sections, "counts " + std::to_string(get<std::uint64_t>(p)) +

@@ -182,7 +182,8 @@ Checkpointer::Checkpointer(const Options& options, Communicator& comm, const Che
     fs::remove(fs::path(dir_) / probe, ec);
     encoder_ = std::make_unique<CheckpointEncoder>(
         *run_.spec, config_for_checkpoint(opt_.resolved, run_.global_batch, per_rank_batch()),
-        traits(opt_.optimizer.kind).moments == 2, run_.exact_chunk);
+        traits(opt_.optimizer.kind).moments == 2, run_.exact_chunk,
+        CodecStateShape{run_.codec_state > 0 ? comm_.size() : 0, run_.codec_state});
     stats_.bytes = static_cast<double>(encoder_->size());
   }
   if (!opt_.resume.empty()) find_resume_checkpoint();  // may refuse: no thread runs yet
@@ -298,7 +299,7 @@ std::int64_t Checkpointer::restore(float* params,
               ExitCode::kCheckpoint, "checkpoint from rank 0 does not fit this rank's model");
   std::copy(ck.params.begin(), ck.params.end(), params);
   restore_state({ck.first_moment.data(), ck.second_moment.empty() ? nullptr : ck.second_moment.data(),
-                 ck.meta.optimizer_steps, ck.exact_limits, ck.model_state});
+                 ck.meta.optimizer_steps, ck.exact_limits, ck.model_state, ck.codec_ranks, ck.codec_state});
   std::vector<std::uint8_t>().swap(resume_bytes_);
   return ck.meta.step;
 }
@@ -371,7 +372,7 @@ void Checkpointer::write(const StepEnd& s, const std::function<TrainingState()>&
   m.validation_loss = s.validation_loss;
   m.train_loss = s.train_loss;
   encoder_->capture(m, state.params, state.first_moment, state.second_moment, state.exact_limits,
-                    state.model_state);
+                    state.model_state, state.codec_state);
   stats_.capture_ms += 1e3 * (now_s() - t0);
   if (!opt_.quiet)
     std::printf("checkpoint after step %lld: %s/step-%08lld.ckpt\n", static_cast<long long>(s.step), dir_.c_str(),

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/comm/watchdog.hpp"
@@ -57,12 +58,15 @@ Reducer::Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket>
   const auto total = static_cast<std::int64_t>(grads_.size());
   MNIST_CHECK(expect == total, ExitCode::kRuntime,
               "buckets must cover the whole gradient buffer: every gradient is averaged");
+  for (std::size_t k = 0; k < buckets_.size(); ++k) mine_.push_back(shard(k, comm_.rank()));
+  if (!overlap_ && !sharded()) {  // one sum of the whole buffer, no bucket's own
+    whole_ = codec({&comm_, backend, grads_, 0, total, false, true});
+    return;
+  }
   for (std::size_t k = 0; k < buckets_.size(); ++k) {
-    mine_.push_back(shard(k, comm_.rank()));
     const Bucket& b = buckets_[k];
     codecs_.push_back(codec({&comm_, backend, range(b.begin, b.end), b.begin, total, sharded(), k + 1 == buckets_.size()}));
   }
-  if (!overlap_ && !sharded()) whole_ = codec({&comm_, backend, grads_, 0, total, false, true});
 }
 
 std::span<float> Reducer::range(std::int64_t begin, std::int64_t end) const {
@@ -108,7 +112,7 @@ double Reducer::start_remaining() {
 
 double Reducer::wait_bucket(std::size_t k) {
   MNIST_CHECK(k < buckets_.size(), ExitCode::kRuntime, "wait_bucket: no bucket " + std::to_string(k));
-  if (!codecs_[k]->in_flight()) return 0.0;  // --no-overlap: already summed
+  if (whole_ || !codecs_[k]->in_flight()) return 0.0;  // --no-overlap: already summed
   const auto t0 = std::chrono::steady_clock::now();
   watch_set_bucket(static_cast<std::int64_t>(k));  // named by the collective watchdog
   codecs_[k]->finish(&timings_[k].end);
@@ -174,6 +178,82 @@ double Reducer::wait_gathers() {
   for (std::size_t k = gathers_.size(); k-- > 0;)  // in start order they complete: the last first
     if (gathers_[k].active()) comm_.wait(gathers_[k]);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// --no-overlap's whole-buffer codec (whole_) keeps the state of a run without overlap; the
+// per-bucket codecs that of one with it. Either way the state is in flat order for a codec whose
+// state is per element (bf16's residuals), so a checkpoint resumes under other buckets too.
+std::int64_t Reducer::codec_state_size() const {
+  if (whole_) return static_cast<std::int64_t>(whole_->state().size());
+  std::int64_t n = 0;
+  for (const auto& c : codecs_) n += static_cast<std::int64_t>(c->state().size());
+  return n;
+}
+
+void Reducer::save_codec_state(std::span<float> out) const {
+  MNIST_CHECK(static_cast<std::int64_t>(out.size()) == codec_state_size(), ExitCode::kRuntime,
+              "Reducer: the codec state's size");
+  std::size_t at = 0;
+  const auto save = [&](GradientCodec& c) {
+    const std::span<float> s = c.state();
+    std::copy(s.begin(), s.end(), out.begin() + static_cast<std::ptrdiff_t>(at));
+    at += s.size();
+  };
+  if (whole_)
+    save(*whole_);
+  else
+    for (const auto& c : codecs_) save(*c);
+}
+
+void Reducer::load_codec_state(std::span<const float> in) {
+  MNIST_CHECK(static_cast<std::int64_t>(in.size()) == codec_state_size(), ExitCode::kRuntime,
+              "Reducer: the codec state's size");
+  std::size_t at = 0;
+  const auto load = [&](GradientCodec& c) {
+    const std::span<float> s = c.state();
+    std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(at), s.size(), s.begin());
+    at += s.size();
+  };
+  if (whole_)
+    load(*whole_);
+  else
+    for (const auto& c : codecs_) load(*c);
+}
+
+void Reducer::gather_codec_state(int root) {
+  const auto n = static_cast<std::size_t>(codec_state_size());
+  if (n == 0) return;  // the same on every rank: the same codec
+  codec_mine_.resize(n);
+  save_codec_state(codec_mine_);
+  comm_.gather({reinterpret_cast<const std::uint8_t*>(codec_mine_.data()), n * sizeof(float)}, codec_bytes_,
+               codec_counts_, root);
+  codec_all_.resize(codec_bytes_.size() / sizeof(float));
+  if (!codec_bytes_.empty()) std::memcpy(codec_all_.data(), codec_bytes_.data(), codec_bytes_.size());
+}
+
+// Note [Codec state on another number of ranks]
+// A codec's state belongs to its rank (bf16's residuals: what that rank's roundings left out). On
+// as many ranks as the run that wrote the checkpoint, rank r takes rank r's state back: the resumed
+// run is the straight one, bit for bit. On another number, what the next step must still send is
+// the residuals' sum over the ranks (the sum is all the ranks' gradients ever reach), so rank 0
+// takes that sum (added in rank order) and the others start from zero. A checkpoint without codec
+// state (written by a run without such a codec) starts every rank from zero; a run whose codec keeps
+// nothing ignores one that has it.
+void Reducer::restore_codec_state(std::int64_t ranks, std::span<const float> all) {
+  const auto n = static_cast<std::size_t>(codec_state_size());
+  if (n == 0 || ranks == 0) return;
+  MNIST_CHECK(all.size() == static_cast<std::size_t>(ranks) * n, ExitCode::kCheckpoint,
+              "the checkpoint's gradient-codec state holds " + std::to_string(all.size() / static_cast<std::size_t>(ranks)) +
+                  " values a rank, this run's codec keeps " + std::to_string(n) +
+                  ": resume with the --grad-compression of the run that wrote it");
+  std::vector<float> mine(n, 0.0f);  // once, at resume
+  if (ranks == comm_.size()) {
+    std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(comm_.rank()) * n), n, mine.begin());
+  } else if (comm_.rank() == 0) {
+    for (std::int64_t q = 0; q < ranks; ++q)
+      for (std::size_t i = 0; i < n; ++i) mine[i] += all[static_cast<std::size_t>(q) * n + i];
+  }
+  load_codec_state(mine);
 }
 
 double Reducer::finish() {

@@ -253,7 +253,8 @@ void Trainer::make_training_state() {
   train_loss_ = backend_->make_loss_meter();
   guard_ = backend_->make_step_guard(!opt_.skip_nonfinite_steps);
   checkpointer_ = std::make_unique<Checkpointer>(
-      opt_, comm_, CheckpointRun{&spec_, global_batch_, data_.train.count, steps_per_epoch_, total_steps_, exact_chunk_});
+      opt_, comm_, CheckpointRun{&spec_, global_batch_, data_.train.count, steps_per_epoch_, total_steps_, exact_chunk_,
+                                reducer_->codec_state_size()});
   boundary_ = std::make_unique<StepBoundary>(opt_, comm_, *checkpointer_, static_cast<CheckpointSource&>(*this));
 }
 
@@ -330,7 +331,8 @@ TrainingState Trainer::state() {
           optimizer_->steps_taken(),
           &optimizer_->config(),
           exact_ ? std::span<const std::int32_t>(exact_->limits()) : std::span<const std::int32_t>(),
-          params_->read_state()};
+          params_->read_state(),
+          reducer_->gathered_codec_state()};
 }
 
 // Note [State that is not trained] (include/mnist_mpi/model/spec.hpp): each rank's running
@@ -460,6 +462,7 @@ RunResult Trainer::run() {
   const std::int64_t first_step = checkpointer_->restore(params_->host(), [&](const RestoredState& r) {
     optimizer_->restore(r.first_moment, r.second_moment, r.steps);
     if (exact_) exact_->set_limits(r.exact_limits);  // checked against the mode when it was chosen
+    reducer_->restore_codec_state(r.codec_ranks, r.codec_state);
     if (spec_.state_count > 0) {                     // the sizes were checked against the spec (Checkpointer::restore)
       std::copy(r.model_state.begin(), r.model_state.end(), params_->state_host());
       params_->state_to_backend();

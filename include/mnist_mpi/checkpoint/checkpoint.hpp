@@ -85,6 +85,17 @@ struct Checkpoint {
   // [State that is not trained] in include/mnist_mpi/model/spec.hpp) and their values.
   std::vector<CheckpointTensor> state_tensors;
   std::vector<float> model_state;  // (ModelSpec::state_count)
+  // CDEC, written by runs whose gradient codec keeps state (--grad-compression bf16: its residuals;
+  // Note [A gradient codec] in include/mnist_mpi/train/codec.hpp): every rank's state, in rank
+  // order, codec_state.size() / codec_ranks floats each.
+  std::int64_t codec_ranks = 0;  // 0: no codec state
+  std::vector<float> codec_state;
+};
+
+// The CDEC section's shape: `ranks` states of `per_rank` floats.
+struct CodecStateShape {
+  std::int64_t ranks = 0, per_rank = 0;
+  std::size_t floats() const { return static_cast<std::size_t>(ranks * per_rank); }
 };
 
 // Lays out one run's file once (the sizes never change during a run) and writes the parts that
@@ -92,13 +103,16 @@ struct Checkpoint {
 class CheckpointEncoder {
  public:
   // exact_chunk > 0: an --exact-sums run, whose file also holds EXSM.
+  // codec: the CDEC section's shape (none when empty).
   CheckpointEncoder(const ModelSpec& spec, const std::string& config, bool second_moment,
-                    std::int64_t exact_chunk = 0);
+                    std::int64_t exact_chunk = 0, CodecStateShape codec = {});
   std::size_t size() const { return image_.size(); }
   // The training thread's part: copies the state into the file image (memcpy; no allocation).
-  // model_state: spec.state_count floats (null when the spec has none).
+  // model_state: spec.state_count floats (null when the spec has none); codec_state: every rank's,
+  // in rank order (the shape given at construction).
   void capture(const CheckpointMeta& meta, const float* params, const float* first_moment, const float* second_moment,
-               std::span<const std::int32_t> exact_limits = {}, const float* model_state = nullptr);
+               std::span<const std::int32_t> exact_limits = {}, const float* model_state = nullptr,
+               std::span<const float> codec_state = {});
   // The writer's part: checksums of the sections capture() changed. Then bytes() is the file.
   void seal();
   std::span<const std::uint8_t> bytes() const { return image_; }
@@ -106,12 +120,14 @@ class CheckpointEncoder {
 
  private:
   std::vector<std::uint8_t> image_;
-  std::size_t meta_at_ = 0, parm_at_ = 0, mom1_at_ = 0, mom2_at_ = 0, exsm_at_ = 0, stat_at_ = 0;  // section offsets
+  std::size_t meta_at_ = 0, parm_at_ = 0, mom1_at_ = 0, mom2_at_ = 0, exsm_at_ = 0, stat_at_ = 0,
+              cdec_at_ = 0;  // section offsets
   std::int64_t count_ = 0;
   std::int64_t state_count_ = 0;
   bool second_ = false;
   std::int64_t exact_chunk_ = 0;
   std::size_t tensors_ = 0;
+  CodecStateShape codec_;
   CheckpointMeta meta_;
 };
 

@@ -33,6 +33,7 @@ struct CheckpointRun {
   const ModelSpec* spec = nullptr;
   std::int64_t global_batch = 0, train_count = 0, steps_per_epoch = 0, total_steps = 0;
   std::int64_t exact_chunk = 0;  // --exact-sums: the chunk (0: off); a resume must keep both
+  std::int64_t codec_state = 0;  // floats of gradient-codec state per rank (0: the codec keeps none)
 };
 
 // The training state a checkpoint saves, in host memory.
@@ -44,6 +45,7 @@ struct TrainingState {
   const OptimizerConfig* optimizer = nullptr;      // its configuration
   std::span<const std::int32_t> exact_limits;      // --exact-sums: the next step's limits
   const float* model_state = nullptr;  // (spec.state_count), averaged over the ranks; null without batch norm
+  std::span<const float> codec_state;  // every rank's gradient-codec state, in rank order (CheckpointRun::codec_state each)
 };
 
 // A checkpoint's state besides the parameters, in host memory, handed to the trainer on resume:
@@ -55,6 +57,10 @@ struct RestoredState {
   std::int64_t steps = 0;
   std::span<const std::int32_t> exact_limits;  // --exact-sums runs: one per tensor
   std::span<const float> model_state;          // batch norm's running statistics (empty without)
+  // The gradient codec's state of every rank of the run that wrote it (codec_ranks of them, in
+  // rank order; empty when its codec kept none).
+  std::int64_t codec_ranks = 0;
+  std::span<const float> codec_state;
 };
 
 // The state after a step, for a checkpoint at that point.

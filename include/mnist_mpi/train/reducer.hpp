@@ -40,8 +40,8 @@ class Reducer {
   // reduce-scattered instead of summed, so that only this rank's shard of it (shard()) holds the
   // summed gradient, and start_gather() hands the updated shards of a bucket's parameters to every
   // rank. --no-overlap then reduce-scatters every bucket, blocking, after backward.
-  // codec: makes each bucket's codec (the float codec unless told); --no-overlap unsharded has one
-  // more, over the whole buffer, which sums it in one go.
+  // codec: makes each bucket's codec (the float codec unless told); --no-overlap unsharded makes
+  // one instead, over the whole buffer, which sums it in one go.
   Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket> buckets, bool overlap,
           std::span<float> sharded_params = {}, const CodecFactory& codec = float_codec(), Backend* backend = nullptr);
 
@@ -84,6 +84,20 @@ class Reducer {
   // ones give its answer); unsharded every rank checked every sum: true, nothing collective.
   bool agree(StepGuard& guard);
 
+  // The codecs' state from step to step (GradientCodec::state), every bucket's in bucket order:
+  // its size, a copy into out (codec_state_size() floats), and a checkpoint's put back.
+  std::int64_t codec_state_size() const;
+  void save_codec_state(std::span<float> out) const;
+  void load_codec_state(std::span<const float> in);
+  // For a checkpoint (collective): every rank's codec state to rank root, in rank order, which
+  // gathered_codec_state() then holds there (empty elsewhere, and when the codecs keep none).
+  void gather_codec_state(int root);
+  std::span<const float> gathered_codec_state() const { return codec_all_; }
+  // A checkpoint's codec states (`ranks` of them, in rank order) put back, by Note [Codec state
+  // on another number of ranks]; a run whose codecs keep none ignores them. Throws
+  // Error(kCheckpoint) when a state's size is not this run's.
+  void restore_codec_state(std::int64_t ranks, std::span<const float> all);
+
   const std::vector<Bucket>& buckets() const { return buckets_; }
   Communicator& communicator() const { return comm_; }
   const std::vector<BucketTiming>& bucket_timings() const { return timings_; }
@@ -98,13 +112,16 @@ class Reducer {
   std::vector<ParamRange> mine_;  // shard(k, this rank) per bucket: computed once, read every step
   bool overlap_;
   std::span<float> params_;                             // sharded: the parameters to gather; empty otherwise
-  std::vector<std::unique_ptr<GradientCodec>> codecs_;  // one per bucket, made once
-  std::unique_ptr<GradientCodec> whole_;                // --no-overlap unsharded: the whole buffer's
+  std::vector<std::unique_ptr<GradientCodec>> codecs_;  // one per bucket, made once (none with whole_)
+  std::unique_ptr<GradientCodec> whole_;                // --no-overlap unsharded: the whole buffer's, alone
   std::vector<CommRequest> gathers_;                    // sharded: one per bucket
   std::vector<BucketTiming> timings_;  // one per bucket, made once
   std::size_t next_ = 0;               // the next bucket to start
   std::size_t next_gather_ = 0;        // sharded: the next bucket whose gather starts
   bool agreed_ = false, verdict_ = true;  // this step's agreement (agree())
+  std::vector<float> codec_mine_, codec_all_;       // gather_codec_state's buffers, kept
+  std::vector<std::uint8_t> codec_bytes_;
+  std::vector<std::int64_t> codec_counts_;
 };
 
 }  // namespace mnist_mpi

@@ -142,7 +142,10 @@ class Trainer final : private CheckpointSource {
   void final_report(RunResult& res);
   // CheckpointSource
   void settle() override { settle_verdicts(current_step_); }
-  void gather_state() override { optimizer_->gather_state(comm_); }
+  void gather_state() override {
+    optimizer_->gather_state(comm_);
+    reducer_->gather_codec_state(0);
+  }
   // Collective, after every step: every rank's model state becomes its mean over the ranks (Note
   // [State that is not trained] in include/mnist_mpi/model/spec.hpp). Nothing without batch norm.
   void average_model_state();
