@@ -386,7 +386,7 @@ def evaluate(model, x, y, batch=1000):
 
 
 def evaluate_shared(model, x, y, rank, world, batch=1000):
-    """mnist_mpi's evaluation (Note [Every rank evaluates a share] in src/train/trainer.cpp): each
+    """mnist_mpi's evaluation (Note [Every rank evaluates a share] in src/train/evaluator.cpp): each
     rank evaluates a contiguous run of whole batches, and one all_reduce of (correct, loss sum)
     gives every rank the split's accuracy and mean loss."""
     import torch

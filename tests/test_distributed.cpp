@@ -18,6 +18,7 @@
 #include "mnist_mpi/bf16.hpp"
 #include "mnist_mpi/comm/mpi_communicator.hpp"
 #include "mnist_mpi/data/sampler.hpp"  // part_first, part_count
+#include "mnist_mpi/hash.hpp"  // hash_floats, hex64
 #include "mnist_mpi/train/codec.hpp"
 #include "mnist_mpi/train/reducer.hpp"
 #include "mnist_mpi/train/trainer.hpp"
@@ -146,9 +147,9 @@ TEST(Evaluation, EveryRankEvaluatesAShareAndLearnsTheWholeSplit) {
   t.run();
   const Split& test = t.data().test;
   ASSERT_EQ(test.count, 200);
-  const EvalResult shared = t.evaluate(test);
+  const EvalResult shared = t.evaluate(SplitKind::kTest);
   const std::int64_t mine = t.last_eval_images();
-  const EvalResult alone = t.evaluate_alone(test);
+  const EvalResult alone = t.evaluate_alone(SplitKind::kTest);
   ASSERT_EQ(t.last_eval_images(), 200);
   // This rank's share: the images of batches [part_first, part_first + part_count) of 7.
   const std::int64_t first = part_first(7, world_size(), world_rank()) * 30;

@@ -87,7 +87,7 @@ struct TargetFacts {
 // The end of the run, as the trainer saw it (rank 0's values where ranks differ): the final report
 // on stdout, the "final" event, the summary table and the HTML report.
 // One rank's means per step, in seconds, over the steps it ran (Note [Every rank's step times]
-// in src/train/trainer.cpp).
+// in src/report/run_telemetry.cpp).
 struct RankTimes {
   int rank = 0;
   std::string host;

@@ -55,7 +55,7 @@ DeviceChoice choose_device(const std::string& requested, bool built, const GpuPr
 // Note [Loading the CUDA module]
 // The CUDA backend lives in libmnist_mpi_cuda.so next to libmnist_mpi_core.so (both in build/);
 // MNIST_MPI_CUDA_MODULE names another file. It is opened once, on the first question about GPUs,
-// which only a run with --device cuda or auto asks (src/train/trainer.cpp). If it cannot be opened
+// which only a run with --device cuda or auto asks (src/train/rig.cpp). If it cannot be opened
 // (cuDNN, cuBLAS or NCCL missing on this machine, say), the probe finds no GPU and says why, so
 // --device auto falls back to the CPU and --device cuda stops with that reason.
 namespace {

@@ -23,11 +23,15 @@ ChunkRange rank_chunks(std::int64_t global_batch, std::int64_t chunk, std::int64
   return {part_first(chunks, world, rank), part_count(chunks, world, rank)};
 }
 
-Sampler::Sampler(std::int64_t dataset_size, std::int64_t global_batch, std::uint64_t seed)
-    : dataset_size_(dataset_size), global_batch_(global_batch), seed_(seed) {
+void check_global_batch(std::int64_t dataset_size, std::int64_t global_batch) {
   MNIST_CHECK(global_batch > 0 && global_batch <= dataset_size, ExitCode::kUsage,
               "the global batch (" + std::to_string(global_batch) + " images) is larger than the training split (" +
                   std::to_string(dataset_size) + " images); lower --batch-size / --global-batch-size");
+}
+
+Sampler::Sampler(std::int64_t dataset_size, std::int64_t global_batch, std::uint64_t seed)
+    : dataset_size_(dataset_size), global_batch_(global_batch), seed_(seed) {
+  check_global_batch(dataset_size, global_batch);
   perm_.resize(static_cast<std::size_t>(dataset_size));
 }
 

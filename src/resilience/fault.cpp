@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "mnist_mpi/check.hpp"
 
@@ -130,6 +131,19 @@ void fire_fault(const Fault& f) {
     case FaultKind::kLocalDropoutKey:
       break;
   }
+}
+
+void check_fault_rank(const Fault& fault, std::int64_t world) {
+  MNIST_CHECK(fault.kind == FaultKind::kNone || fault.rank < world, ExitCode::kUsage,
+              "MNIST_MPI_FAULT names rank " + std::to_string(fault.rank) + " but the job has " + std::to_string(world) +
+                  " rank(s)");
+}
+
+void flip_last_bit(float& x) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits ^= 1u;
+  std::memcpy(&x, &bits, sizeof bits);
 }
 
 }  // namespace mnist_mpi

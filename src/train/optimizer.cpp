@@ -136,17 +136,17 @@ void Optimizer::update(float* params, float* grads, std::int64_t begin, std::int
   // Note [LAMB in two phases]: the first phase, tensor by tensor (each piece to its tensor's norms).
   MNIST_CHECK(phase_ == 1, ExitCode::kRuntime, "Optimizer::update: the first phase after the step's norms");
   for_tensor_parts(begin, end, [&](std::size_t t, std::int64_t lo, std::int64_t hi) {
-    pass_->direction(params + lo, grads + lo, m + (lo - begin), v + (lo - begin), hi - lo, slot_[t]);
+    pass_->direction(params + lo, grads + lo, m + (lo - begin), v + (lo - begin), hi - lo, per_tensor_.slot[t]);
   });
 }
 
 template <typename F>
 void Optimizer::for_tensor_parts(std::int64_t begin, std::int64_t end, F&& f) const {
-  auto it = std::upper_bound(tensors_.begin(), tensors_.end(), begin,
+  auto it = std::upper_bound(per_tensor_.ranges.begin(), per_tensor_.ranges.end(), begin,
                              [](std::int64_t b, const OptimizerTensor& t) { return b < t.end; });
   for (std::int64_t at = begin; at < end; ++it) {
     const std::int64_t hi = std::min(end, it->end);
-    f(static_cast<std::size_t>(it - tensors_.begin()), at, hi);
+    f(static_cast<std::size_t>(it - per_tensor_.ranges.begin()), at, hi);
     at = hi;
   }
 }
@@ -159,37 +159,37 @@ void Optimizer::set_tensors(std::vector<OptimizerTensor> tensors) {
     expect = t.end;
   }
   MNIST_CHECK(expect == count_, ExitCode::kRuntime, "Optimizer::set_tensors: the tensors do not cover the buffer");
-  tensors_ = std::move(tensors);
-  slot_.assign(tensors_.size(), -1);
-  slots_ = 0;
-  for (std::size_t t = 0; t < tensors_.size(); ++t)
-    if (tensors_[t].trust_ratio) slot_[t] = slots_++;
-  norm_sums_.assign(static_cast<std::size_t>(slots_ * 2 * kNormWords), 0);
-  ratios_.assign(tensors_.size(), 1.0);
-  rates_.assign(tensors_.size(), 0.0f);
-  if (two_phase()) pass_->set_norm_slots(slots_);
+  per_tensor_.ranges = std::move(tensors);
+  per_tensor_.slot.assign(per_tensor_.ranges.size(), -1);
+  per_tensor_.slots = 0;
+  for (std::size_t t = 0; t < per_tensor_.ranges.size(); ++t)
+    if (per_tensor_.ranges[t].trust_ratio) per_tensor_.slot[t] = per_tensor_.slots++;
+  per_tensor_.norm_sums.assign(static_cast<std::size_t>(per_tensor_.slots * 2 * kNormWords), 0);
+  per_tensor_.ratios.assign(per_tensor_.ranges.size(), 1.0);
+  per_tensor_.rates.assign(per_tensor_.ranges.size(), 0.0f);
+  if (two_phase()) pass_->set_norm_slots(per_tensor_.slots);
 }
 
 std::span<std::int64_t> Optimizer::take_norm_sums() {
   MNIST_CHECK(two_phase() && phase_ == 1, ExitCode::kRuntime,
               "Optimizer::take_norm_sums: not the first phase of a two-phase optimizer");
-  std::fill(norm_sums_.begin(), norm_sums_.end(), 0);
-  pass_->take_norms(norm_sums_);
-  return norm_sums_;
+  std::fill(per_tensor_.norm_sums.begin(), per_tensor_.norm_sums.end(), 0);
+  pass_->take_norms(per_tensor_.norm_sums);
+  return per_tensor_.norm_sums;
 }
 
 void Optimizer::finish_first_phase(std::span<const std::int64_t> summed) {
-  MNIST_CHECK(two_phase() && phase_ == 1 && summed.size() == norm_sums_.size(), ExitCode::kRuntime,
+  MNIST_CHECK(two_phase() && phase_ == 1 && summed.size() == per_tensor_.norm_sums.size(), ExitCode::kRuntime,
               "Optimizer::finish_first_phase: not the first phase, or norms of another size");
-  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+  for (std::size_t t = 0; t < per_tensor_.ranges.size(); ++t) {
     double r = 1.0;
-    if (slot_[t] >= 0) {
-      const auto at = static_cast<std::size_t>(slot_[t] * 2 * kNormWords);
+    if (per_tensor_.slot[t] >= 0) {
+      const auto at = static_cast<std::size_t>(per_tensor_.slot[t] * 2 * kNormWords);
       r = trust_ratio(squared_norm_of_limbs(summed.subspan(at, kNormWords)),
                       squared_norm_of_limbs(summed.subspan(at + kNormWords, kNormWords)));
     }
-    ratios_[t] = r;
-    rates_[t] = static_cast<float>(lr_ * r);
+    per_tensor_.ratios[t] = r;
+    per_tensor_.rates[t] = static_cast<float>(lr_ * r);
   }
   phase_ = 2;
 }
@@ -212,7 +212,7 @@ void Optimizer::update_second(float* params, const float* u, std::int64_t begin,
   if (begin == end) return;
   state_offset(begin, end);  // checks that the range is this rank's
   for_tensor_parts(begin, end, [&](std::size_t t, std::int64_t lo, std::int64_t hi) {
-    pass_->apply_direction(params + lo, u + lo, hi - lo, rates_[t]);
+    pass_->apply_direction(params + lo, u + lo, hi - lo, per_tensor_.rates[t]);
   });
 }
 

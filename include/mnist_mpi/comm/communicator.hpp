@@ -168,7 +168,7 @@ class Communicator {
                       std::vector<std::int64_t>& counts, int root) = 0;
   // Rank root receives every rank's mine (the same size on every rank) in rank order in out
   // (size() * mine.size() on root; untouched elsewhere). Allocates nothing: for the step loop's
-  // per-rank timings (Note [Every rank's step times] in src/train/trainer.cpp).
+  // per-rank timings (Note [Every rank's step times] in src/report/run_telemetry.cpp).
   virtual void gather(std::span<const double> mine, std::span<double> out, int root) = 0;
 };
 

@@ -54,6 +54,10 @@ struct ChunkRange {
 // world is larger than the number of chunks (the message says the largest world allowed).
 ChunkRange rank_chunks(std::int64_t global_batch, std::int64_t chunk, std::int64_t world, std::int64_t rank);
 
+// Throws Error(kUsage) unless 0 < global_batch <= dataset_size: the Sampler's own check, for a
+// plan made before the Sampler (include/mnist_mpi/train/run_plan.hpp).
+void check_global_batch(std::int64_t dataset_size, std::int64_t global_batch);
+
 class Sampler {
  public:
   Sampler(std::int64_t dataset_size, std::int64_t global_batch, std::uint64_t seed);

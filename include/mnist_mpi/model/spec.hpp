@@ -102,7 +102,7 @@ struct ParamTensor {
 // model state, laid out like the parameters (reverse layer order; per batch-norm layer its running
 // mean, then its running variance, C floats each). Training updates them in the forward pass from
 // each rank's own batch, as PyTorch's BatchNorm does under DDP, and after every step the trainer
-// replaces them by their mean over the ranks (Trainer::average_model_state), so every rank holds
+// replaces them by their mean over the ranks (Rig::average_model_state), so every rank holds
 // the same state, as it holds the same parameters: evaluation, checkpoints and a resumed run see
 // one state. Checkpoints keep it in the SIDX and STAT sections (docs/checkpoint.md).
 struct StateTensor {
@@ -145,7 +145,7 @@ struct MemoryEstimate {
   std::int64_t largest_layer_bytes = 0;
 };
 // evaluates: the rank also holds an evaluation model of eval_batch images (every rank does in
-// training: Note [Every rank evaluates a share] in src/train/trainer.cpp).
+// training: Note [Every rank evaluates a share] in src/train/evaluator.cpp).
 MemoryEstimate estimate_model_memory(const ModelSpec& spec, std::int64_t train_batch, std::int64_t eval_batch,
                                      OptimizerKind optimizer, bool evaluates);
 // This machine's physical memory in bytes (sysconf), or 0 when it cannot be told.

@@ -97,7 +97,7 @@ class Monitor {
   // number of steps; the window starts again (after on_log, which reads it).
   StepTiming take_window(std::int64_t& steps);
   // Rank 0: every rank's means per step over the last log window (Note [Every rank's step times]
-  // in src/train/trainer.cpp): the "ranks" event and the report's per-rank series.
+  // in src/report/run_telemetry.cpp): the "ranks" event and the report's per-rank series.
   void on_ranks(std::int64_t step, const std::vector<RankTimes>& window);
   // An evaluation on rank 0 after `step` steps: a console line and an "eval" event. final_test:
   // the test evaluation after the last step, shown by on_final instead (its event has no epoch).

@@ -1,5 +1,5 @@
 // Every rank's step times, gathered to rank 0 (Note [Every rank's step times] in
-// src/train/trainer.cpp), and the one question they answer first: is one rank slower than the
+// src/report/run_telemetry.cpp), and the one question they answer first: is one rank slower than the
 // others, and what did it cost them (Note [Naming a straggler] in src/report/ranks.cpp).
 #pragma once
 

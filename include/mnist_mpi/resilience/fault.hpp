@@ -41,6 +41,10 @@ struct Fault {
   // kLocalDropoutKey: whether rank r keys its dropout masks by its own slice's positions.
   bool local_dropout_key_for(int r) const { return kind == FaultKind::kLocalDropoutKey && rank == r; }
   bool armed_for(int r, std::int64_t step0) const { return kind != FaultKind::kNone && rank == r && step == step0 + 1; }
+  // kNan: whether rank r's loss and loss gradient are poisoned in step step0 (0-based).
+  bool poisons(int r, std::int64_t step0) const { return kind == FaultKind::kNan && armed_for(r, step0); }
+  // kDiverge: whether rank r flips a bit of its parameters after step step0 (0-based).
+  bool diverges(int r, std::int64_t step0) const { return kind == FaultKind::kDiverge && armed_for(r, step0); }
 };
 
 // Parses "RANK:STEP:KIND" (KIND: kill | segv | throw | stop | hang | nan | diverge); throws
@@ -53,5 +57,9 @@ Fault fault_from_env();
 void fault_after_thread_start(const char* name, int rank);
 // Carries out a fault of kind kill, segv, throw, stop or hang (kNan and kDiverge are the trainer's to apply).
 void fire_fault(const Fault& fault);
+// Throws Error(kUsage) when the fault names a rank that a job of `world` ranks does not have.
+void check_fault_rank(const Fault& fault, std::int64_t world);
+// kDiverge: flips the last bit of x, the smallest change that makes a replica differ.
+void flip_last_bit(float& x);
 
 }  // namespace mnist_mpi

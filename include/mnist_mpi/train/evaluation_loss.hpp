@@ -1,5 +1,5 @@
 // How an evaluation's loss and correct count are summed over its batches and over the ranks,
-// chosen once for the run (Note [Every rank evaluates a share] in src/train/trainer.cpp).
+// chosen once for the run (Note [Every rank evaluates a share] in src/train/evaluator.cpp).
 #pragma once
 
 #include <cstdint>

@@ -134,7 +134,7 @@ class Optimizer {
   // The second phase: params[begin, end) -= rate * u.
   void update_second(float* params, const float* u, std::int64_t begin, std::int64_t end);
   // The trust ratio of tensor t at the last finish_first_phase (tests, reports).
-  double trust_ratio_of(std::size_t t) const { return ratios_.at(t); }
+  double trust_ratio_of(std::size_t t) const { return per_tensor_.ratios.at(t); }
   std::int64_t steps_taken() const;  // a synchronisation on a device
   // State, for checkpoints: the moment buffers (sgd: momentum only, second empty), in the
   // backend's memory (copy through Backend::download on a GPU), and the step count. Each holds
@@ -183,13 +183,17 @@ class Optimizer {
   std::vector<float> full_[2];            // sharded, rank 0: the gathered full-size moments
   std::vector<std::uint8_t> gathered_;    // sharded: the gather's buffer, kept for the next checkpoint
   std::vector<std::int64_t> gathered_counts_;
-  // Two-phase kinds (Note [LAMB in two phases]).
-  std::vector<OptimizerTensor> tensors_;
-  std::vector<std::int64_t> slot_;  // (tensors_): the pass's norm slot, -1 without a trust ratio
-  std::int64_t slots_ = 0;
-  std::vector<std::int64_t> norm_sums_;  // (slots_, {w, u}, kNormWords)
-  std::vector<double> ratios_;           // (tensors_) of the last finished first phase
-  std::vector<float> rates_;             // (tensors_): lr * ratio
+  // The tensors (set_tensors) and, for two-phase kinds (Note [LAMB in two phases]), their norms
+  // and trust ratios: one member, so that the optimiser's state reads as its few parts.
+  struct PerTensor {
+    std::vector<OptimizerTensor> ranges;
+    std::vector<std::int64_t> slot;  // (ranges): the pass's norm slot, -1 without a trust ratio
+    std::int64_t slots = 0;
+    std::vector<std::int64_t> norm_sums;  // (slots, {w, u}, kNormWords)
+    std::vector<double> ratios;           // (ranges) of the last finished first phase
+    std::vector<float> rates;             // (ranges): lr * ratio
+  };
+  PerTensor per_tensor_;
   double lr_ = 0.0;                      // of the begun step
   std::vector<float> host_direction_;    // step()'s copy of the gradients, without a backend
   std::unique_ptr<Buffer> direction_;    // with one

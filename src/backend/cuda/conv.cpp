@@ -86,7 +86,7 @@ const char* bwd_filter_name(cudnnConvolutionBwdFilterAlgo_t a) {
 // training convolutions with the fastest deterministic one within the cap; once training starts
 // (after the ranks agreed that set-up went well everywhere) it broadcasts its choice and the other
 // ranks rebuild theirs the same way (Backend::time_convolutions and use_measured_convolutions,
-// Trainer::share_measured_convolutions), so the ranks still hold the same bits. Every
+// Rig::connect), so the ranks still hold the same bits. Every
 // convolution is first built with the heuristics' choice; a training one then registers its
 // rebuild in Context::retune. A later run, or a resume, may measure differently and round differently. A rank whose
 // GPU cannot run rank 0's choice stops, naming it. The choice is printed per layer in the banner

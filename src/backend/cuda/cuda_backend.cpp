@@ -301,7 +301,7 @@ class CudaBackend final : public Backend {
     return t;
   }
   // Rank 0's table, into the training model's convolutions: on rank 0 as soon as that model is
-  // built, on the others once training starts (Trainer::share_measured_convolutions).
+  // built, on the others once training starts (Rig::connect).
   void use_measured_convolutions(const ModelSpec& spec, std::span<const std::int32_t> table) override {
     std::size_t k = 0;
     for (std::size_t i = 0; i < spec.layers.size(); ++i) {
