@@ -149,18 +149,17 @@ void Reducer::start_gather(std::size_t k) {
   ++next_gather_;
 }
 
-double Reducer::finish_gathers(ParameterStore* store) {
+double Reducer::finish_gathers(FunctionRef<void(std::int64_t, std::int64_t)> others_wrote) {
   if (!sharded()) return 0.0;
   while (next_gather_ < buckets_.size()) start_gather(next_gather_);  // not updated: the same bits
   next_gather_ = 0;
   // The gathers first: on the CPU the caller then sleeps in wait() while the communication thread
   // has the core, where a blocking collective beside it would spin against it.
   const double waited = wait_gathers();
-  if (store)
-    for (std::size_t k = 0; k < buckets_.size(); ++k) {  // the other ranks' shards, gathered
-      store->changed(buckets_[k].begin, mine_[k].begin);
-      store->changed(mine_[k].end, buckets_[k].end);
-    }
+  for (std::size_t k = 0; k < buckets_.size(); ++k) {  // the other ranks' shards, gathered
+    others_wrote(buckets_[k].begin, mine_[k].begin);
+    others_wrote(mine_[k].end, buckets_[k].end);
+  }
   return waited;
 }
 

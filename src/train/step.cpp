@@ -124,7 +124,7 @@ void Step::apply(std::int64_t step, double lr, Clock::time_point backward_end, S
       [&] { return reducer.agree(*p_.guard) && finite; }, [&](std::size_t k) { reducer.start_gather(k); });
   t.exposed_comm += norms;
   t.optimizer += seconds(Clock::now() - f0) - norms;
-  t.exposed_comm += reducer.finish_gathers(p_.params);
+  t.exposed_comm += reducer.finish_gathers([&](std::int64_t b, std::int64_t e) { p_.params->changed(b, e); });
   reducer.agree(*p_.guard);  // sharded, once a step: the verdicts the checkpoint and the loop read
 }
 

@@ -13,9 +13,9 @@
 #include <span>
 #include <vector>
 
-#include "mnist_mpi/backend/parameter_store.hpp"
 #include "mnist_mpi/backend/step_guard.hpp"
 #include "mnist_mpi/comm/communicator.hpp"
+#include "mnist_mpi/function_ref.hpp"
 #include "mnist_mpi/run_facts.hpp"
 #include "mnist_mpi/model/spec.hpp"
 #include "mnist_mpi/train/codec.hpp"
@@ -76,9 +76,10 @@ class Reducer {
   // rank holds every updated parameter.
   double wait_gathers();
   // The end of a step's gathers: starts those not started yet (buckets not updated: their bits
-  // are the same on every rank), waits for all, and tells the store (may be null) which
-  // parameters the other ranks wrote. Returns the seconds spent waiting; unsharded nothing.
-  double finish_gathers(ParameterStore* store);
+  // are the same on every rank), waits for all, and calls others_wrote(begin, end) for each range
+  // of parameters the other ranks wrote (for the parameter store's report). Returns the seconds
+  // spent waiting; unsharded nothing.
+  double finish_gathers(FunctionRef<void(std::int64_t, std::int64_t)> others_wrote);
   // Whether the step stands on every rank (Note [Non-finite steps]): sharded, each rank checked
   // only its shards, so the guard's verdicts are agreed on, once a step (the first call; later
   // ones give its answer); unsharded every rank checked every sum: true, nothing collective.
