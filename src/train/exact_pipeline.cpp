@@ -7,9 +7,24 @@
 
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/rng.hpp"
+#include "mnist_mpi/train/exact_sums.hpp"
+#include "mnist_mpi/train/gradient_mode.hpp"
 #include "mnist_mpi/train/gradient_pipeline.hpp"
 
 namespace mnist_mpi {
+namespace {
+
+// What the exact pipeline needs besides the step's parts: the integers and limits, a loss meter
+// for passes computed again (not counted twice), the global batch's chunks and this rank's (Note
+// [Chunks of the global batch]; the shape's batch is then the chunk's size).
+struct ExactParts {
+  ExactSums* sums = nullptr;
+  LossMeter* scratch_loss = nullptr;
+  std::int64_t chunks = 0;
+  ChunkRange my_chunks;
+};
+
+}  // namespace
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -385,9 +400,41 @@ Clock::time_point ExactGradients::exact_pass_tail(std::int64_t step, bool probe,
 
 }  // namespace
 
-std::unique_ptr<GradientPipeline> make_exact_pipeline(const StepParts& parts, const StepShape& shape,
-                                                      const ExactParts& exact) {
-  return std::make_unique<ExactGradients>(parts, shape, exact);
+namespace {
+
+// --exact-sums: the integers, the fixed-point codec that sums them, the chunked pipeline, and the
+// limits a checkpoint keeps (Note [Where the shift comes from] in include/mnist_mpi/train/exact_sums.hpp).
+class ExactMode final : public GradientMode {
+ public:
+  ExactMode(const RunPlan& plan, const ModelSpec& spec, Backend& backend)
+      : sums_(spec, plan.chunks(), &backend),
+        fixed_(sums_.fixed()),
+        scratch_loss_(backend.make_loss_meter()),
+        chunks_(plan.chunks()),
+        my_chunks_(plan.my_chunks) {}
+  CodecFactory codec() const override { return fixed_point_codec(fixed_); }
+  std::unique_ptr<GradientPipeline> pipeline(const StepParts& parts, const StepShape& shape) override {
+    return std::make_unique<ExactGradients>(parts, shape, ExactParts{&sums_, scratch_loss_.get(), chunks_, my_chunks_});
+  }
+  double reduced_bytes() const override {  // 64-bit integers and two counters
+    return static_cast<double>(fixed_.size()) * sizeof(std::int64_t);
+  }
+  std::span<const std::int32_t> limits() const override { return sums_.limits(); }
+  void restore_limits(std::span<const std::int32_t> limits) override { sums_.set_limits(limits); }
+  std::int64_t probes() const override { return sums_.probes(); }
+
+ private:
+  ExactSums sums_;
+  std::span<std::int64_t> fixed_;  // sums_'s integers, in the backend's memory
+  std::unique_ptr<LossMeter> scratch_loss_;
+  std::int64_t chunks_;
+  ChunkRange my_chunks_;
+};
+
+}  // namespace
+
+std::unique_ptr<GradientMode> make_exact_mode(const RunPlan& plan, const ModelSpec& spec, Backend& backend) {
+  return std::make_unique<ExactMode>(plan, spec, backend);
 }
 
 }  // namespace mnist_mpi

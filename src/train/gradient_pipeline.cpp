@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/train/gradient_mode.hpp"
 
 namespace mnist_mpi {
 
@@ -133,6 +134,32 @@ class SummedGradients final : public GradientPipeline {
 
 std::unique_ptr<GradientPipeline> make_summed_pipeline(const StepParts& parts, const StepShape& shape) {
   return std::make_unique<SummedGradients>(parts, shape);
+}
+
+namespace {
+
+// The summed mode: the codec the options name (--grad-compression) on the floats' buckets.
+class SummedMode final : public GradientMode {
+ public:
+  SummedMode(const Options& opt, const ModelSpec& spec)
+      : codec_(find_codec(opt.grad_compression).make()), count_(spec.param_count) {}
+  CodecFactory codec() const override { return codec_; }
+  std::unique_ptr<GradientPipeline> pipeline(const StepParts& parts, const StepShape& shape) override {
+    return make_summed_pipeline(parts, shape);
+  }
+  double reduced_bytes() const override { return static_cast<double>(count_) * sizeof(float); }
+
+ private:
+  CodecFactory codec_;
+  std::int64_t count_;
+};
+
+}  // namespace
+
+std::unique_ptr<GradientMode> make_gradient_mode(const Options& options, const RunPlan& plan, const ModelSpec& spec,
+                                                 Backend& backend) {
+  if (plan.chunks() > 0) return make_exact_mode(plan, spec, backend);
+  return std::make_unique<SummedMode>(options, spec);
 }
 
 }  // namespace mnist_mpi

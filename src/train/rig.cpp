@@ -83,18 +83,14 @@ void Rig::make_training_state(const RigInputs& in) {
     return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * 1048576.0 / sizeof(float)));
   };
   const auto flat = [&](Buffer& b) { return std::span<float>(b.data(), static_cast<std::size_t>(spec.param_count)); };
-  if (opt.exact_sums) {
-    exact = std::make_unique<ExactSums>(spec, plan.chunks(), backend.get());
-    scratch_loss = backend->make_loss_meter();
-  }
+  mode = make_gradient_mode(opt, plan, spec, *backend);
   reducer = std::make_unique<Reducer>(*grad_comm, flat(*grads),
                                       plan_buckets(spec, mb_to_elems(opt.bucket_mb), mb_to_elems(opt.first_bucket_mb)),
                                       !opt.no_overlap,
                                       plan.sharded ? std::span<float>(params->data_for_reporting_writers(),
                                                                       static_cast<std::size_t>(spec.param_count))
                                                    : std::span<float>(),
-                                      exact ? fixed_point_codec(exact->fixed()) : find_codec(opt.grad_compression).make(),
-                                      backend.get());
+                                      mode->codec(), backend.get());
   // Note [Sharded optimiser state] (include/mnist_mpi/train/optimizer.hpp)
   if (plan.sharded) {
     std::vector<std::vector<ParamRange>> every_rank;
@@ -158,8 +154,7 @@ void Rig::make_step(const RigInputs& in) {
                         .local_dropout_key = in.fault.local_dropout_key_for(comm.rank())};
   step = std::make_unique<Step>(
       parts, shape,
-      exact ? make_exact_pipeline(parts, shape, {exact.get(), scratch_loss.get(), plan.chunks(), plan.my_chunks})
-            : make_summed_pipeline(parts, shape));
+      mode->pipeline(parts, shape));
 }
 
 // --conv-algos measured (Note [Choosing cuDNN algorithms] in src/backend/cuda/conv.cpp): rank 0's
@@ -184,7 +179,7 @@ void Rig::connect() {
 std::int64_t Rig::restore() {
   const std::int64_t first_step = checkpointer->restore(params->host(), [&](const RestoredState& r) {
     optimizer->restore(r.first_moment, r.second_moment, r.steps);
-    if (exact) exact->set_limits(r.exact_limits);  // checked against the mode when it was chosen
+    mode->restore_limits(r.exact_limits);  // checked against the mode when it was chosen
     reducer->restore_codec_state(r.codec_ranks, r.codec_state);
     if (spec.state_count > 0) {                    // the sizes were checked against the spec (Checkpointer::restore)
       std::copy(r.model_state.begin(), r.model_state.end(), params->state_host());
@@ -210,7 +205,7 @@ TrainingState Rig::state() {
           m.second,
           optimizer->steps_taken(),
           &optimizer->config(),
-          exact ? std::span<const std::int32_t>(exact->limits()) : std::span<const std::int32_t>(),
+          mode->limits(),
           params->read_state(),
           reducer->gathered_codec_state()};
 }
@@ -233,10 +228,7 @@ void Rig::flip_first_parameter() {
   params->to_backend();
 }
 
-double Rig::reduced_bytes() const {  // --exact-sums: 64-bit integers and two counters
-  return exact ? static_cast<double>(exact->fixed().size()) * sizeof(std::int64_t)
-               : static_cast<double>(spec.param_count) * sizeof(float);
-}
+double Rig::reduced_bytes() const { return mode->reduced_bytes(); }
 
 NonfiniteSteps::Hooks Rig::verdict_hooks(std::function<void()> restart_window) {
   return {.verdict =

@@ -283,7 +283,7 @@ void Trainer::final_report(RunResult& res) {
                    .skipped_steps = res.skipped_steps,
                    .target = res.target,
                    .exact_chunk = plan_.exact_chunk,
-                   .exact_sum_probes = rig_->exact_sum_probes(),
+                   .exact_sum_probes = rig_->mode->probes(),
                    .ranks = {},
                    .straggler = {}};
   rank_times_.final_facts(facts);

@@ -26,7 +26,6 @@
 #include "mnist_mpi/data/sampler.hpp"
 #include "mnist_mpi/report/timeline.hpp"
 #include "mnist_mpi/run_facts.hpp"  // StepTiming
-#include "mnist_mpi/train/exact_sums.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 #include "mnist_mpi/train/reducer.hpp"
 
@@ -112,16 +111,5 @@ class GradientPipeline {
 
 std::unique_ptr<GradientPipeline> make_summed_pipeline(const StepParts& parts, const StepShape& shape);
 
-// What the exact pipeline needs besides the step's parts: the integers and limits, a loss meter
-// for passes computed again (not counted twice), the global batch's chunks and this rank's (Note
-// [Chunks of the global batch]; the shape's batch is then the chunk's size).
-struct ExactParts {
-  ExactSums* sums = nullptr;
-  LossMeter* scratch_loss = nullptr;
-  std::int64_t chunks = 0;
-  ChunkRange my_chunks;
-};
-std::unique_ptr<GradientPipeline> make_exact_pipeline(const StepParts& parts, const StepShape& shape,
-                                                      const ExactParts& exact);
 
 }  // namespace mnist_mpi

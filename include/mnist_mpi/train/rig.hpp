@@ -29,7 +29,7 @@
 #include "mnist_mpi/resilience/fault.hpp"
 #include "mnist_mpi/resilience/nonfinite_steps.hpp"
 #include "mnist_mpi/train/evaluator.hpp"
-#include "mnist_mpi/train/exact_sums.hpp"
+#include "mnist_mpi/train/gradient_mode.hpp"
 #include "mnist_mpi/train/optimizer.hpp"
 #include "mnist_mpi/train/reducer.hpp"
 #include "mnist_mpi/train/run_plan.hpp"
@@ -83,7 +83,6 @@ struct Rig {
   // own way, for the replica check to find).
   void flip_first_parameter();
   double reduced_bytes() const;  // summed per step: the gradient, or its fixed-point integers
-  std::int64_t exact_sum_probes() const { return exact ? exact->probes() : 0; }
   // What NonfiniteSteps reads and calls (include/mnist_mpi/resilience/nonfinite_steps.hpp): the
   // guard's verdicts, the collective over comm, the monitor's line; then restart_window.
   NonfiniteSteps::Hooks verdict_hooks(std::function<void()> restart_window);
@@ -109,10 +108,7 @@ struct Rig {
   Backend::ConvTiming conv_timing;
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<Reducer> reducer;
-  // --exact-sums (include/mnist_mpi/train/exact_sums.hpp): the integers and limits, and a loss
-  // meter for passes computed again; null otherwise.
-  std::unique_ptr<ExactSums> exact;
-  std::unique_ptr<LossMeter> scratch_loss;
+  std::unique_ptr<GradientMode> mode;  // how the gradient is made and summed (gradient_mode.hpp)
   std::unique_ptr<StepGuard> guard;            // the backend's (Note [Non-finite steps])
   std::unique_ptr<Checkpointer> checkpointer;  // resume, the checkpoint writer, retention (checkpointer.hpp)
   std::unique_ptr<StepBoundary> boundary;      // the per-step agreement and decision (step_boundary.hpp)
