@@ -5,6 +5,7 @@
 #   - lenet and the fast recipe (configs/lenet.ini, configs/fast.ini): images/s, and per step the
 #     backward and the exposed communication (what the step waited for the sums after backward);
 #   - lenet with the overlap off (--no-overlap) and with buckets of 1 and 16 MB (4 MB is the default);
+#   - lenet and fast with bf16 on the wire (--grad-compression bf16);
 #   - PyTorch DDP (bench/torch_ddp.py, gloo) on the same link, same network, batch and one core a rank;
 #   - the communicator's sum against its size (build/reducer_bench --sizes), 1 KB to 16 MB.
 # Prints a table of ratios and writes every number to a TSV (default bench/network.tsv) that
@@ -86,6 +87,8 @@ for link in "${links[@]}"; do
   train "$link" lenet_16mb --config "$root/configs/lenet.ini" --bucket-mb 16 --first-bucket-mb 16
   train "$link" fast --config "$root/configs/fast.ini"
   train "$link" fast_no_overlap --config "$root/configs/fast.ini" --no-overlap
+  train "$link" lenet_bf16_wire --config "$root/configs/lenet.ini" --grad-compression bf16
+  train "$link" fast_bf16_wire --config "$root/configs/fast.ini" --grad-compression bf16
   torch_ddp "$link"
   nodes_mpirun --host node1:1,node2:1 -np 2 --bind-to none "${pinned[@]}" "$reducer" --sizes 15 2>"$work/sizes.err" |
     awk -v link="$link" '$1 == "sum" { printf "sum\t%s\t\t\t\t\t%s\t%s\t\n", link, $3, $2 }' >>"$tsv"

@@ -142,16 +142,17 @@ namespace {
 class SummedMode final : public GradientMode {
  public:
   SummedMode(const Options& opt, const ModelSpec& spec)
-      : codec_(find_codec(opt.grad_compression).make()), count_(spec.param_count) {}
+      : codec_(find_codec(opt.grad_compression).make()),
+        bytes_(static_cast<double>(spec.param_count) * find_codec(opt.grad_compression).wire_bytes) {}
   CodecFactory codec() const override { return codec_; }
   std::unique_ptr<GradientPipeline> pipeline(const StepParts& parts, const StepShape& shape) override {
     return make_summed_pipeline(parts, shape);
   }
-  double reduced_bytes() const override { return static_cast<double>(count_) * sizeof(float); }
+  double reduced_bytes() const override { return bytes_; }
 
  private:
   CodecFactory codec_;
-  std::int64_t count_;
+  double bytes_;  // on the wire per step
 };
 
 }  // namespace

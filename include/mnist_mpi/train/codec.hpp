@@ -80,6 +80,7 @@ struct CodecRow {
   std::string_view name;
   std::string_view summary;  // for --help and messages
   CodecFactory (*make)();
+  double wire_bytes = 4;  // bytes on the wire per gradient element (the metrics' reduced_bytes_per_step)
 };
 std::span<const CodecRow> codec_table();
 // The row of `name`; a usage error naming the choices otherwise.

@@ -2,6 +2,7 @@
 // not among them: --exact-sums chooses it, with the chunked pipeline that makes its integers.
 #include <string>
 
+#include "mnist_mpi/bf16.hpp"
 #include "mnist_mpi/check.hpp"
 #include "mnist_mpi/train/codec.hpp"
 
@@ -9,8 +10,8 @@ namespace mnist_mpi {
 namespace {
 
 constexpr CodecRow kCodecs[] = {
-    {"none", "the float gradients as they are", &float_codec},
-    {"bf16", "bf16 on the wire (half the bytes), with error feedback", &bf16_codec},
+    {"none", "the float gradients as they are", &float_codec, sizeof(float)},
+    {"bf16", "bf16 on the wire (half the bytes), with error feedback", &bf16_codec, sizeof(Bf16)},
 };
 
 }  // namespace
