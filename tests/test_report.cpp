@@ -751,7 +751,7 @@ MonitorSetup small_setup() {
 TEST(Monitor, LostMetricsFileIsReportedOnceListedAndAgreed) {
   if (!have_dev_full()) GTEST_SKIP() << "no /dev/full";
   auto comm = make_mpi_communicator(MPI_COMM_SELF);
-  Options opt;
+  MonitorOptions opt;
   opt.quiet = true;
   opt.metrics_file = "/dev/full";
   Monitor m(opt, small_setup());
@@ -772,7 +772,8 @@ TEST(Monitor, LostMetricsFileIsReportedOnceListedAndAgreed) {
 TEST(Monitor, NothingLostWhenEveryOutputIsWritten) {
   auto comm = make_mpi_communicator(MPI_COMM_SELF);
   const fs::path dir = fresh_dir("mon");
-  Options opt;
+  MonitorOptions opt;
+  opt.model = Options{}.model;  // the banner's default model
   opt.quiet = true;
   opt.metrics_file = (dir / "m.jsonl").string();
   opt.report_file = (dir / "r.html").string();
@@ -892,7 +893,7 @@ TEST(RunSummary, TheFinalEventReadsBackAsTheSameSummary) {
 TEST(RunSummary, TheLiveReportAndTheReportCommandAgree) {
   auto comm = make_mpi_communicator(MPI_COMM_SELF);
   const fs::path dir = fresh_dir("summary");
-  Options opt;
+  MonitorOptions opt;
   opt.quiet = true;
   opt.config_file = "configs/tiny.ini";
   opt.metrics_file = (dir / "m.jsonl").string();
@@ -936,7 +937,7 @@ TEST(Monitor, MetricsFileThatIsADirectoryOrAFifoIsRefusedAtSetUp) {
   const std::string fifo = (dir / "fifo").string();
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   for (const std::string& path : {fifo, dir.string()}) {
-    Options opt;
+    MonitorOptions opt;
     opt.quiet = true;
     opt.metrics_file = path;
     try {
@@ -982,7 +983,8 @@ std::vector<std::string> lines_of(const std::string& path) {
 TEST(Monitor, WritesEveryMetricsEventWithItsMembersInOrder) {
   auto comm = make_mpi_communicator(MPI_COMM_SELF);
   const fs::path dir = fresh_dir("events");
-  Options opt;
+  MonitorOptions opt;
+  opt.model = Options{}.model;  // the banner's default model
   opt.quiet = true;
   opt.metrics_file = (dir / "m.jsonl").string();
   MonitorSetup ms = small_setup();
@@ -1051,7 +1053,7 @@ TEST(Monitor, WritesEveryMetricsEventWithItsMembersInOrder) {
 
 TEST(Monitor, PrintsTheBannerSkippedStepsAndTheFinalReport) {
   auto comm = make_mpi_communicator(MPI_COMM_SELF);
-  Options opt;
+  MonitorOptions opt;
   opt.progress = "lines";
   opt.data_dir = "d";
   opt.skip_nonfinite_steps = true;

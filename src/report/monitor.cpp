@@ -40,8 +40,8 @@ std::string mb_list(const std::vector<std::uint64_t>& kib) {
 
 }  // namespace
 
-Monitor::Monitor(const Options& options, MonitorSetup setup)
-    : opt_(options),
+Monitor::Monitor(MonitorOptions options, MonitorSetup setup)
+    : opt_(std::move(options)),
       setup_(std::move(setup)),
       rank0_(setup_.rank == 0),
       progress_(rank0_ ? resolve_progress_mode(opt_.progress, opt_.quiet) : ProgressMode::kOff, setup_.total_steps,
@@ -105,7 +105,7 @@ void Monitor::check_replaced_output(const char* option, const std::string& path)
                   std::strerror(errno) + "); choose a writable path");
 }
 
-void Monitor::declare_files(const Options& o, FileRoles& roles) {
+void Monitor::declare_files(const MonitorOptions& o, FileRoles& roles) {
   if (!o.metrics_file.empty()) roles.output("--metrics-file", o.metrics_file);
   for (const auto& [option, path] : {std::pair{"--timeline", o.timeline_file}, std::pair{"--report", o.report_file}}) {
     if (!path.empty()) roles.replaced_output(option, path, OutputFile::kReplaceSuffix);  // OutputFile::Mode::kReplace
@@ -152,8 +152,8 @@ void Monitor::on_start(const StartFacts& f) {
                {"model", opt_.model},
                {"precision", opt_.precision},
                {"exact_sums", opt_.exact_sums},
-               {"optimizer", name_of(opt_.optimizer.kind)},
-               {"lr", json_number(opt_.schedule.base_lr)},
+               {"optimizer", name_of(opt_.optimizer)},
+               {"lr", json_number(opt_.base_lr)},
                {"seed", opt_.seed},
                {"steps_per_epoch", setup_.steps_per_epoch},
                {"total_steps", setup_.total_steps},
@@ -342,7 +342,7 @@ RunSummary Monitor::summarise(const FinalFacts& f) const {
   s.config = opt_.config_file;
   s.model = opt_.model;
   s.precision = opt_.precision;
-  s.optimizer = name_of(opt_.optimizer.kind);
+  s.optimizer = name_of(opt_.optimizer);
   s.exact_sums = opt_.exact_sums;
   s.seed = opt_.seed;
   s.world_size = setup_.world;
@@ -383,7 +383,7 @@ void Monitor::on_final(const FinalFacts& facts) {
         t.reduced_bytes / 1048576.0);
     if (c.written > 0) {
       const double n = static_cast<double>(c.written);
-      const double state = static_cast<double>(f.params) * sizeof(float) * (1.0 + traits(opt_.optimizer.kind).moments);
+      const double state = static_cast<double>(f.params) * sizeof(float) * (1.0 + traits(opt_.optimizer).moments);
       out.print(
           "checkpoints: %lld written, %.2f MB each (parameters and optimizer state %.2f MB + %.1f KB); "
           "rank 0 copied the state in %.2f ms, wrote it in %.1f ms (%s); the other ranks waited %.2f ms "

@@ -11,6 +11,36 @@
 
 namespace mnist_mpi {
 
+namespace {
+
+// The options the monitor is told of (Monitor reads no Options).
+MonitorOptions monitor_options(const Options& o) {
+  return {.metrics_file = o.metrics_file,
+          .timeline_file = o.timeline_file,
+          .report_file = o.report_file,
+          .tensorboard_dir = o.tensorboard_dir,
+          .progress = o.progress,
+          .quiet = o.quiet,
+          .log_every = o.log_every,
+          .eval_every = o.eval_every,
+          .config_file = o.config_file,
+          .model = o.model,
+          .precision = o.precision,
+          .data_dir = o.data_dir,
+          .exact_sums = o.exact_sums,
+          .optimizer = o.optimizer.kind,
+          .base_lr = o.schedule.base_lr,
+          .seed = o.seed,
+          .bucket_mb = o.bucket_mb,
+          .first_bucket_mb = o.first_bucket_mb,
+          .no_overlap = o.no_overlap,
+          .cuda_graph = o.cuda_graph,
+          .checkpoint_async = o.checkpoint_async,
+          .skip_nonfinite_steps = o.skip_nonfinite_steps};
+}
+
+}  // namespace
+
 // Note [No output is an input] (include/mnist_mpi/io/file_roles.hpp): every file of the run, each
 // declared by the part that reads or writes it, compared on every rank before anything is written.
 void check_run_files(const Options& opt) {
@@ -18,7 +48,7 @@ void check_run_files(const Options& opt) {
   declare_mnist_inputs(opt.data_dir, roles);
   if (!opt.config_file.empty()) roles.input("--config", opt.config_file);
   Checkpointer::declare_files(opt, roles);
-  Monitor::declare_files(opt, roles);
+  Monitor::declare_files(monitor_options(opt), roles);
   roles.check();
 }
 
@@ -130,7 +160,7 @@ void Rig::make_step(const RigInputs& in) {
                   .process_start = in.process_start,
                   .exact_chunk = plan.exact_chunk};
   for (const LayerSpec& l : spec.layers) ms.layer_names.push_back(l.text);
-  monitor = std::make_unique<Monitor>(opt, std::move(ms));
+  monitor = std::make_unique<Monitor>(monitor_options(opt), std::move(ms));
   const StepParts parts{.backend = backend.get(),
                         .model = train_model.get(),
                         .params = params.get(),

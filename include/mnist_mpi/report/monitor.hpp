@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "mnist_mpi/comm/communicator.hpp"
-#include "mnist_mpi/config/options.hpp"
 #include "mnist_mpi/io/file_roles.hpp"
 #include "mnist_mpi/launch/launch_env.hpp"
+#include "mnist_mpi/optimizer_kind.hpp"
 #include "mnist_mpi/report/html_report.hpp"
 #include "mnist_mpi/report/output.hpp"
 #include "mnist_mpi/report/progress.hpp"
@@ -34,6 +34,24 @@ namespace mnist_mpi {
 
 struct RunSummary;  // include/mnist_mpi/report/run_summary.hpp
 
+
+// What the monitor is told of the options: plain facts, copied by the caller (src/train/rig.cpp,
+// monitor_options), so that the monitor depends on no options struct and reads nothing else of it.
+struct MonitorOptions {
+  // its outputs and how much it says
+  std::string metrics_file, timeline_file, report_file, tensorboard_dir;
+  std::string progress = "auto";  // auto | bar | lines | off
+  bool quiet = false;
+  std::int64_t log_every = 100, eval_every = 0;  // the options' defaults, for a monitor made in code
+  // the banner's and the summary's facts of the run
+  std::string config_file, model, precision = "fp32", data_dir;
+  bool exact_sums = false;
+  OptimizerKind optimizer = OptimizerKind::kAdam;
+  double base_lr = 1e-3;
+  std::uint64_t seed = 42;
+  double bucket_mb = 4.0, first_bucket_mb = 1.0;
+  bool no_overlap = false, cuda_graph = false, checkpoint_async = true, skip_nonfinite_steps = false;
+};
 
 struct MonitorSetup {
   int rank = 0, world = 1;
@@ -73,12 +91,12 @@ struct StartFacts {
 class Monitor {
  public:
   using Clock = std::chrono::steady_clock;
-  Monitor(const Options& options, MonitorSetup setup);
+  Monitor(MonitorOptions options, MonitorSetup setup);
   ~Monitor();
   // The files a run with these options writes (Note [No output is an input] in
   // include/mnist_mpi/io/file_roles.hpp): the metrics file, the timeline and the report with
   // their temporaries, and the TensorBoard event files.
-  static void declare_files(const Options& options, FileRoles& roles);
+  static void declare_files(const MonitorOptions& options, FileRoles& roles);
 
   Timeline* timeline() { return timeline_.get(); }  // null unless --timeline: the trainer records into it
 
@@ -129,7 +147,7 @@ class Monitor {
   // preempted, final) end with the job's fields (LaunchEnv::add_json_fields).
   void metrics(const nlohmann::ordered_json& event);
 
-  const Options& opt_;
+  const MonitorOptions opt_;
   MonitorSetup setup_;
   bool rank0_;
   LaunchEnv launch_;  // from on_start: the Slurm fields of the events
