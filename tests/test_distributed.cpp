@@ -445,7 +445,8 @@ TEST(Reducer, MatchesAPlainAllreduceForEveryBucketCap) {
 class DoubleCodec final : public GradientCodec {
  public:
   explicit DoubleCodec(const CodecBinding& b, int& starts)
-      : comm_(*b.comm), grads_(b.grads), wire_(b.grads.size()), sharded_(b.sharded), starts_(starts) {}
+      : comm_(*b.comm), grads_(b.grads), wire_(b.grads.size()), sharded_(b.sharded), receives_(b.receives),
+        starts_(starts) {}
   void start() override {
     for (std::size_t i = 0; i < grads_.size(); ++i) wire_[i] = grads_[i];
     request_ = sharded_ ? comm_.start_reduce_scatter_sum(wire_) : comm_.start_allreduce_sum(wire_);
@@ -454,9 +455,7 @@ class DoubleCodec final : public GradientCodec {
   bool in_flight() const override { return request_.active(); }
   void finish(std::chrono::steady_clock::time_point* completed) override {
     comm_.wait(request_, completed);
-    const Shard s = sharded_ ? shard_of(std::int64_t(wire_.size()), comm_.rank(), comm_.size())
-                             : Shard{0, std::int64_t(wire_.size())};
-    for (std::int64_t i = s.begin; i < s.end; ++i) grads_[std::size_t(i)] = float(wire_[std::size_t(i)]);
+    for (std::int64_t i = receives_.begin; i < receives_.end; ++i) grads_[std::size_t(i)] = float(wire_[std::size_t(i)]);
   }
 
  private:
@@ -464,6 +463,7 @@ class DoubleCodec final : public GradientCodec {
   std::span<float> grads_;
   std::vector<double> wire_;
   bool sharded_;
+  Shard receives_;
   int& starts_;
   CommRequest request_;
 };

@@ -141,9 +141,8 @@ namespace {
 // The summed mode: the codec the options name (--grad-compression) on the floats' buckets.
 class SummedMode final : public GradientMode {
  public:
-  SummedMode(const Options& opt, const ModelSpec& spec)
-      : codec_(find_codec(opt.grad_compression).make()),
-        bytes_(static_cast<double>(spec.param_count) * find_codec(opt.grad_compression).wire_bytes) {}
+  SummedMode(const CodecRow& row, const ModelSpec& spec)
+      : codec_(row.make()), bytes_(static_cast<double>(spec.param_count) * row.wire_bytes) {}
   CodecFactory codec() const override { return codec_; }
   std::unique_ptr<GradientPipeline> pipeline(const StepParts& parts, const StepShape& shape) override {
     return make_summed_pipeline(parts, shape);
@@ -160,7 +159,7 @@ class SummedMode final : public GradientMode {
 std::unique_ptr<GradientMode> make_gradient_mode(const Options& options, const RunPlan& plan, const ModelSpec& spec,
                                                  Backend& backend) {
   if (plan.chunks() > 0) return make_exact_mode(plan, spec, backend);
-  return std::make_unique<SummedMode>(options, spec);
+  return std::make_unique<SummedMode>(find_codec(options.grad_compression), spec);
 }
 
 }  // namespace mnist_mpi

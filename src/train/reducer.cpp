@@ -60,12 +60,14 @@ Reducer::Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket>
               "buckets must cover the whole gradient buffer: every gradient is averaged");
   for (std::size_t k = 0; k < buckets_.size(); ++k) mine_.push_back(shard(k, comm_.rank()));
   if (!overlap_ && !sharded()) {  // one sum of the whole buffer, no bucket's own
-    whole_ = codec({&comm_, backend, grads_, 0, total, false, true});
+    whole_ = codec({&comm_, backend, grads_, 0, total, false, Shard{0, total}, true});
     return;
   }
   for (std::size_t k = 0; k < buckets_.size(); ++k) {
     const Bucket& b = buckets_[k];
-    codecs_.push_back(codec({&comm_, backend, range(b.begin, b.end), b.begin, total, sharded(), k + 1 == buckets_.size()}));
+    const Shard receives{mine_[k].begin - b.begin, mine_[k].end - b.begin};  // shard(k), within the bucket
+    codecs_.push_back(
+        codec({&comm_, backend, range(b.begin, b.end), b.begin, total, sharded(), receives, k + 1 == buckets_.size()}));
   }
 }
 

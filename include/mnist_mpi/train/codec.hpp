@@ -42,6 +42,7 @@ struct CodecBinding {
   std::int64_t offset = 0;       // of the bucket in the flat buffer
   std::int64_t total = 0;        // elements of the flat buffer
   bool sharded = false;          // a reduce-scatter: this rank needs only its shard of the sum
+  Shard receives;                // the part of the bucket whose sum this rank receives (of grads)
   bool last = false;             // the step's last bucket (its codec may carry the step's extras)
 };
 
@@ -82,7 +83,6 @@ struct CodecRow {
   CodecFactory (*make)();
   double wire_bytes = 4;  // bytes on the wire per gradient element (the metrics' reduced_bytes_per_step)
 };
-std::span<const CodecRow> codec_table();
 // The row of `name`; a usage error naming the choices otherwise.
 const CodecRow& find_codec(std::string_view name);
 

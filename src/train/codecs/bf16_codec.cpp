@@ -29,7 +29,8 @@ class Bf16Codec final : public GradientCodec {
         grads_(b.grads),
         wire_(b.grads.size()),
         residual_(b.grads.size(), 0.0f),
-        sharded_(b.sharded) {}
+        sharded_(b.sharded),
+        receives_(b.receives) {}
 
   void start() override {
     bf16_encode_with_feedback(grads_.data(), residual_.data(), wire_.data(), static_cast<std::int64_t>(grads_.size()));
@@ -38,9 +39,7 @@ class Bf16Codec final : public GradientCodec {
   bool in_flight() const override { return request_.active(); }
   void finish(std::chrono::steady_clock::time_point* completed) override {
     comm_.wait(request_, completed);
-    const Shard s = sharded_ ? shard_of(static_cast<std::int64_t>(wire_.size()), comm_.rank(), comm_.size())
-                             : Shard{0, static_cast<std::int64_t>(wire_.size())};
-    bf16_decode(wire_.data() + s.begin, grads_.data() + s.begin, s.size());
+    bf16_decode(wire_.data() + receives_.begin, grads_.data() + receives_.begin, receives_.size());
   }
   std::span<float> state() override { return residual_; }
 
@@ -50,6 +49,7 @@ class Bf16Codec final : public GradientCodec {
   std::vector<Bf16> wire_;
   std::vector<float> residual_;  // this rank's error feedback
   bool sharded_;
+  Shard receives_;  // what finish() decodes
   CommRequest request_;
 };
 

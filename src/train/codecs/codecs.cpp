@@ -16,8 +16,6 @@ constexpr CodecRow kCodecs[] = {
 
 }  // namespace
 
-std::span<const CodecRow> codec_table() { return kCodecs; }
-
 const CodecRow& find_codec(std::string_view name) {
   std::string names;
   for (const CodecRow& row : kCodecs) {
