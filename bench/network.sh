@@ -5,8 +5,11 @@
 #   - lenet and the fast recipe (configs/lenet.ini, configs/fast.ini): images/s, and per step the
 #     backward and the exposed communication (what the step waited for the sums after backward);
 #   - lenet with the overlap off (--no-overlap) and with buckets of 1 and 16 MB (4 MB is the default);
-#   - lenet and fast with bf16 on the wire (--grad-compression bf16);
-#   - PyTorch DDP (bench/torch_ddp.py, gloo) on the same link, same network, batch and one core a rank;
+#   - lenet and fast with bf16 on the wire (--grad-compression bf16), lenet with PowerSGD of rank
+#     1, 2 and 4 and fast with rank 2 (--grad-compression powersgd:R, compressing from the first step);
+#   - lenet and fast with --grad-compression auto (its choice printed);
+#   - PyTorch DDP (bench/torch_ddp.py, gloo) on the same link, same network, batch and one core a rank:
+#     plain, with bf16_compress_hook and with powerSGD_hook of rank 2 (where python3-torch is installed);
 #   - the communicator's sum against its size (build/reducer_bench --sizes), 1 KB to 16 MB.
 # Prints a table of ratios and writes every number to a TSV (default bench/network.tsv) that
 # bench/scaling.py fits its model on. About 15 minutes on 2 cores (--quick: unshaped and 1 Gbit/s
@@ -59,22 +62,22 @@ print("train", sys.argv[2], sys.argv[3], "%.1f" % f["images_per_s"], "%.3f" % s[
       "%.3f" % step, f["reduced_bytes_per_step"], f["buckets"], sep="\t")
 PY
 }
-torch_ddp() {  # LINK: PyTorch DDP on the two nodes, lenet's recipe, a "train" row named torch_lenet
-  local link=$1 r pids=()
+torch_ddp() {  # LINK NAME HOOK: PyTorch DDP on the two nodes, lenet's recipe, a "train" row NAME
+  local link=$1 name=$2 hook=$3 r pids=()
   for r in 0 1; do
     node_run $((r + 1)) env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 taskset -c $((r % cores)) /usr/bin/python3 \
       "$root/bench/torch_ddp.py" --config "$root/configs/lenet.ini" --data-dir "$root/data/mnist" --ranks 2 \
       --rank "$r" --master 10.77.0.1:29517 --max-steps "$steps" --json-file "$work/torch.$link.$r.json" \
-      >"$work/torch.$link.$r.out" 2>&1 &
+      --hook "$hook" >"$work/torch.$link.$r.out" 2>&1 &
     pids+=($!)
   done
   local bad=0
   for r in "${pids[@]}"; do wait "$r" || bad=1; done
-  ((bad == 0)) || { echo "network.sh: torch DDP on $link failed:" >&2; tail -5 "$work/torch.$link.0.out" >&2; return 1; }
-  python3 - "$work/torch.$link.0.json" "$link" >>"$tsv" <<'PY'
+  ((bad == 0)) || { echo "network.sh: torch DDP ($hook) on $link failed:" >&2; tail -5 "$work/torch.$link.0.out" >&2; return 1; }
+  python3 - "$work/torch.$link.0.json" "$link" "$name" >>"$tsv" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
-print("train", sys.argv[2], "torch_lenet", "%.1f" % j["images_per_s"], "", "", "", "", "", sep="\t")
+print("train", sys.argv[2], sys.argv[3], "%.1f" % j["images_per_s"], "", "", "", "", "", sep="\t")
 PY
 }
 
@@ -89,7 +92,19 @@ for link in "${links[@]}"; do
   train "$link" fast_no_overlap --config "$root/configs/fast.ini" --no-overlap
   train "$link" lenet_bf16_wire --config "$root/configs/lenet.ini" --grad-compression bf16
   train "$link" fast_bf16_wire --config "$root/configs/fast.ini" --grad-compression bf16
-  torch_ddp "$link"
+  for r in 1 2 4; do  # compressing from the first step: the rate of a compressed step
+    train "$link" lenet_powersgd$r --config "$root/configs/lenet.ini" --grad-compression powersgd:$r --compression-start-steps 0
+  done
+  train "$link" fast_powersgd2 --config "$root/configs/fast.ini" --grad-compression powersgd:2 --compression-start-steps 0
+  for model in lenet fast; do  # auto: chooses at step 4 (the steady rate starts at step 10)
+    train "$link" ${model}_auto --config "$root/configs/$model.ini" --grad-compression auto --compression-start-steps 0 &&
+      grep -h "gradient codec (auto" "$work/${model}_auto.$link.out" | sed "s/^/  $link $model: /"
+  done
+  if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+    torch_ddp "$link" torch_lenet none
+    torch_ddp "$link" torch_lenet_bf16 bf16
+    torch_ddp "$link" torch_lenet_powersgd2 powersgd:2
+  fi
   nodes_mpirun --host node1:1,node2:1 -np 2 --bind-to none "${pinned[@]}" "$reducer" --sizes 15 2>"$work/sizes.err" |
     awk -v link="$link" '$1 == "sum" { printf "sum\t%s\t\t\t\t\t%s\t%s\t\n", link, $3, $2 }' >>"$tsv"
 done
@@ -123,9 +138,11 @@ for n in names:
     print("%-17s" % n + "".join(cells))
     if train.get((links[0], n), {}).get("backward_ms"):
         print("%-17s" % "  bwd/exposed ms" + "".join("%22s" % ("%s / %s" % (train[(l, n)]["backward_ms"], train[(l, n)]["exposed_ms"]) if (l, n) in train and train[(l, n)]["backward_ms"] else "-") for l in links))
-print("mnist_mpi lenet / PyTorch DDP lenet: " + ", ".join(
-    "%s %.2f" % (l, float(train[(l, "lenet")]["images_per_s"]) / float(train[(l, "torch_lenet")]["images_per_s"]))
-    for l in links if (l, "lenet") in train and (l, "torch_lenet") in train))
+for ours, theirs in (("lenet", "torch_lenet"), ("lenet_bf16_wire", "torch_lenet_bf16"),
+                     ("lenet_powersgd2", "torch_lenet_powersgd2")):
+    print("mnist_mpi %s / PyTorch DDP %s: " % (ours, theirs) + ", ".join(
+        "%s %.2f" % (l, float(train[(l, ours)]["images_per_s"]) / float(train[(l, theirs)]["images_per_s"]))
+        for l in links if (l, ours) in train and (l, theirs) in train))
 sums = [r for r in rows if r["kind"] == "sum"]
 if sums:
     print("the communicator's sum of BYTES, ms (2 ranks):")

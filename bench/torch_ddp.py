@@ -72,6 +72,11 @@ def parse_args(argv=None):
     p.add_argument("--master", default=None, help="ADDRESS:PORT of rank 0, with --rank")
     p.add_argument("--json-file", default=None, help="also write the final JSON object to this file")
     p.add_argument("--val", action="store_true", help="also evaluate the 5000 validation images at the end")
+    p.add_argument("--hook", default="none",
+                   help="DDP's communication hook: none, bf16 (bf16_compress_hook) or powersgd:RANK (powerSGD_hook "
+                        "with error feedback and warm start, its defaults)")
+    p.add_argument("--compression-start-steps", type=int, default=2,
+                   help="powersgd: start_powerSGD_iter (at least 2, DDP's own floor)")
     p.add_argument("--eval-every", type=int, default=0,
                    help="the test set is evaluated every N steps, every rank a share (not counted as training time; 0 = only at the end)")
     p.add_argument("--target-accuracy", type=float, default=0.0,
@@ -428,6 +433,17 @@ def worker(rank, args, port, t_launcher):
     else:
         model = build_model(args.model)
     ddp = DDP(model)
+    if args.hook == "bf16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif args.hook.startswith("powersgd"):
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+        rank_r = int(args.hook.split(":")[1]) if ":" in args.hook else 2
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank_r,
+                                   start_powerSGD_iter=max(2, args.compression_start_steps))
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    elif args.hook != "none":
+        raise SystemExit("torch_ddp.py: --hook must be none, bf16 or powersgd[:RANK], got " + args.hook)
     torch.manual_seed(args.seed * 1000 + rank + 1)  # per-rank dropout masks
     opt = recipe_optimizer(r, ddp.parameters()) if r else torch.optim.Adam(ddp.parameters(), lr=d["lr"])
 

@@ -9,7 +9,9 @@
 As a module: `ck = read_checkpoint(path)` gives a dict with "meta" (dict), "spec", "config",
 "params" (name -> numpy array of its shape), "first_moment" and "second_moment" (same form, the
 second empty for SGD), "flat_params" (the flat float32 buffer) and "codec_state" (every rank's
-gradient-codec state, one row a rank: bf16's residuals; shape (0, 0) when its codec kept none). Every section's CRC32C is
+gradient-codec state, one row a rank: bf16's residuals, PowerSGD's residuals then its factors; shape (0, 0)
+when its codec kept none) with "codec_shared" (how many of a row's last values are the same on every
+rank: PowerSGD's factors). Every section's CRC32C is
 checked (verify=False skips it: pure Python does ~20 MB/s).
 """
 import struct
@@ -123,8 +125,9 @@ def read_checkpoint(path, verify=True):
     flat = {tag: np.frombuffer(parts[tag], dtype="<f4") for tag in ("PARM", "MOM1", "MOM2")}
     flat["STAT"] = np.frombuffer(parts["STAT"], dtype="<f4") if "STAT" in parts else np.zeros(0, "<f4")
     codec = np.zeros((0, 0), "<f4")
-    if "CDEC" in parts:  # u32 ranks, u32 zero, u64 floats a rank, then the ranks' states in rank order
-        ranks, _, per_rank = struct.unpack_from("<IIQ", parts["CDEC"], 0)
+    shared = 0
+    if "CDEC" in parts:  # u32 ranks, u32 shared, u64 floats a rank, then the ranks' states in rank order
+        ranks, shared, per_rank = struct.unpack_from("<IIQ", parts["CDEC"], 0)
         codec = np.frombuffer(parts["CDEC"], dtype="<f4", offset=16).reshape(ranks, per_rank)
 
     def by_name(arr, table=tensors):
@@ -146,6 +149,7 @@ def read_checkpoint(path, verify=True):
         "state_tensors": state_tensors,
         "model_state": by_name(flat["STAT"], state_tensors),  # batch norm's running statistics
         "codec_state": codec,
+        "codec_shared": shared,
     }
 
 
@@ -179,8 +183,8 @@ def main(argv):
             print("  %-22s %-12s state %-6d mean %+.6f std %.6f" % (name, tuple(shape), off, s.mean(), s.std()))
         if ck["codec_state"].size:
             c = ck["codec_state"]
-            print("  gradient-codec state: %d ranks x %d values, max |value| %.3g" % (c.shape[0], c.shape[1],
-                                                                                   abs(c).max()))
+            print("  gradient-codec state: %d ranks x %d values (the last %d the same on every rank), max |value| %.3g"
+                  % (c.shape[0], c.shape[1], ck["codec_shared"], abs(c).max()))
     if args.save:
         np.savez(args.save, **ck["params"], **ck["model_state"])
     return 0

@@ -103,6 +103,39 @@ run "$bin" --config "$root/configs/tiny.ini" "${base[@]}" --batch-size 32 --grad
 if [ "$rc" -eq 0 ] && grep -q "resuming from ck_tiny_bf16_wire/step-00000100.ckpt: step 100" out; then
   ok "bf16 wire: a 2-rank checkpoint resumes on 1 rank"
 else bad "bf16 wire: resume on 1 rank (rc $rc)"; fi
+# --grad-compression powersgd: the checkpoint holds every rank's residuals and the warm-start
+# factors (the same on both ranks: the state's last values), compression starting at step 20 of
+# both runs; the resumed run is the straight one bit for bit, and resumes on 1 rank. Sharded or not,
+# the same bits (the codec decodes the whole sum on every rank).
+exact tiny_powersgd 50 --config "$root/configs/tiny.ini" "${base[@]}" --batch-size 16 --grad-compression powersgd:2 \
+  --compression-start-steps 20
+if "$py" - "$reader" ck_tiny_powersgd/step-00000100.ckpt <<'EOF2'
+import sys, importlib.util
+spec = importlib.util.spec_from_file_location("rc", sys.argv[1]); rc = importlib.util.module_from_spec(spec); spec.loader.exec_module(rc)
+ck = rc.read_checkpoint(sys.argv[2])
+c = ck["codec_state"]
+shared = ck["codec_shared"]
+own = c.shape[1] - shared
+print("codec state: %d ranks x %d (%d shared), max |residual| %.3g" % (c.shape[0], c.shape[1], shared, abs(c[:, :own]).max()))
+sys.exit(0 if c.shape[0] == 2 and 0 < shared < c.shape[1] and (c[0, own:] == c[1, own:]).all()
+         and abs(c[:, :own]).max() > 0 and not (c[0, :own] == c[1, :own]).all() else 1)
+EOF2
+then ok "powersgd: the checkpoint holds both ranks' own residuals and one set of factors"
+else bad "powersgd: the checkpoint's codec state"; fi
+run "$bin" --config "$root/configs/tiny.ini" "${base[@]}" --batch-size 32 --grad-compression powersgd:2 \
+    --compression-start-steps 20 --max-steps 120 --checkpoint-dir ck_tiny_powersgd --resume auto
+if [ "$rc" -eq 0 ] && grep -q "resuming from ck_tiny_powersgd/step-00000100.ckpt: step 100" out; then
+  ok "powersgd: a 2-rank checkpoint resumes on 1 rank"
+else bad "powersgd: resume on 1 rank (rc $rc)"; fi
+psgd_hashes=()
+for shard in on off; do
+  run "${run2[@]}" "$bin" --config "$root/configs/tiny.ini" "${base[@]}" --batch-size 16 --grad-compression powersgd:1 \
+      --compression-start-steps 5 --max-steps 30 --shard-optimizer "$shard"
+  psgd_hashes+=("$(hash_of out)")
+done
+if [ -n "${psgd_hashes[0]}" ] && [ "${psgd_hashes[0]}" = "${psgd_hashes[1]}" ]; then
+  ok "powersgd: sharded and unsharded give the same bits (${psgd_hashes[0]})"
+else bad "powersgd: sharded ${psgd_hashes[0]} unsharded ${psgd_hashes[1]}"; fi
 # Batch norm: the running statistics (the checkpoint's STAT, which evaluation reads) continue bit for
 # bit too, not only the parameters: the straight run's last checkpoint against the resumed run's.
 bn=(--model "conv:3x3:4:same,batchnorm,relu,maxpool:2,flatten,fc:32,batchnorm:0.3,relu,fc:10" "${base[@]}"

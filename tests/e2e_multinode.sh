@@ -8,7 +8,8 @@
 #     at the end passes), and a rank made to diverge on node 2 is caught across the link;
 #   - a slow rank is named as the straggler on the host it runs on, on either node;
 #   - --exact-sums gives one params_hash on 1 node x 4 ranks, 2 x 2 and 4 x 1, and the same as
-#     4 ranks started by a plain mpirun on this machine.
+#     4 ranks started by a plain mpirun on this machine;
+#   - --grad-compression auto compresses lenet's large buckets on a link shaped to 1 Gbit/s.
 # Usage: e2e_multinode.sh MNIST_MPI MAKE_SYNTHETIC_MNIST REPO_ROOT    (exit 77 = skipped: not root, no netns)
 set -uo pipefail
 bin=$1 make_data=$2 root=$3
@@ -71,6 +72,21 @@ for n in exact_1x4 exact_2x2 exact_4x1; do
   if [ -n "$h" ] && [ "$(hash_of $n)" = "$h" ]; then ok "--exact-sums $n: params_hash $h, as 4 ranks on this machine"
   else fail "--exact-sums $n: params_hash '$(hash_of $n)', on this machine '$h' (exit $(cat "$work/$n.rc"))"; tail -5 "$work/$n.out"; fi
 done
+
+# --grad-compression auto on a slow link (Note [Choosing a codec per bucket from the link]): the two
+# nodes' links shaped to 1 Gbit/s, where each of lenet's three 4 MB buckets of fc:1024's weight takes
+# about 34 ms as floats against a backward of a few ms: the choice compresses them (bf16 or
+# PowerSGD, whichever the measured link makes faster), the same on both ranks (replicas checked
+# every step after it).
+node_shape 1 1gbit && node_shape 2 1gbit || fail "tc tbf on the nodes' links"
+run auto "node1:1,node2:1" 2 --config "$root/configs/lenet.ini" --global-batch-size 20 --max-steps 8 \
+  --grad-compression auto --compression-start-steps 0 --check-replicas-every 1
+node_unshape 1
+node_unshape 2
+if [ "$(cat "$work/auto.rc")" = 0 ]; then ok "auto on a 1 Gbit/s link trained (replicas equal every step)"
+else fail "auto: exit $(cat "$work/auto.rc")"; tail -20 "$work/auto.out"; fi
+has "auto on a 1 Gbit/s link compresses fc:1024's buckets" "$work/auto.out" \
+  "^gradient codec \(auto, at step 4\): the link sums at [0-9.]+ Gbit/s .* bucket 0 [a-z0-9:]+, 1 (bf16|powersgd:2), 2 (bf16|powersgd:2), 3 (bf16|powersgd:2), 4 "
 
 # Every job ended with its mpirun: nothing is left on the nodes (a rank mpirun killed may take a
 # moment to go: Note [Ranks that mpirun killed] in tests/e2e_lib.sh).

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <random>
 #include <thread>
@@ -565,6 +566,223 @@ TEST(Codec, Bf16SumIsTheRankOrderSumOfEveryRanksRoundedGradientAndResidual) {
       }
     }
   }
+}
+
+// Every rank's gradient for the PowerSGD tests: each weight matrix of the spec (as the codec views
+// it, rows x the rest) a_q u1 v1^T + b_q u2 v2^T, the same u and v on every rank and step, a and b
+// the rank's and the step's; every other element a small integer of the rank's and the step's.
+// The sum over the ranks is then of rank 2 at most.
+std::vector<float> low_rank_gradient(const ModelSpec& spec, int q, int step) {
+  std::vector<float> g(std::size_t(spec.param_count));
+  const float a = float(1 + q + step), b = float(2 - q) * 0.5f + float(step);
+  for (const ParamTensor& t : spec.params) {
+    float* x = g.data() + t.offset;
+    if (t.is_bias || t.shape.size() < 2) {
+      for (std::int64_t i = 0; i < t.size; ++i) x[i] = float((i + q + step) % 5 - 2);
+      continue;
+    }
+    const std::int64_t rows = t.shape[0], cols = t.size / rows;
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t k = 0; k < cols; ++k) {
+        const float u1 = float(i % 3) - 1.0f, v1 = float(k % 4) * 0.25f, u2 = float(i % 2), v2 = float((k * 7) % 5) - 2.0f;
+        x[i * cols + k] = a * u1 * v1 + b * u2 * v2;
+      }
+  }
+  return g;
+}
+
+// The PowerSGD codec through the reducer (Note [PowerSGD in this reducer]): a sum of rank 2 comes
+// through rank-2 factors whole (to float rounding), the same bits on every rank, from the first
+// step (a random Q) and warm-started after it; whole and sharded (this rank's shards), overlapped
+// and not, for buckets that split the tensors (partial rows go as floats) and one bucket. A NaN in
+// one rank's gradient makes the sum non-finite on every rank, and the step after it is whole again:
+// neither the residuals nor the warm start kept the NaN.
+TEST(Codec, PowerSgdSendsASumOfLowRankWholeAndTheSameBitsToEveryRank) {
+  const ModelSpec spec = parse_model_spec(kSmall, Shape{1, 28, 28}, 10);
+  auto c = make_mpi_communicator(MPI_COMM_WORLD);
+  const int r = c->rank(), n = c->size();
+  const auto P = std::size_t(spec.param_count);
+  std::vector<float> grads(P), params(P);
+  for (bool sharded : {false, true}) {
+    for (bool overlap : {true, false}) {
+      for (std::int64_t cap : {std::int64_t{1000}, spec.param_count}) {
+        Reducer red(*c, grads, plan_buckets(spec, cap, cap), overlap,
+                    sharded ? std::span<float>(params) : std::span<float>(), powersgd_codec(2, 0, 7, spec.params));
+        for (int step = 0; step < 5; ++step) {
+          const bool poisoned = step == 2;
+          std::vector<double> want(P, 0.0);
+          for (int q = 0; q < n; ++q) {
+            const std::vector<float> g = low_rank_gradient(spec, q, step);
+            for (std::size_t i = 0; i < P; ++i) want[i] += g[i];
+          }
+          const std::vector<float> mine = low_rank_gradient(spec, r, step);
+          std::copy(mine.begin(), mine.end(), grads.begin());  // into the reducer's buffer, not a new one
+          if (poisoned && r == 0) grads[std::size_t(spec.params[2].offset + 5)] = std::nanf("");  // fc:32's weight
+          red.begin_step(step);
+          for (int layer = int(spec.layers.size()) - 1; layer >= 0; --layer) red.on_layer_done(layer);
+          red.finish();
+          double worst = 0, scale = 0;
+          std::int64_t nonfinite = 0, checked = 0;
+          for (const ParamRange& o : red.owned())
+            for (std::int64_t i = o.begin; i < o.end; ++i, ++checked) {
+              const float got = grads[std::size_t(i)];
+              if (!std::isfinite(got)) {
+                ++nonfinite;
+                continue;
+              }
+              worst = std::max(worst, std::abs(got - want[std::size_t(i)]));
+              scale = std::max(scale, std::abs(want[std::size_t(i)]));
+            }
+          std::int64_t any_nonfinite = nonfinite > 0 ? 1 : 0;
+          c->allreduce_max(std::span<std::int64_t>(&any_nonfinite, 1));
+          c->allreduce_max(std::span<double>(&worst, 1));
+          c->allreduce_sum(std::span<std::int64_t>(&checked, 1));
+          const std::string where = "sharded " + std::to_string(sharded) + " overlap " + std::to_string(overlap) +
+                                    " cap " + std::to_string(cap) + " step " + std::to_string(step);
+          EXPECT_GE(checked, spec.param_count) << where;
+          if (poisoned) {
+            EXPECT_EQ(any_nonfinite, 1) << where << ": the NaN must reach every rank's sum";
+            continue;
+          }
+          EXPECT_EQ(any_nonfinite, 0) << where;
+          EXPECT_LE(worst, 1e-4 * scale) << where << ": the sum of rank 2 through rank-2 factors";
+          if (!sharded) {  // every rank holds the whole sum: the same bits
+            std::int64_t h = std::int64_t(hash_floats(grads.data(), P)), lo = h;
+            c->allreduce_max(std::span<std::int64_t>(&h, 1));
+            c->allreduce_min(std::span<std::int64_t>(&lo, 1));
+            EXPECT_EQ(h, lo) << where << ": replicas decoded different bits";
+          }
+        }
+      }
+    }
+  }
+}
+
+// Error feedback (Note [PowerSGD in this reducer]): rank-1 factors of random gradients leave much
+// out, and what they leave out is what the residuals hold: over six steps the gradients given,
+// summed over the ranks, are the sums received plus the residuals' sum, element for element
+// (matched as sorted magnitudes: the residuals are the matrices' elements, the rest of the bucket
+// leaves nothing out). Before --compression-start-steps (2 here) the sum is the float codec's, bit
+// for bit.
+TEST(Codec, PowerSgdLeavesOutOnlyWhatTheResidualsKeep) {
+  const ModelSpec spec = parse_model_spec(kSmall, Shape{1, 28, 28}, 10);
+  auto c = make_mpi_communicator(MPI_COMM_WORLD);
+  const int r = c->rank();
+  const auto P = std::size_t(spec.param_count);
+  std::vector<float> grads(P);
+  for (bool overlap : {true, false}) {
+    Reducer red(*c, grads, plan_buckets(spec, 1000, 1000), overlap, {}, powersgd_codec(1, 2, 7, spec.params));
+    std::vector<double> given(P, 0.0), received(P, 0.0);
+    for (int step = 0; step < 6; ++step) {
+      const std::vector<float> mine = uniform(P, 1000u * std::uint64_t(step) + std::uint64_t(r), -1.0f, 1.0f);
+      std::vector<float> floats = mine;
+      c->allreduce_sum(std::span<float>(floats));
+      std::vector<double> all(mine.begin(), mine.end());
+      c->allreduce_sum(std::span<double>(all));
+      grads = mine;
+      red.begin_step(step);
+      for (int layer = int(spec.layers.size()) - 1; layer >= 0; --layer) red.on_layer_done(layer);
+      red.finish();
+      if (step < 2) {
+        EXPECT_EQ(std::memcmp(grads.data(), floats.data(), P * sizeof(float)), 0)
+            << "overlap " << overlap << " step " << step << ": before the start step, the floats";
+      }
+      for (std::size_t i = 0; i < P; ++i) {
+        given[i] += all[i];
+        received[i] += grads[i];
+      }
+    }
+    const auto shared = std::size_t(red.codec_shared_state_size());
+    std::vector<float> state(std::size_t(red.codec_state_size()));
+    red.save_codec_state(state);
+    ASSERT_GT(state.size(), shared);
+    std::vector<double> residuals(state.begin(), state.end() - std::ptrdiff_t(shared));
+    c->allreduce_sum(std::span<double>(residuals));
+    std::vector<double> left, kept;
+    double norm = 0;
+    for (std::size_t i = 0; i < P; ++i) {
+      left.push_back(std::abs(given[i] - received[i]));
+      norm += given[i] * given[i];
+    }
+    for (double e : residuals) kept.push_back(std::abs(e));
+    std::sort(left.rbegin(), left.rend());
+    std::sort(kept.rbegin(), kept.rend());
+    double worst = 0, out = 0;
+    for (std::size_t i = 0; i < kept.size(); ++i) {
+      worst = std::max(worst, std::abs(left[i] - kept[i]));
+      out += kept[i] * kept[i];
+    }
+    EXPECT_LE(worst, 1e-3) << "overlap " << overlap << ": what was left out is not what the residuals keep";
+    EXPECT_LE(left[kept.size()], 1e-3) << "overlap " << overlap << ": an element sent as a float left something out";
+    EXPECT_GT(out, 0.01 * norm) << "rank-1 factors of random matrices leave much out";
+  }
+}
+
+// --grad-compression auto (Note [Choosing a codec per bucket from the link]): floats for the
+// timed steps, then one choice, at the step it says (the fifth here, as the start step is 0), the
+// same on every rank and reported once; the sums are right before and after it (gradients of rank
+// 2, which PowerSGD:2 sends whole); and the choice is in the codec state, so a reducer given that
+// state runs the same codecs at once and reports nothing.
+TEST(Codec, AutoChoosesOnceTheSameOnEveryRankAndKeepsTheChoiceInItsState) {
+  const ModelSpec spec = parse_model_spec(kSmall, Shape{1, 28, 28}, 10);
+  auto c = make_mpi_communicator(MPI_COMM_WORLD);
+  const int r = c->rank(), n = c->size();
+  const auto P = std::size_t(spec.param_count);
+  std::vector<float> grads(P);
+  std::vector<CodecChoiceReport> reports;
+  CodecArgs args{2, 0, 7, spec.params, [&](const CodecChoiceReport& rep) { reports.push_back(rep); }};
+  const auto run_steps = [&](Reducer& red, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      std::vector<double> want(P, 0.0);
+      for (int q = 0; q < n; ++q) {
+        const std::vector<float> g = low_rank_gradient(spec, q, step);
+        for (std::size_t i = 0; i < P; ++i) want[i] += g[i];
+      }
+      const std::vector<float> mine = low_rank_gradient(spec, r, step);
+      std::copy(mine.begin(), mine.end(), grads.begin());  // into the reducer's buffer, not a new one
+      red.begin_step(step);
+      for (int layer = int(spec.layers.size()) - 1; layer >= 0; --layer) red.on_layer_done(layer);
+      red.finish();
+      double worst = 0, scale = 0;
+      for (std::size_t i = 0; i < P; ++i) {
+        worst = std::max(worst, std::abs(grads[i] - want[i]));
+        scale = std::max(scale, std::abs(want[i]));
+      }
+      EXPECT_LE(worst, 1e-4 * scale) << "step " << step;
+    }
+  };
+  const auto plan = plan_buckets(spec, 1000, 1000);
+  Reducer red(*c, grads, plan, true, {}, auto_codec(args));
+  run_steps(red, 0, 4);
+  EXPECT_TRUE(reports.empty()) << "chosen before four timed steps";
+  run_steps(red, 4, 7);
+  ASSERT_EQ(reports.size(), 1u);
+  const CodecChoiceReport& rep = reports[0];
+  EXPECT_EQ(rep.step, 4);
+  ASSERT_EQ(rep.buckets.size(), plan.size());
+  EXPECT_GT(rep.link.bytes_per_s, 0);
+  EXPECT_NE(rep.text.find("bucket 0 "), std::string::npos) << rep.text;
+  std::string names;
+  for (const std::string& b : rep.buckets) {
+    EXPECT_TRUE(b == "none" || b == "bf16" || b == "powersgd:2") << b;
+    names += b + ",";
+  }
+  std::int64_t h = std::int64_t(std::hash<std::string>{}(names)), lo = h;
+  c->allreduce_max(std::span<std::int64_t>(&h, 1));
+  c->allreduce_min(std::span<std::int64_t>(&lo, 1));
+  EXPECT_EQ(h, lo) << "the ranks chose differently: " << names;
+  std::vector<float> state(std::size_t(red.codec_state_size()));
+  red.save_codec_state(state);
+  // The choice of the last bucket is the state's last value.
+  const std::string& last = rep.buckets.back();
+  EXPECT_EQ(state.back(), last == "none" ? 0.0f : last == "bf16" ? 1.0f : 2.0f);
+
+  reports.clear();
+  Reducer again(*c, grads, plan, true, {}, auto_codec(args));
+  again.load_codec_state(state);
+  run_steps(again, 7, 9);
+  EXPECT_TRUE(reports.empty()) << "a reducer given the choice chose again";
+  EXPECT_EQ(again.wire_bytes(), red.wire_bytes()) << "the same codecs";
 }
 
 // A collective's elements are read as the type they were made of: anything else is a program error.

@@ -400,7 +400,7 @@ TEST(Options, ConfigFilesParseAsBeforeAndTheCommandLineWins) {
             "accumulation-steps = 1\nallow-gpu-sharing = false\nbatch-size = 128\nbeta1 = 0.9\nbeta2 = "
             "0.999\nbias-init = zeros\n"
             "bucket-mb = 4\ncheck-replicas-every = 100\ncheckpoint-async = true\ncheckpoint-every = 0\n"
-            "collective-timeout = 300\nconv-algos = heuristic\ncuda-graph = false\ndevice = "
+            "collective-timeout = 300\ncompression-start-steps = -1\nconv-algos = heuristic\ncuda-graph = false\ndevice = "
             "cpu\nepochs = 3\neps = 1e-08\n"
             "eval-batch-size = 100\neval-every = 0\nexact-chunk = 0\nexact-sums = false\nfirst-bucket-mb = 1\nglobal-batch-size = 0\n"
             "grad-compression = none\n"

@@ -791,7 +791,7 @@ TEST(Monitor, NothingLostWhenEveryOutputIsWritten) {
   EXPECT_EQ(
       line,
       "{\"event\":\"start\",\"format\":1,\"version\":\"" MNIST_MPI_VERSION "\",\"config\":\"\",\"model\":\"conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10\",\"precision\":\"fp32\",\"exact_sums\":false,"
-      "\"optimizer\":\"adam\",\"lr\":0.001,\"seed\":42,\"steps_per_epoch\":2,\"total_steps\":4,\"world_size\":1,\"global_batch\":8,\"launcher\":\"direct\",\"shard_optimizer\":false,"
+      "\"optimizer\":\"adam\",\"lr\":0.001,\"seed\":42,\"steps_per_epoch\":2,\"total_steps\":4,\"world_size\":1,\"global_batch\":8,\"launcher\":\"direct\",\"shard_optimizer\":false,\"grad_compression\":\"none\","
       "\"optimizer_state_bytes_per_rank\":0,\"optimizer_state_bytes_total\":0}");
   EXPECT_TRUE(fs::is_regular_file(opt.report_file));
   fs::remove_all(dir);
@@ -1020,7 +1020,7 @@ TEST(Monitor, WritesEveryMetricsEventWithItsMembersInOrder) {
       "{\"event\":\"start\",\"format\":1,\"version\":\"" MNIST_MPI_VERSION "\",\"config\":\"\",\"model\":\"conv:5x5:32:same,relu,maxpool:2,conv:5x5:64:same,relu,maxpool:2,flatten,fc:1024,relu,dropout:0.5,fc:10\",\"precision\":\"fp32\",\"exact_sums\":false,"
       "\"optimizer\":\"adam\",\"lr\":0.001,\"seed\":42,\"steps_per_epoch\":2,\"total_steps\":4,\"world_size\":1,\"global_batch\":8,\"launcher\":\"srun\"" +
           slurm.substr(0, slurm.size() - 1) +
-          ",\"shard_optimizer\":true,\"optimizer_state_bytes_per_rank\":31400,\"optimizer_state_bytes_total\":62800}",
+          ",\"shard_optimizer\":true,\"grad_compression\":\"none\",\"optimizer_state_bytes_per_rank\":31400,\"optimizer_state_bytes_total\":62800}",
       "{\"event\":\"step\",\"step\":2,\"epoch\":1,\"loss\":null,\"lr\":null,\"images_per_s\":null}",
       "{\"event\":\"eval\",\"split\":\"validation\",\"step\":2,\"epoch\":1,\"accuracy\":0.875,\"loss\":0.5}",
       "{\"event\":\"eval\",\"split\":\"test\",\"step\":4,\"accuracy\":0.9,\"loss\":0.25}",

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/train/codec.hpp"
 #include "mnist_mpi/train/run_plan.hpp"
 
 namespace mnist_mpi {
@@ -148,9 +149,30 @@ TEST(RunPlan, AGlobalBatchLargerThanTheTrainingSplitIsRefused) {
 TEST(RunPlan, AGradientCodecNotInTheTableIsRefused) {
   Options o = global(100);
   o.grad_compression = "zstd";
-  EXPECT_EQ(refusal(o, job(2, 0)), "unknown gradient codec 'zstd' (one of: none, bf16)");
+  EXPECT_EQ(refusal(o, job(2, 0)), "unknown gradient codec 'zstd' (one of: none, bf16, powersgd[:RANK], auto[:RANK])");
   o.grad_compression = "bf16";
   EXPECT_NO_THROW(plan_run(o, job(2, 0)));
+  o.grad_compression = "bf16:2";
+  EXPECT_EQ(refusal(o, job(2, 0)), "--grad-compression bf16:2: bf16 takes no rank");
+  for (const char* bad : {"powersgd:0", "powersgd:33", "powersgd:x", "powersgd:2x", "powersgd:"}) {
+    o.grad_compression = bad;
+    EXPECT_EQ(refusal(o, job(2, 0)), std::string("--grad-compression ") + bad +
+                                         ": the rank must be a whole number from 1 to 32 (powersgd:2, say)");
+  }
+  o.grad_compression = "powersgd";
+  EXPECT_EQ(find_codec(o.grad_compression).rank, 2);
+  EXPECT_EQ(find_codec("powersgd:4").rank, 4);
+}
+
+// PowerSGD starts compressing at --compression-start-steps, a tenth of the run's steps when not given.
+TEST(RunPlan, CompressionStartsAtATenthOfTheRunUnlessTold) {
+  Options o = global(100);
+  o.max_steps = 250;
+  EXPECT_EQ(plan_run(o, job(2, 0)).compression_start_step, 25);
+  o.compression_start_steps = 0;
+  EXPECT_EQ(plan_run(o, job(2, 0)).compression_start_step, 0);
+  o.compression_start_steps = 400;
+  EXPECT_EQ(plan_run(o, job(2, 0)).compression_start_step, 400);
 }
 
 TEST(RunPlan, APerRankBatchTooLargeForTheSplitIsRefused) {
@@ -208,6 +230,42 @@ TEST(RunPlan, AnEmptyGlobalBatchIsRefused) {  // Options built in code with neit
   EXPECT_EQ(refusal(Options{}, job(1, 0, 100)),
             "the global batch (0 images) is larger than the training split (100 images); lower --batch-size / "
             "--global-batch-size");
+}
+
+}  // namespace
+}  // namespace mnist_mpi
+
+namespace mnist_mpi {
+namespace {
+
+// Note [Choosing a codec per bucket from the link]: three buckets of 4 MB of floats (2 MB in bf16,
+// 40 KB as PowerSGD factors in two sums), ready at 0, 5 and 10 ms, backward ending at 10 ms (the
+// last bucket is ready then).
+std::vector<BucketCosts> three_buckets() {
+  std::vector<BucketCosts> b(3);
+  for (int k = 0; k < 3; ++k) b[std::size_t(k)] = {0.005 * k, {4e6, 2e6, 4e4}, {1, 1, 2}};
+  return b;
+}
+
+TEST(AutoCodec, AFastLinkKeepsTheFloatsWhereTheyHide) {
+  // 10 GB/s and 100 us a sum: each bucket's floats take 0.5 ms, the first two end under backward;
+  // the last ends 0.5 ms after it, bf16 0.3 ms and PowerSGD 0.204 ms: PowerSGD there only.
+  EXPECT_EQ(choose_codecs(three_buckets(), 0.010, {100e-6, 10e9}), (std::vector<int>{0, 0, 2}));
+  // A link whose time is all latency (1 ms a sum): bf16 saves 0.2 % of the last bucket's time and
+  // PowerSGD's second sum costs more: the floats everywhere.
+  EXPECT_EQ(choose_codecs(three_buckets(), 0.010, {1e-3, 1e12}), (std::vector<int>{0, 0, 0}));
+}
+
+TEST(AutoCodec, ASlowerLinkCompressesNoMoreThanTheStepNeeds) {
+  // 400 MB/s: floats 10 ms a bucket, bf16 5 ms, PowerSGD 0.1 ms. bf16 on the first two keeps the
+  // wire busy up to backward's end (5 + 5 ms); the last bucket, ready then, ends first as PowerSGD.
+  // (A bucket-by-bucket choice would keep bucket 0's floats, which fill backward's 10 ms alone,
+  // and leave the rest no time.)
+  EXPECT_EQ(choose_codecs(three_buckets(), 0.010, {0.0, 400e6}), (std::vector<int>{1, 1, 2}));
+  // 100 MB/s: bf16 takes 20 ms a bucket: PowerSGD everywhere.
+  EXPECT_EQ(choose_codecs(three_buckets(), 0.010, {50e-6, 100e6}), (std::vector<int>{2, 2, 2}));
+  // Nothing to sum across ranks (an infinitely fast link): the floats.
+  EXPECT_EQ(choose_codecs(three_buckets(), 0.010, {0.0, 1e30}), (std::vector<int>{0, 0, 0}));
 }
 
 }  // namespace

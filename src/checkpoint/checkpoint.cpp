@@ -300,6 +300,7 @@ CheckpointEncoder::CheckpointEncoder(const ModelSpec& spec, const std::string& c
   }
   if (codec_.floats() > 0) {
     put<std::uint32_t>(b + cdec_at_ + kSectionHeaderBytes, static_cast<std::uint32_t>(codec_.ranks));
+    put<std::uint32_t>(b + cdec_at_ + kSectionHeaderBytes + 4, static_cast<std::uint32_t>(codec_.shared));
     put<std::uint64_t>(b + cdec_at_ + kSectionHeaderBytes + 8, static_cast<std::uint64_t>(codec_.per_rank));
   }
   // std::copy, not memcpy: a section may be empty (a CONF without options), and memcpy from
@@ -512,10 +513,12 @@ Checkpoint decode_checkpoint(std::span<const std::uint8_t> bytes, const std::str
     } else if (kind == kCdec) {
       need(length >= 16, "too short");
       ck.codec_ranks = static_cast<std::int64_t>(get<std::uint32_t>(p));
+      ck.codec_shared = static_cast<std::int64_t>(get<std::uint32_t>(p + 4));
       const auto per_rank = get<std::uint64_t>(p + 8);
       need(ck.codec_ranks > 0 && per_rank > 0 && per_rank <= length &&
                length - 16 == static_cast<std::uint64_t>(ck.codec_ranks) * per_rank * sizeof(float),
            "does not hold its ranks' states whole");
+      need(static_cast<std::uint64_t>(ck.codec_shared) <= per_rank, "shares more values than a rank holds");
       ck.codec_state.resize(static_cast<std::size_t>(length - 16) / sizeof(float));
       std::memcpy(ck.codec_state.data(), p + 16, static_cast<std::size_t>(length - 16));
     } else if (kind == kEnd) {

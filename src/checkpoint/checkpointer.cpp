@@ -183,7 +183,7 @@ Checkpointer::Checkpointer(const Options& options, Communicator& comm, const Che
     encoder_ = std::make_unique<CheckpointEncoder>(
         *run_.spec, config_for_checkpoint(opt_.resolved, run_.global_batch, per_rank_batch()),
         traits(opt_.optimizer.kind).moments == 2, run_.exact_chunk,
-        CodecStateShape{run_.codec_state > 0 ? comm_.size() : 0, run_.codec_state});
+        CodecStateShape{run_.codec_state > 0 ? comm_.size() : 0, run_.codec_state, run_.codec_shared});
     stats_.bytes = static_cast<double>(encoder_->size());
   }
   if (!opt_.resume.empty()) find_resume_checkpoint();  // may refuse: no thread runs yet
@@ -299,7 +299,7 @@ std::int64_t Checkpointer::restore(float* params,
               ExitCode::kCheckpoint, "checkpoint from rank 0 does not fit this rank's model");
   std::copy(ck.params.begin(), ck.params.end(), params);
   restore_state({ck.first_moment.data(), ck.second_moment.empty() ? nullptr : ck.second_moment.data(),
-                 ck.meta.optimizer_steps, ck.exact_limits, ck.model_state, ck.codec_ranks, ck.codec_state});
+                 ck.meta.optimizer_steps, ck.exact_limits, ck.model_state, ck.codec_ranks, ck.codec_shared, ck.codec_state});
   std::vector<std::uint8_t>().swap(resume_bytes_);
   return ck.meta.step;
 }

@@ -20,6 +20,9 @@ bool batch_norm(const Options& o) {
   return false;
 }
 
+// The gradient codec's name: --grad-compression without its ":RANK".
+std::string codec_name(const Options& o) { return o.grad_compression.substr(0, o.grad_compression.find(':')); }
+
 // The global batch and the micro-batches it is cut into (ranks x accumulation steps), when the
 // global batch is given (or the default); a per-rank --batch-size makes every micro-batch whole.
 struct Cut {
@@ -56,16 +59,26 @@ constexpr Combination kCombinations[] = {
      [](const Options&, const RunPlace&) -> std::string {
        return "--precision bf16 with --exact-sums: the exact sums run the fp32 kernels only; drop one of them";
      }},
-    {false, [](const Options& o, const RunPlace&) { return o.exact_sums && o.grad_compression == "bf16"; },
+    {false, [](const Options& o, const RunPlace&) { return o.exact_sums && codec_name(o) == "bf16"; },
      [](const Options&, const RunPlace&) -> std::string {
        return "--grad-compression bf16 with --exact-sums: bf16 on the wire rounds every rank's gradient and every "
               "addition of the sum, so the parameters would depend on the number of ranks, which is what the exact "
               "sums exclude; drop one of them";
      }},
-    {true, [](const Options& o, const RunPlace& p) { return o.grad_compression == "bf16" && p.cuda; },
-     [](const Options&, const RunPlace&) -> std::string {
-       return "--grad-compression bf16 on a GPU: its codec runs on the CPU only so far; drop it (NCCL's float sums "
-              "are the GPU's) or train with --device cpu";
+    {false,
+     [](const Options& o, const RunPlace&) {
+       return o.exact_sums && (codec_name(o) == "powersgd" || codec_name(o) == "auto");
+     },
+     [](const Options& o, const RunPlace&) -> std::string {
+       return "--grad-compression " + codec_name(o) +
+              " with --exact-sums: PowerSGD's factors are summed in floats so far, so the parameters would depend "
+              "on the number of ranks, which is what the exact sums exclude; drop one of them";
+     }},
+    {true, [](const Options& o, const RunPlace& p) { return codec_name(o) != "none" && p.cuda; },
+     [](const Options& o, const RunPlace&) -> std::string {
+       return "--grad-compression " + o.grad_compression +
+              " on a GPU: its codec runs on the CPU only so far; drop it (NCCL's float sums are the GPU's) or train "
+              "with --device cpu";
      }},
     {false, [](const Options& o, const RunPlace&) { return o.exact_sums && batch_norm(o); },
      [](const Options&, const RunPlace&) -> std::string {

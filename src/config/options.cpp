@@ -325,9 +325,14 @@ void add_option_table(po::options_description& all, Options& o, ChoiceTexts& cho
       "--exact-sums: images per chunk; it divides the global batch, and the number of chunks is the most ranks "
       "(0 = the largest divisor of the global batch up to 10)")(
       "grad-compression", po::value(&o.grad_compression)->default_value(d.grad_compression),
-      "none | bf16: what goes on the wire for each gradient bucket (include/mnist_mpi/train/codec.hpp). bf16: half "
-      "the bytes, summed in bf16, each rank's rounding residual added to its next step's gradient (error "
-      "feedback; docs/reduction.md)")(
+      "none | bf16 | powersgd[:RANK] | auto[:RANK]: what goes on the wire for each gradient bucket "
+      "(include/mnist_mpi/train/codec.hpp). bf16: half the bytes, summed in bf16, each rank's rounding residual "
+      "added to its next step's gradient (error feedback). powersgd:RANK (default 2): each conv and fc weight "
+      "matrix as two rank-RANK factors, with error feedback and a warm start. auto: per bucket none, bf16 or "
+      "powersgd:RANK, chosen from the measured link and backward's timing (docs/reduction.md)")(
+      "compression-start-steps", po::value(&o.compression_start_steps)->default_value(d.compression_start_steps),
+      "powersgd, auto: the global step from which it compresses (auto: chooses, after at least 4 timed steps); "
+      "the floats before it (-1 = a tenth of the run's steps)")(
       "no-overlap", po::bool_switch(&o.no_overlap),
       "one blocking sum of all gradients after backward (sharded: one blocking reduce-scatter per bucket), "
       "no overlap (for comparison)")(
@@ -506,6 +511,11 @@ void check_counts(const Options& o, const po::variables_map& vm) {
       throw_error(ExitCode::kUsage, std::string("--") + name + " must be > 0, got 0 (leave it out for the default global batch of " +
                                         std::to_string(kDefaultGlobalBatch) + ")");
   }
+  if (o.compression_start_steps < 0 && (o.compression_start_steps != -1 || (vm.count("compression-start-steps") != 0 &&
+                                                                          !vm["compression-start-steps"].defaulted())))
+    throw_error(ExitCode::kUsage, "--compression-start-steps must be >= 0, got " +
+                                      std::to_string(o.compression_start_steps) +
+                                      " (leave it out for a tenth of the run's steps)");
   positive(o.epochs, "epochs", false);
   positive(o.accumulation_steps, "accumulation-steps", false);
   positive(o.exact_chunk, "exact-chunk", true);

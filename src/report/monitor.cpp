@@ -162,6 +162,11 @@ void Monitor::on_start(const StartFacts& f) {
                {"launcher", launch_.launcher}};
     launch_.add_json_fields(event);
     event["shard_optimizer"] = f.shard_optimizer;
+    event["grad_compression"] = f.grad_compression.empty() ? std::string("none") : f.grad_compression;
+    if (!f.grad_compression.empty()) {
+      event["compression_start_step"] = f.compression_start_step;
+      event["wire_bytes_per_step"] = json_number(f.wire_bytes);
+    }
     event["optimizer_state_bytes_per_rank"] = f.optimizer_state_bytes;
     event["optimizer_state_bytes_total"] = f.optimizer_state_total_bytes;
     metrics(event);
@@ -203,6 +208,19 @@ void Monitor::on_start(const StartFacts& f) {
      << opt_.first_bucket_mb << " MB), " << (opt_.no_overlap ? "one blocking sum after backward" : f.gradient_progress)
      << "\n";
   if (!f.conv_algos.empty()) os << f.conv_algos << "\n";
+  if (f.grad_compression.rfind("auto", 0) == 0) {
+    os << "gradient codec: " << f.grad_compression
+       << ": each bucket none, bf16 or powersgd, chosen from the measured link and backward's timing at step "
+       << f.compression_start_step << " or after 4 timed steps, whichever is later (floats before it)\n";
+  } else if (!f.grad_compression.empty()) {
+    char line[200];
+    std::snprintf(line, sizeof line, "gradient codec: %s, %.2f MB a step on the wire instead of %.2f MB (%.1fx less)",
+                  f.grad_compression.c_str(), f.wire_bytes / 1e6, f.float_bytes / 1e6,
+                  f.wire_bytes > 0 ? f.float_bytes / f.wire_bytes : 0.0);
+    os << line;
+    if (f.compression_start_step > 0) os << ", from step " << f.compression_start_step << " (floats before it)";
+    os << "\n";
+  }
   if (opt_.cuda_graph)
     os << "step: captured as one CUDA graph at its second run and replayed (--cuda-graph); the host does not time "
           "its parts\n";
@@ -332,6 +350,21 @@ void Monitor::on_preempted(const PreemptedFacts& f) {
     Json event{{"event", "preempted"}, {"signal", f.signal}, {"step", f.steps}, {"checkpoint", f.checkpoint}};
     launch_.add_json_fields(event);
     metrics(event);
+  }
+}
+
+void Monitor::on_codec_choice(const CodecChoice& c) {
+  if (!rank0_) return;
+  progress_.line(c.text.c_str());  // not with --quiet
+  if (metrics_file_) {
+    Json buckets = Json::array();
+    for (const std::string& b : c.buckets) buckets.push_back(b);
+    metrics(Json{{"event", "codec_choice"},
+                 {"step", c.step},
+                 {"link_gbit_s", json_number(c.link_gbit_s)},
+                 {"latency_us", json_number(c.latency_us)},
+                 {"backward_ms", json_number(c.backward_ms)},
+                 {"buckets", buckets}});
   }
 }
 

@@ -141,25 +141,25 @@ namespace {
 // The summed mode: the codec the options name (--grad-compression) on the floats' buckets.
 class SummedMode final : public GradientMode {
  public:
-  SummedMode(const CodecRow& row, const ModelSpec& spec)
-      : codec_(row.make()), bytes_(static_cast<double>(spec.param_count) * row.wire_bytes) {}
+  explicit SummedMode(CodecFactory codec) : codec_(std::move(codec)) {}
   CodecFactory codec() const override { return codec_; }
   std::unique_ptr<GradientPipeline> pipeline(const StepParts& parts, const StepShape& shape) override {
     return make_summed_pipeline(parts, shape);
   }
-  double reduced_bytes() const override { return bytes_; }
+  double reduced_bytes() const override { return 0; }  // the codecs say (Reducer::wire_bytes)
 
  private:
   CodecFactory codec_;
-  double bytes_;  // on the wire per step
 };
 
 }  // namespace
 
 std::unique_ptr<GradientMode> make_gradient_mode(const Options& options, const RunPlan& plan, const ModelSpec& spec,
-                                                 Backend& backend) {
+                                                 Backend& backend, CodecReport report) {
   if (plan.chunks() > 0) return make_exact_mode(plan, spec, backend);
-  return std::make_unique<SummedMode>(find_codec(options.grad_compression), spec);
+  const CodecChoice choice = find_codec(options.grad_compression);
+  return std::make_unique<SummedMode>(choice.row->make(
+      CodecArgs{choice.rank, plan.compression_start_step, options.seed, spec.params, std::move(report)}));
 }
 
 }  // namespace mnist_mpi

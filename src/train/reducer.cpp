@@ -86,8 +86,16 @@ void Reducer::on_layer_done(int layer) {
   if (overlap_) start_ready(layer);
 }
 
+void Reducer::begin_step(std::int64_t step) {
+  if (whole_) whole_->begin_step(step);
+  for (const auto& c : codecs_) c->begin_step(step);
+}
+
+// Note [A codec's later collectives] (include/mnist_mpi/train/codec.hpp): the bucket before moves
+// on just before the next one starts, and every bucket once backward is done.
 void Reducer::start_ready(int layer) {
   while (next_ < buckets_.size() && buckets_[next_].ready_after_layer >= layer) {
+    if (next_ > 0) codecs_[next_ - 1]->advance();
     timings_[next_].start = std::chrono::steady_clock::now();
     codecs_[next_]->start();
     ++next_;
@@ -98,12 +106,15 @@ double Reducer::start_remaining() {
   const auto t0 = std::chrono::steady_clock::now();
   agreed_ = false;  // a new step's sums: its verdicts are not agreed on yet
   if (overlap_) {
-    start_ready(-1);       // anything not yet started
+    start_ready(-1);  // anything not yet started
+    for (const auto& c : codecs_) c->advance();
   } else if (sharded()) {  // every bucket's shard, blocking: the shards are per bucket
     start_ready(-1);
+    for (const auto& c : codecs_) c->advance();
     for (std::size_t k = buckets_.size(); k-- > 0;) wait_bucket(k);
   } else {  // one sum of the whole buffer
     whole_->start();
+    whole_->advance();
     whole_->finish(nullptr);
     const auto t1 = std::chrono::steady_clock::now();
     for (BucketTiming& t : timings_) t = BucketTiming{t0, t1};
@@ -183,42 +194,70 @@ double Reducer::wait_gathers() {
 
 // --no-overlap's whole-buffer codec (whole_) keeps the state of a run without overlap; the
 // per-bucket codecs that of one with it. Either way the state is in flat order for a codec whose
-// state is per element (bf16's residuals), so a checkpoint resumes under other buckets too.
+// state is per element (bf16's residuals), so a checkpoint resumes under other buckets too. Every
+// codec's own part comes first, in bucket order, then every codec's shared part (Note [Codec state
+// on another number of ranks]).
 std::int64_t Reducer::codec_state_size() const {
-  if (whole_) return static_cast<std::int64_t>(whole_->state().size());
   std::int64_t n = 0;
-  for (const auto& c : codecs_) n += static_cast<std::int64_t>(c->state().size());
+  for_each_codec([&](GradientCodec& c) { n += static_cast<std::int64_t>(c.state().size()); });
   return n;
+}
+
+std::int64_t Reducer::codec_shared_state_size() const {
+  std::int64_t n = 0;
+  for_each_codec([&](GradientCodec& c) { n += c.shared_state_size(); });
+  return n;
+}
+
+void Reducer::for_each_codec(FunctionRef<void(GradientCodec&)> f) const {
+  if (whole_)
+    f(*whole_);
+  else
+    for (const auto& c : codecs_) f(*c);
+}
+
+double Reducer::wire_bytes() const {
+  double n = 0;
+  bool known = true;
+  for_each_codec([&](GradientCodec& c) {
+    n += c.wire_bytes();
+    known = known && c.wire_bytes() > 0;
+  });
+  return known ? n : 0.0;
+}
+
+// copy(codec's span, at) for each codec's own part, then for each codec's shared part; each
+// codec's state() asked for once (at checkpoints and at resume only).
+void Reducer::codec_state_parts(FunctionRef<void(std::span<float>, std::size_t)> copy) const {
+  std::vector<std::pair<std::span<float>, std::size_t>> states;  // a codec's state, its own part's size
+  for_each_codec([&](GradientCodec& c) {
+    const std::span<float> s = c.state();
+    states.emplace_back(s, s.size() - static_cast<std::size_t>(c.shared_state_size()));
+  });
+  std::size_t at = 0;
+  for (const bool shared : {false, true})
+    for (const auto& [s, own] : states) {
+      const std::span<float> part = shared ? s.subspan(own) : s.first(own);
+      copy(part, at);
+      at += part.size();
+    }
 }
 
 void Reducer::save_codec_state(std::span<float> out) const {
   MNIST_CHECK(static_cast<std::int64_t>(out.size()) == codec_state_size(), ExitCode::kRuntime,
               "Reducer: the codec state's size");
-  std::size_t at = 0;
-  const auto save = [&](GradientCodec& c) {
-    const std::span<float> s = c.state();
-    std::copy(s.begin(), s.end(), out.begin() + static_cast<std::ptrdiff_t>(at));
-    at += s.size();
-  };
-  if (whole_)
-    save(*whole_);
-  else
-    for (const auto& c : codecs_) save(*c);
+  codec_state_parts([&](std::span<float> part, std::size_t at) {
+    std::copy(part.begin(), part.end(), out.begin() + static_cast<std::ptrdiff_t>(at));
+  });
 }
 
 void Reducer::load_codec_state(std::span<const float> in) {
   MNIST_CHECK(static_cast<std::int64_t>(in.size()) == codec_state_size(), ExitCode::kRuntime,
               "Reducer: the codec state's size");
-  std::size_t at = 0;
-  const auto load = [&](GradientCodec& c) {
-    const std::span<float> s = c.state();
-    std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(at), s.size(), s.begin());
-    at += s.size();
-  };
-  if (whole_)
-    load(*whole_);
-  else
-    for (const auto& c : codecs_) load(*c);
+  codec_state_parts([&](std::span<float> part, std::size_t at) {
+    std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(at), part.size(), part.begin());
+  });
+  for_each_codec([](GradientCodec& c) { c.state_loaded(); });
 }
 
 void Reducer::gather_codec_state(int root) {
@@ -237,22 +276,31 @@ void Reducer::gather_codec_state(int root) {
 // as many ranks as the run that wrote the checkpoint, rank r takes rank r's state back: the resumed
 // run is the straight one, bit for bit. On another number, what the next step must still send is
 // the residuals' sum over the ranks (the sum is all the ranks' gradients ever reach), so rank 0
-// takes that sum (added in rank order) and the others start from zero. A checkpoint without codec
-// state (written by a run without such a codec) starts every rank from zero; a run whose codec keeps
-// nothing ignores one that has it.
-void Reducer::restore_codec_state(std::int64_t ranks, std::span<const float> all) {
+// takes that sum (added in rank order) and the others start from zero. What every rank holds alike
+// (PowerSGD's warm-start factors: the state's last codec_shared_state_size() values) every rank
+// takes from rank 0. A checkpoint without codec state (written by a run without such a codec)
+// starts every rank from zero; a run whose codec keeps nothing ignores one that has it. The size
+// of PowerSGD's state depends on the buckets (a matrix split across two is two), so a resume keeps
+// the bucket sizes too.
+void Reducer::restore_codec_state(std::int64_t ranks, std::int64_t shared, std::span<const float> all) {
   const auto n = static_cast<std::size_t>(codec_state_size());
   if (n == 0 || ranks == 0) return;
-  MNIST_CHECK(all.size() == static_cast<std::size_t>(ranks) * n, ExitCode::kCheckpoint,
+  MNIST_CHECK(all.size() == static_cast<std::size_t>(ranks) * n && shared == codec_shared_state_size(),
+              ExitCode::kCheckpoint,
               "the checkpoint's gradient-codec state holds " + std::to_string(all.size() / static_cast<std::size_t>(ranks)) +
                   " values a rank, this run's codec keeps " + std::to_string(n) +
-                  ": resume with the --grad-compression of the run that wrote it");
+                  ": resume with the --grad-compression (and the --bucket-mb, --first-bucket-mb and "
+                  "--no-overlap) of the run that wrote it");
   std::vector<float> mine(n, 0.0f);  // once, at resume
+  const auto own = n - static_cast<std::size_t>(codec_shared_state_size());
   if (ranks == comm_.size()) {
     std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(comm_.rank()) * n), n, mine.begin());
-  } else if (comm_.rank() == 0) {
-    for (std::int64_t q = 0; q < ranks; ++q)
-      for (std::size_t i = 0; i < n; ++i) mine[i] += all[static_cast<std::size_t>(q) * n + i];
+  } else {
+    if (comm_.rank() == 0)
+      for (std::int64_t q = 0; q < ranks; ++q)
+        for (std::size_t i = 0; i < own; ++i) mine[i] += all[static_cast<std::size_t>(q) * n + i];
+    std::copy(all.begin() + static_cast<std::ptrdiff_t>(own), all.begin() + static_cast<std::ptrdiff_t>(n),
+              mine.begin() + static_cast<std::ptrdiff_t>(own));
   }
   load_codec_state(mine);
 }

@@ -113,7 +113,11 @@ void Rig::make_training_state(const RigInputs& in) {
     return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * 1048576.0 / sizeof(float)));
   };
   const auto flat = [&](Buffer& b) { return std::span<float>(b.data(), static_cast<std::size_t>(spec.param_count)); };
-  mode = make_gradient_mode(opt, plan, spec, *backend);
+  mode = make_gradient_mode(opt, plan, spec, *backend, [this](const CodecChoiceReport& r) {
+    if (monitor)
+      monitor->on_codec_choice({r.step, r.text, r.link.bytes_per_s * 8 / 1e9, r.link.latency_s * 1e6,
+                                r.backward_s * 1e3, r.buckets});
+  });
   reducer = std::make_unique<Reducer>(*grad_comm, flat(*grads),
                                       plan_buckets(spec, mb_to_elems(opt.bucket_mb), mb_to_elems(opt.first_bucket_mb)),
                                       !opt.no_overlap,
@@ -141,7 +145,8 @@ void Rig::make_training_state(const RigInputs& in) {
   checkpointer =
       std::make_unique<Checkpointer>(opt, comm,
                                      CheckpointRun{&spec, plan.global_batch, data.train.count, plan.steps_per_epoch,
-                                                   plan.total_steps, plan.exact_chunk, reducer->codec_state_size()});
+                                                   plan.total_steps, plan.exact_chunk, reducer->codec_state_size(),
+                                                   reducer->codec_shared_state_size()});
   boundary = std::make_unique<StepBoundary>(opt, comm, *checkpointer, *in.source);
 }
 
@@ -210,7 +215,7 @@ std::int64_t Rig::restore() {
   const std::int64_t first_step = checkpointer->restore(params->host(), [&](const RestoredState& r) {
     optimizer->restore(r.first_moment, r.second_moment, r.steps);
     mode->restore_limits(r.exact_limits);  // checked against the mode when it was chosen
-    reducer->restore_codec_state(r.codec_ranks, r.codec_state);
+    reducer->restore_codec_state(r.codec_ranks, r.codec_shared, r.codec_state);
     if (spec.state_count > 0) {                    // the sizes were checked against the spec (Checkpointer::restore)
       std::copy(r.model_state.begin(), r.model_state.end(), params->state_host());
       params->state_to_backend();
@@ -258,7 +263,10 @@ void Rig::flip_first_parameter() {
   params->to_backend();
 }
 
-double Rig::reduced_bytes() const { return mode->reduced_bytes(); }
+double Rig::reduced_bytes() const {
+  const double bytes = mode->reduced_bytes();
+  return bytes > 0 ? bytes : reducer->wire_bytes();
+}
 
 NonfiniteSteps::Hooks Rig::verdict_hooks(std::function<void()> restart_window) {
   return {.verdict =
@@ -311,6 +319,11 @@ StartFacts Rig::start_facts(const RunDevice& device, const LaunchEnv& launch, co
       .per_rank_batch = plan.batch,
       .gradient_progress = grad_comm->progress_mode(),
       .conv_algos = conv_timing.banner,
+      .grad_compression = plan.chunks() > 0 || opt.grad_compression == "none" ? std::string() : opt.grad_compression,
+      .compression_start_step =
+          plan.chunks() == 0 && find_codec(opt.grad_compression).row->starts_later ? plan.compression_start_step : 0,
+      .wire_bytes = reducer->wire_bytes(),
+      .float_bytes = static_cast<double>(spec.param_count) * sizeof(float),
       .optimizer_state_bytes = largest_state * moments * static_cast<std::int64_t>(sizeof(float)),
       .optimizer_state_total_bytes = spec.param_count * moments * static_cast<std::int64_t>(sizeof(float)),
       .shard_optimizer = plan.sharded};

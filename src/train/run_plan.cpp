@@ -93,6 +93,7 @@ RunPlan plan_run(const Options& opt, const JobFacts& job) {
   MNIST_CHECK(p.total_steps >= 0, ExitCode::kUsage,
               "--epochs " + std::to_string(opt.epochs) + " is too large to train (it overflows a 64-bit count)");
   learning_rate(opt.schedule, 0, 0, p.total_steps);  // validates the schedule's name
+  p.compression_start_step = opt.compression_start_steps >= 0 ? opt.compression_start_steps : p.total_steps / 10;
   p.threads = opt.threads;
   if (opt.exact_sums) p.threads = 1;  // one thread per rank: more are refused (config/combinations.cpp)
   if (p.threads == 0) p.threads = job.local_size > 1 ? 1 : static_cast<int>(std::max(1u, job.hardware_threads));

@@ -48,6 +48,7 @@ StepResult Step::run(std::int64_t step, double lr, bool poison) {
   const Slice first = p_.sampler->slice(step, shape_.rank * shape_.accumulation, shape_.world * shape_.accumulation);
   p_.backend->set_step_args(step, lr, first.position - first.first);
   use_order(first.epoch);  // every micro-batch of a step is in the same epoch
+  p_.reducer->begin_step(step);
   if (graph_ && !poison && runs_ > 0) {
     if (!graph_->captured()) {
       StepTiming ignored;  // nothing runs while it is recorded

@@ -89,12 +89,14 @@ struct Checkpoint {
   // Note [A gradient codec] in include/mnist_mpi/train/codec.hpp): every rank's state, in rank
   // order, codec_state.size() / codec_ranks floats each.
   std::int64_t codec_ranks = 0;  // 0: no codec state
+  std::int64_t codec_shared = 0;  // of each rank's, the last values, the same on every rank
   std::vector<float> codec_state;
 };
 
-// The CDEC section's shape: `ranks` states of `per_rank` floats.
+// The CDEC section's shape: `ranks` states of `per_rank` floats, the last `shared` of each the same
+// on every rank.
 struct CodecStateShape {
-  std::int64_t ranks = 0, per_rank = 0;
+  std::int64_t ranks = 0, per_rank = 0, shared = 0;
   std::size_t floats() const { return static_cast<std::size_t>(ranks * per_rank); }
 };
 

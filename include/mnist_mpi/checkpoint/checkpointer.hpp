@@ -34,6 +34,7 @@ struct CheckpointRun {
   std::int64_t global_batch = 0, train_count = 0, steps_per_epoch = 0, total_steps = 0;
   std::int64_t exact_chunk = 0;  // --exact-sums: the chunk (0: off); a resume must keep both
   std::int64_t codec_state = 0;  // floats of gradient-codec state per rank (0: the codec keeps none)
+  std::int64_t codec_shared = 0;  // of them, the last ones, the same on every rank
 };
 
 // The training state a checkpoint saves, in host memory.
@@ -60,6 +61,7 @@ struct RestoredState {
   // The gradient codec's state of every rank of the run that wrote it (codec_ranks of them, in
   // rank order; empty when its codec kept none).
   std::int64_t codec_ranks = 0;
+  std::int64_t codec_shared = 0;  // of each rank's, the last values (the same on every rank)
   std::span<const float> codec_state;
 };
 

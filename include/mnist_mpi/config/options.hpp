@@ -56,8 +56,9 @@ struct Options {
   bool exact_sums = false;
   std::int64_t exact_chunk = 0;
   // --grad-compression: the gradient codec's name (kCodecs in src/train/codecs/codecs.cpp, which
-  // refuses a name it lacks): none (floats) or bf16.
+  // refuses a name it lacks): none (floats), bf16, powersgd[:RANK] or auto[:RANK].
   std::string grad_compression = "none";
+  std::int64_t compression_start_steps = -1;  // powersgd's first compressed step; -1: a tenth of the run's
   // checkpoints (docs/checkpoint.md)
   std::string checkpoint_dir;         // empty: no checkpoints
   std::int64_t checkpoint_every = 0;  // steps; 0: only at epoch ends and at the end of the run

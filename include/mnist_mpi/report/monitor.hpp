@@ -83,6 +83,11 @@ struct StartFacts {
   std::int64_t per_rank_batch = 0;  // per micro-batch
   std::string gradient_progress;    // Communicator::progress_mode() of the gradient communicator
   std::string conv_algos;           // Backend::time_convolutions' line (--conv-algos measured), or empty
+  // --grad-compression other than none: the codec as given, the step it starts compressing at, and
+  // the bytes a rank sends into the gradient sums in a step, compressed and as floats.
+  std::string grad_compression;
+  std::int64_t compression_start_step = 0;
+  double wire_bytes = 0, float_bytes = 0;
   // The optimiser's moments: the largest any rank holds, and the whole (equal unless sharded).
   std::int64_t optimizer_state_bytes = 0, optimizer_state_total_bytes = 0;
   bool shard_optimizer = false;  // --shard-optimizer
@@ -123,6 +128,15 @@ class Monitor {
                Clock::time_point begin, Clock::time_point end, bool final_test = false);
   // A step skipped for a non-finite gradient (--skip-nonfinite-steps), on rank 0: why.
   void on_skipped_step(std::int64_t step, const std::string& why);
+  // --grad-compression auto chose its codecs (rank 0 prints `text` and writes a "codec_choice"
+  // event: the link measured, backward's time and each bucket's codec).
+  struct CodecChoice {
+    std::int64_t step = 0;
+    std::string text;
+    double link_gbit_s = 0, latency_us = 0, backward_ms = 0;
+    std::vector<std::string> buckets;
+  };
+  void on_codec_choice(const CodecChoice& c);
   // Rank 0, when a signal stopped the run: the message on stderr and the "preempted" event.
   void on_preempted(const PreemptedFacts& facts);
   // Rank 0, after the last step and the test evaluation: the final report on stdout (not with

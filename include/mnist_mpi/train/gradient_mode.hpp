@@ -24,7 +24,7 @@ class GradientMode {
   virtual CodecFactory codec() const = 0;  // each bucket's codec
   // The pipeline of the step (made once, on the step's parts).
   virtual std::unique_ptr<GradientPipeline> pipeline(const StepParts& parts, const StepShape& shape) = 0;
-  virtual double reduced_bytes() const = 0;  // summed per step
+  virtual double reduced_bytes() const = 0;  // summed per step; 0: the codecs say (Reducer::wire_bytes)
   // What a checkpoint keeps of the mode (the exact sums' limits of the next step; none summed) and
   // puts back at resume.
   virtual std::span<const std::int32_t> limits() const { return {}; }
@@ -33,8 +33,9 @@ class GradientMode {
 };
 
 // The mode of the plan (RunPlan::chunks() > 0: the exact sums), its buffers in the backend's memory.
+// report: told what --grad-compression auto chose (may be empty).
 std::unique_ptr<GradientMode> make_gradient_mode(const Options& options, const RunPlan& plan, const ModelSpec& spec,
-                                                 Backend& backend);
+                                                 Backend& backend, CodecReport report = {});
 // The exact sums' mode (src/train/exact_pipeline.cpp).
 std::unique_ptr<GradientMode> make_exact_mode(const RunPlan& plan, const ModelSpec& spec, Backend& backend);
 

@@ -45,6 +45,8 @@ class Reducer {
   Reducer(Communicator& comm, std::span<float> grads, std::vector<Bucket> buckets, bool overlap,
           std::span<float> sharded_params = {}, const CodecFactory& codec = float_codec(), Backend* backend = nullptr);
 
+  // Call before the step's backward with its global step (a codec that starts compressing later).
+  void begin_step(std::int64_t step);
   // Call after backward finished `layer` (layers come in descending order): starts every bucket
   // whose gradients are now final, in index order.
   void on_layer_done(int layer);
@@ -88,6 +90,7 @@ class Reducer {
   // The codecs' state from step to step (GradientCodec::state), every bucket's in bucket order:
   // its size, a copy into out (codec_state_size() floats), and a checkpoint's put back.
   std::int64_t codec_state_size() const;
+  std::int64_t codec_shared_state_size() const;  // of it, the last values, the same on every rank
   void save_codec_state(std::span<float> out) const;
   void load_codec_state(std::span<const float> in);
   // For a checkpoint (collective): every rank's codec state to rank root, in rank order, which
@@ -97,7 +100,10 @@ class Reducer {
   // A checkpoint's codec states (`ranks` of them, in rank order) put back, by Note [Codec state
   // on another number of ranks]; a run whose codecs keep none ignores them. Throws
   // Error(kCheckpoint) when a state's size is not this run's.
-  void restore_codec_state(std::int64_t ranks, std::span<const float> all);
+  void restore_codec_state(std::int64_t ranks, std::int64_t shared, std::span<const float> all);
+
+  // Bytes a rank sends into the gradient sums in a step, by its codecs (0 where one does not say).
+  double wire_bytes() const;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   Communicator& communicator() const { return comm_; }
@@ -106,6 +112,8 @@ class Reducer {
  private:
   void start_ready(int layer);  // starts every bucket final after `layer`, in index order
   std::span<float> range(std::int64_t begin, std::int64_t end) const;  // of grads_
+  void for_each_codec(FunctionRef<void(GradientCodec&)> f) const;   // whole_'s, or every bucket's
+  void codec_state_parts(FunctionRef<void(std::span<float>, std::size_t)> copy) const;
 
   Communicator& comm_;
   std::span<float> grads_;

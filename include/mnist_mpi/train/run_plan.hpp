@@ -34,6 +34,7 @@ struct RunPlan {
   std::int64_t exact_chunk = 0;
   ChunkRange my_chunks;
   std::int64_t steps_per_epoch = 0, total_steps = 0;
+  std::int64_t compression_start_step = 0;  // --compression-start-steps, resolved (-1: total_steps / 10)
   bool sharded = false;  // --shard-optimizer, resolved (auto: on for the CPU with 2 or more ranks)
   int threads = 1;       // compute threads per rank (CPU)
 

@@ -42,6 +42,7 @@ class Bf16Codec final : public GradientCodec {
     bf16_decode(wire_.data() + receives_.begin, grads_.data() + receives_.begin, receives_.size());
   }
   std::span<float> state() override { return residual_; }
+  double wire_bytes() const override { return static_cast<double>(wire_.size() * sizeof(Bf16)); }
 
  private:
   Communicator& comm_;

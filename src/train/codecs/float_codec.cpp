@@ -14,6 +14,7 @@ class FloatCodec final : public GradientCodec {
   }
   bool in_flight() const override { return request_.active(); }
   void finish(std::chrono::steady_clock::time_point* completed) override { comm_.wait(request_, completed); }
+  double wire_bytes() const override { return static_cast<double>(grads_.size_bytes()); }
 
  private:
   Communicator& comm_;
