@@ -251,17 +251,23 @@ TEST(AutoCodec, AFastLinkKeepsTheFloatsWhereTheyHide) {
   // 10 GB/s and 100 us a sum: each bucket's floats take 0.5 ms, the first two end under backward;
   // the last ends 0.5 ms after it, bf16 0.3 ms and PowerSGD 0.204 ms: PowerSGD there only.
   EXPECT_EQ(choose_codecs(three_buckets(), 0.010, {100e-6, 10e9}), (std::vector<int>{0, 0, 2}));
+  // 50 GB/s and 10 us: the last bucket's floats end 0.09 ms after backward, less than 2 % of its
+  // 10 ms: what compressing it would save is less than its compute may cost. The floats.
+  EXPECT_EQ(choose_codecs(three_buckets(), 0.010, {10e-6, 50e9}), (std::vector<int>{0, 0, 0}));
   // A link whose time is all latency (1 ms a sum): bf16 saves 0.2 % of the last bucket's time and
   // PowerSGD's second sum costs more: the floats everywhere.
   EXPECT_EQ(choose_codecs(three_buckets(), 0.010, {1e-3, 1e12}), (std::vector<int>{0, 0, 0}));
 }
 
 TEST(AutoCodec, ASlowerLinkCompressesNoMoreThanTheStepNeeds) {
-  // 400 MB/s: floats 10 ms a bucket, bf16 5 ms, PowerSGD 0.1 ms. bf16 on the first two keeps the
-  // wire busy up to backward's end (5 + 5 ms); the last bucket, ready then, ends first as PowerSGD.
-  // (A bucket-by-bucket choice would keep bucket 0's floats, which fill backward's 10 ms alone,
-  // and leave the rest no time.)
-  EXPECT_EQ(choose_codecs(three_buckets(), 0.010, {0.0, 400e6}), (std::vector<int>{1, 1, 2}));
+  // 400 MB/s: floats 10 ms a bucket, bf16 5 ms, PowerSGD 0.1 ms. Bucket 0's floats fill backward's
+  // 10 ms; buckets 1 and 2 as PowerSGD then end at 10.1 and 10.2 ms. bf16 on bucket 0 would end
+  // the last at 10.1 ms: 0.1 ms, less than 2 % of backward, not worth its compute.
+  EXPECT_EQ(choose_codecs(three_buckets(), 0.010, {0.0, 400e6}), (std::vector<int>{0, 2, 2}));
+  // The same with 0.5 ms a sum (PowerSGD's two sums 1.1 ms): buckets 1 and 2 as PowerSGD end at
+  // 6.6 and 11.1 ms after bucket 0 as bf16 (5.5 ms); bucket 0 as PowerSGD would end the last no
+  // sooner, so it keeps the lesser compression.
+  EXPECT_EQ(choose_codecs(three_buckets(), 0.010, {0.5e-3, 400e6}), (std::vector<int>{1, 2, 2}));
   // 100 MB/s: bf16 takes 20 ms a bucket: PowerSGD everywhere.
   EXPECT_EQ(choose_codecs(three_buckets(), 0.010, {50e-6, 100e6}), (std::vector<int>{2, 2, 2}));
   // Nothing to sum across ranks (an infinitely fast link): the floats.

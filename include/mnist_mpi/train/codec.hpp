@@ -124,7 +124,8 @@ struct BucketCosts {
 };
 // Per bucket, in start order, the codec (an index into none, bf16, powersgd): from none
 // everywhere, the one change of one bucket that ends the last sum (each queued behind the one
-// before) soonest, while a change cuts the time past backward's end (backward_s) by more than 2 %;
+// before) soonest, while a change cuts the time past backward's end (backward_s) by more than 2 %
+// of it and of backward_s;
 // then each bucket back to the least compression that ends the last sum no later.
 std::vector<int> choose_codecs(const std::vector<BucketCosts>& buckets, double backward_s, LinkModel link);
 // What the auto codec chose, once, for the banner and the metrics file.

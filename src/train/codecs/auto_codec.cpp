@@ -12,7 +12,8 @@
 // and a rate to them, and rank 0 chooses (choose_codecs, a pure function the tests call): from
 // floats everywhere, where the last sum (each bucket's queued on the wire behind the one before)
 // ends after backward, it takes the one change of one bucket's codec to bf16 or PowerSGD that ends
-// it soonest, again and again, while a change still cuts the exposed time by more than 2 %; then
+// it soonest, again and again, while a change still cuts the exposed time by more than 2 % of it
+// and of backward's time (the codecs' compute is not in the model); then
 // each bucket goes back to the least compression that ends the sums no later. So a bucket is
 // compressed only where that shortens the step, and no more than it needs; compute the
 // codecs add (PowerSGD's products) is not in the model. The choice is broadcast, so every rank
@@ -61,8 +62,11 @@ std::vector<int> choose_codecs(const std::vector<BucketCosts>& buckets, double b
       }
       choice[k] = was;
     }
+    // A change must cut more than 2 % of the exposed time and more than 2 % of backward's: the
+    // codecs' own compute (PowerSGD's products, bf16's rounding) is not in the model, and on a fast
+    // link it costs more than the sliver of the last bucket's sum it would save.
     const double exposed = end - backward_s;
-    if (best_c < 0 || end - best_end <= std::max(0.02 * exposed, 1e-6)) break;
+    if (best_c < 0 || end - best_end <= std::max({0.02 * exposed, 0.02 * backward_s, 1e-6})) break;
     choice[best_k] = best_c;
     end = best_end;
   }
