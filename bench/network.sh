@@ -9,7 +9,8 @@
 #     1, 2 and 4 and fast with rank 2 (--grad-compression powersgd:R, compressing from the first step);
 #   - lenet and fast with --grad-compression auto (its choice printed);
 #   - PyTorch DDP (bench/torch_ddp.py, gloo) on the same link, same network, batch and one core a rank:
-#     plain, with bf16_compress_hook and with powerSGD_hook of rank 2 (where python3-torch is installed);
+#     plain, with fp16_compress_hook and with powerSGD_hook of rank 2 (where python3-torch is installed;
+#     Debian's 1.13 on CPU runs neither bf16_compress_hook, which needs NCCL, nor powerSGD_hook);
 #   - the communicator's sum against its size (build/reducer_bench --sizes), 1 KB to 16 MB.
 # Prints a table of ratios and writes every number to a TSV (default bench/network.tsv) that
 # bench/scaling.py fits its model on. About 15 minutes on 2 cores (--quick: unshaped and 1 Gbit/s
@@ -102,8 +103,10 @@ for link in "${links[@]}"; do
   done
   if /usr/bin/python3 -c "import torch" 2>/dev/null; then
     torch_ddp "$link" torch_lenet none
-    torch_ddp "$link" torch_lenet_bf16 bf16
-    torch_ddp "$link" torch_lenet_powersgd2 powersgd:2
+    # PyTorch 1.13 (Debian's) on CPU: bf16_compress_hook needs CUDA and NCCL, and powerSGD_hook
+    # aborts in gloo ("op.preamble.length <= op.nbytes"): fp16_compress_hook is its hook that runs.
+    torch_ddp "$link" torch_lenet_fp16 fp16
+    torch_ddp "$link" torch_lenet_powersgd2 powersgd:2 || true
   fi
   nodes_mpirun --host node1:1,node2:1 -np 2 --bind-to none "${pinned[@]}" "$reducer" --sizes 15 2>"$work/sizes.err" |
     awk -v link="$link" '$1 == "sum" { printf "sum\t%s\t\t\t\t\t%s\t%s\t\n", link, $3, $2 }' >>"$tsv"
@@ -138,8 +141,8 @@ for n in names:
     print("%-17s" % n + "".join(cells))
     if train.get((links[0], n), {}).get("backward_ms"):
         print("%-17s" % "  bwd/exposed ms" + "".join("%22s" % ("%s / %s" % (train[(l, n)]["backward_ms"], train[(l, n)]["exposed_ms"]) if (l, n) in train and train[(l, n)]["backward_ms"] else "-") for l in links))
-for ours, theirs in (("lenet", "torch_lenet"), ("lenet_bf16_wire", "torch_lenet_bf16"),
-                     ("lenet_powersgd2", "torch_lenet_powersgd2")):
+for ours, theirs in (("lenet", "torch_lenet"), ("lenet_bf16_wire", "torch_lenet_fp16"),
+                     ("lenet_auto", "torch_lenet_fp16"), ("lenet_powersgd2", "torch_lenet_powersgd2")):
     print("mnist_mpi %s / PyTorch DDP %s: " % (ours, theirs) + ", ".join(
         "%s %.2f" % (l, float(train[(l, ours)]["images_per_s"]) / float(train[(l, theirs)]["images_per_s"]))
         for l in links if (l, ours) in train and (l, theirs) in train))

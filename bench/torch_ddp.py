@@ -73,8 +73,9 @@ def parse_args(argv=None):
     p.add_argument("--json-file", default=None, help="also write the final JSON object to this file")
     p.add_argument("--val", action="store_true", help="also evaluate the 5000 validation images at the end")
     p.add_argument("--hook", default="none",
-                   help="DDP's communication hook: none, bf16 (bf16_compress_hook) or powersgd:RANK (powerSGD_hook "
-                        "with error feedback and warm start, its defaults)")
+                   help="DDP's communication hook: none, bf16 (bf16_compress_hook: CUDA and NCCL only), fp16 "
+                        "(fp16_compress_hook), powersgd:RANK (powerSGD_hook with error feedback and warm start, its "
+                        "defaults) or batched_powersgd:RANK (batched_powerSGD_hook: one matrix per bucket)")
     p.add_argument("--compression-start-steps", type=int, default=2,
                    help="powersgd: start_powerSGD_iter (at least 2, DDP's own floor)")
     p.add_argument("--eval-every", type=int, default=0,
@@ -436,14 +437,19 @@ def worker(rank, args, port, t_launcher):
     if args.hook == "bf16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    elif args.hook.startswith("powersgd"):
+    elif args.hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.hook.startswith("powersgd") or args.hook.startswith("batched_powersgd"):
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
         rank_r = int(args.hook.split(":")[1]) if ":" in args.hook else 2
         state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank_r,
                                    start_powerSGD_iter=max(2, args.compression_start_steps))
-        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        hook = psgd.batched_powerSGD_hook if args.hook.startswith("batched") else psgd.powerSGD_hook
+        ddp.register_comm_hook(state, hook)
     elif args.hook != "none":
-        raise SystemExit("torch_ddp.py: --hook must be none, bf16 or powersgd[:RANK], got " + args.hook)
+        raise SystemExit("torch_ddp.py: --hook must be none, bf16, fp16, powersgd[:RANK] or batched_powersgd[:RANK], got "
+                         + args.hook)
     torch.manual_seed(args.seed * 1000 + rank + 1)  # per-rank dropout masks
     opt = recipe_optimizer(r, ddp.parameters()) if r else torch.optim.Adam(ddp.parameters(), lr=d["lr"])
 

@@ -109,6 +109,14 @@ TEST(RunPlan, ShardingAutoIsOnForTheCpuWithTwoOrMoreRanks) {
   EXPECT_TRUE(plan_run(o, gpu).sharded);
   o.shard_optimizer = Options::Sharding::kOff;
   EXPECT_FALSE(plan_run(o, job(2, 0)).sharded);
+  // A compressing codec's sums reach every rank: auto leaves the optimiser whole; on asks for it.
+  for (const char* codec : {"bf16", "powersgd", "auto"}) {
+    o.grad_compression = codec;
+    o.shard_optimizer = Options::Sharding::kAuto;
+    EXPECT_FALSE(plan_run(o, job(2, 0)).sharded) << codec;
+    o.shard_optimizer = Options::Sharding::kOn;
+    EXPECT_TRUE(plan_run(o, job(2, 0)).sharded) << codec;
+  }
 }
 
 TEST(RunPlan, AutoThreadsAreOnePerRankWhenRanksShareAHost) {

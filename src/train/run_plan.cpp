@@ -80,12 +80,16 @@ void resolve_batch_sizes(const Options& opt, const JobFacts& job, RunPlan& p) {
 
 RunPlan plan_run(const Options& opt, const JobFacts& job) {
   RunPlan p;
-  find_codec(opt.grad_compression);  // an unknown gradient codec is a usage error
+  const CodecChoice codec = find_codec(opt.grad_compression);  // an unknown gradient codec is a usage error
   // --shard-optimizer auto: sharded on the CPU with 2 or more ranks (Note [Sharded optimiser state]
   // in include/mnist_mpi/train/optimizer.hpp); the CUDA path shards only when asked, until NCCL's
-  // reduce-scatter and all-gather have run across two GPUs (on one GPU: docs/gpu.md).
+  // reduce-scatter and all-gather have run across two GPUs (on one GPU: docs/gpu.md). Not with a
+  // codec that compresses: its sums reach every rank whole (or in bf16), and the sharded
+  // optimiser's allgather would put every parameter back on the wire as a float each step (at
+  // 1 Gbit/s that allgather was most of lenet's PowerSGD step: bench/network.sh).
   p.sharded = opt.shard_optimizer == Options::Sharding::kOn ||
-              (opt.shard_optimizer == Options::Sharding::kAuto && !job.cuda && job.world > 1);
+              (opt.shard_optimizer == Options::Sharding::kAuto && !job.cuda && job.world > 1 &&
+               codec.row->name == std::string_view("none"));
   resolve_batch_sizes(opt, job, p);
   check_global_batch(job.train_count, p.global_batch);
   p.steps_per_epoch = job.train_count / p.global_batch;  // as the Sampler draws them (the last partial batch dropped)
