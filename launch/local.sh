@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Starts mnist_mpi on this machine with mpirun. CPU ranks: each bound to its own cores and running
-# as many OpenMP threads (--threads); GPU ranks (--device cuda among the arguments): one per GPU,
-# each with an equal share of the cores. Root flags only for root, --oversubscribe only when the
-# ranks need more cores than there are. Everything after the launcher's options goes to mnist_mpi.
-# Usage: launch/local.sh [-n RANKS] [-t THREADS_PER_RANK] [--dry-run] [--] [mnist_mpi options]
+# Starts mnist_mpi with mpirun, on this machine or on the hosts given. CPU ranks: each bound to its
+# own cores and running as many OpenMP threads (--threads); GPU ranks (--device cuda among the
+# arguments): one per GPU, each with an equal share of the cores. Root flags only for root,
+# --oversubscribe only when the ranks need more cores than there are. A lost node ends the job:
+# Open MPI is told to notice a silent daemon in about 11 s (TCP keepalive), and mpirun is stopped
+# if it has not returned --grace seconds after the ranks on this machine ended (Note [A lost node
+# ends the job]). Everything after the launcher's options goes to mnist_mpi.
+# Usage: launch/local.sh [-n RANKS] [-t THREADS_PER_RANK] [--hosts H[:SLOTS],...] [--grace S] [--dry-run] [--] [mnist_mpi options]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 say() { echo "local.sh: $*" >&2; }
@@ -15,12 +18,14 @@ die() {  # die CODE MESSAGE
 }
 usage() { sed -n '2,6s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
-ranks="" threads="" dry=0
+ranks="" threads="" dry=0 hosts="" grace=20
 while [ $# -gt 0 ]; do
   case $1 in
     -n | --ranks) [ $# -ge 2 ] || die 2 "$1 needs a number"; ranks=$2; shift 2 ;;
     -t | --threads-per-rank) [ $# -ge 2 ] || die 2 "$1 needs a number"; threads=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
+    --hosts) [ $# -ge 2 ] || die 2 "$1 needs a list: node1:2,node2:2"; hosts=$2; shift 2 ;;
+    --grace) [ $# -ge 2 ] || die 2 "$1 needs a number of seconds"; grace=$2; shift 2 ;;
     -h | --help) usage; echo; echo "mnist_mpi's own options: build/mnist_mpi --help"; exit 0 ;;
     --) shift; break ;;
     *) break ;;
@@ -30,6 +35,18 @@ args=("$@")
 for v in "$ranks" "$threads"; do
   case $v in "" | [1-9] | [1-9][0-9] | [1-9][0-9][0-9]) ;; *) die 2 "-n and -t take a whole number >= 1, not '$v'" ;; esac
 done
+case $grace in [1-9] | [1-9][0-9] | [1-9][0-9][0-9]) ;; *) die 2 "--grace takes a whole number of seconds from 1 to 999, not '$grace'" ;; esac
+slots=0  # --hosts: the ranks it holds (a host without :SLOTS holds 1)
+if [ -n "$hosts" ]; then
+  IFS=, read -r -a host_list <<<"$hosts"
+  for h in "${host_list[@]}"; do
+    [[ $h =~ ^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[1-9][0-9]{0,2})?$ ]] ||
+      die 2 "--hosts takes HOST[:SLOTS] separated by commas (node1:2,node2:2), not '$h'"
+    [[ $h == *:* ]] && slots=$((slots + ${h##*:})) || slots=$((slots + 1))
+  done
+  ranks=${ranks:-$slots}
+  [ "$ranks" -le "$slots" ] || die 2 "-n $ranks but --hosts $hosts holds $slots rank(s)"
+fi
 
 prog=${MNIST_MPI:-$root/build/mnist_mpi}
 [ -x "$prog" ] || die 2 "no program at $prog: build it (scripts/setup.sh) or set MNIST_MPI=/path/to/mnist_mpi"
@@ -74,7 +91,13 @@ else
 fi
 
 cmd=(mpirun -np "$ranks")
+[ -n "$hosts" ] && cmd+=(--host "$hosts")
 [ "$(id -u)" -eq 0 ] && cmd+=(--allow-run-as-root)
+# Note [A lost node ends the job]: a daemon whose link is cut is silent, and Open MPI notices only
+# through TCP keepalive, by default after 300 s + 9 x 20 s. 5 s + 3 x 2 s here, where the user's
+# environment does not say otherwise (OMPI_MCA_oob_tcp_keepalive_time).
+[ -n "${OMPI_MCA_oob_tcp_keepalive_time:-}" ] ||
+  cmd+=(--mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3)
 if [ $((ranks * threads)) -le "$cores" ]; then
   # Each rank gets THREADS cores of its own; OpenMP keeps its threads on them.
   cmd+=(--map-by "slot:PE=$threads" --bind-to core -x "OMP_NUM_THREADS=$threads" -x OMP_PROC_BIND=close -x OMP_PLACES=cores)
@@ -88,4 +111,71 @@ shown=("${cmd[@]}")
 shown[${#cmd[@]} - ${#args[@]} - 1]=${prog#"$PWD"/}  # the program as a path from here, when it is below
 say "$ranks rank(s) x $threads thread(s) on $cores core(s)${device:+, device $device}: ${shown[*]}"
 [ "$dry" -eq 1 ] && exit 0
-exec "${cmd[@]}"
+
+# Note [A lost node ends the job]
+# A rank that stops or loses its link is caught by the ranks that still run: their collective
+# watchdog (--collective-timeout) ends the job with MPI_Abort, and mpirun kills the ranks through
+# their nodes' daemons. A node that cannot be reached cannot be told, and mpirun then never returns
+# ("abort is already in progress"; Open MPI 4.1), holding the job's nodes. So mpirun runs in the
+# background here: once the program's ranks on this machine have all ended, it gets --grace
+# seconds to return, and is then stopped, with exit code 1 (the watchdog's) and the hosts of
+# --hosts that do not answer a TCP connection named. When the keepalive notices the lost daemon first, Open MPI ends the job
+# itself ("ORTE has lost communication with a remote daemon", or, as it also says of a daemon
+# lost, "ORTE was unable to reliably start one or more daemons"), exit 205 or 1, and this script
+# names the hosts that do not answer. A
+# daemon on the cut-off node that has something to tell mpirun waits on TCP's own retries
+# (Linux: tcp_retries2, about 15 minutes) before it goes; its rank has already ended by its own
+# watchdog. Signals to this script go on to mpirun (SIGTERM: checkpoint and exit 75).
+"${cmd[@]}" &
+mpirun_pid=$!
+for sig in TERM INT USR1 HUP; do trap "kill -$sig $mpirun_pid 2>/dev/null" "$sig"; done
+prog_name=$(basename "$prog" | cut -c1-15)
+ranks_here() {  # the program's processes below mpirun on this machine
+  ps -e -o pid=,ppid=,comm= | awk -v root="$mpirun_pid" -v name="$prog_name" '
+    { parent[$1] = $2; comm[$1] = $3 }
+    END { n = 0; for (p in parent) { if (comm[p] != name) continue
+            for (q = parent[p]; q != "" && q > 1; q = parent[q]) if (q == root) { n++; break } }
+          print n }'
+}
+unanswered() {  # the hosts of --hosts that do not answer a TCP connection (to port 9) in 2 s, in parallel
+  local h dir
+  dir=$(mktemp -d)
+  for h in ${host_list[@]+"${host_list[@]}"}; do
+    h=${h%%:*}
+    (timeout 2 bash -c "exec 3<>/dev/tcp/$h/9" 2>/dev/null; [ $? -eq 124 ] && echo "$h" >"$dir/$h") &  # refused: it answered
+  done
+  wait
+  for h in ${host_list[@]+"${host_list[@]}"}; do [ -f "$dir/${h%%:*}" ] && printf ' %s' "${h%%:*}"; done
+  rm -rf "$dir"
+}
+running() {  # mpirun alive, not a zombie waiting to be reaped
+  local st
+  st=$(ps -o stat= -p "$mpirun_pid" 2>/dev/null) || return 1
+  [[ $st != Z* ]]
+}
+seen=0 ended_at=""
+while running; do
+  n=$(ranks_here)
+  if [ "$n" -gt 0 ]; then
+    seen=1 ended_at=""
+  elif [ "$seen" = 1 ]; then
+    ended_at=${ended_at:-$SECONDS}
+    if [ $((SECONDS - ended_at)) -ge "$grace" ]; then
+      lost=$(unanswered)
+      say "error: mpirun has not returned $grace s after the ranks on this machine ended: a node cannot be reached${lost:+ (no answer from:$lost)}, so its daemon cannot be told to stop; stopping mpirun (exit 1). Ranks on a cut-off node end by their own collective watchdog"
+      kill -TERM "$mpirun_pid" 2>/dev/null
+      sleep 2
+      kill -KILL "$mpirun_pid" 2>/dev/null
+      wait "$mpirun_pid" 2>/dev/null
+      exit 1
+    fi
+  fi
+  sleep 1
+done
+rc=0
+wait "$mpirun_pid" || rc=$?
+if [ "$rc" -ne 0 ] && [ -n "$hosts" ]; then  # Open MPI ended the job: say which host is lost, if one is
+  lost=$(unanswered)
+  [ -z "$lost" ] || say "error: mpirun ended with exit $rc; no answer from:$lost (a node lost: its link, or the node itself)"
+fi
+exit "$rc"

@@ -9,7 +9,9 @@
 #   - a slow rank is named as the straggler on the host it runs on, on either node;
 #   - --exact-sums gives one params_hash on 1 node x 4 ranks, 2 x 2 and 4 x 1, and the same as
 #     4 ranks started by a plain mpirun on this machine;
-#   - --grad-compression auto compresses lenet's large buckets on a link shaped to 1 Gbit/s.
+#   - --grad-compression auto compresses lenet's large buckets on a link shaped to 1 Gbit/s;
+#   - a node's link cut mid-run ends the job started by launch/local.sh --hosts, whether the
+#     watchdog or Open MPI's keepalive notices first (Note [A lost node ends the job]).
 # Usage: e2e_multinode.sh MNIST_MPI MAKE_SYNTHETIC_MNIST REPO_ROOT    (exit 77 = skipped: not root, no netns)
 set -uo pipefail
 bin=$1 make_data=$2 root=$3
@@ -94,6 +96,59 @@ for i in 1 2 3 4; do
   for _ in $(seq 50); do [ -z "$(node_pids "$i")" ] && break; sleep 0.1; done
   if [ -z "$(node_pids "$i")" ]; then ok "nothing left on node$i"
   else fail "left on node$i: $(node_pids "$i" | xargs -r ps -o pid=,args= -p | head -3)"; fi
+done
+
+# Note [A lost node ends the job] (launch/local.sh): node 2's link cut mid-run, the job started by
+# launch/local.sh --hosts on node 1 (the harness's agent, the nodes by address so that the
+# launcher can probe them). (a) The watchdog first (--collective-timeout 3, before the launcher's
+# 11 s keepalive): rank 0 ends the job, mpirun cannot reach node 2's daemon and does not return, and
+# the launcher stops it --grace 5 s after the ranks here ended, naming the host that does not
+# answer: exit 1. (b) The keepalive first (--collective-timeout 60): Open MPI itself ends the job,
+# the launcher names the host, and nothing is left on either node. Each within 40 s of the cut.
+local_sh() {  # NAME HOSTS ARGS...: launch/local.sh --hosts HOSTS --grace 5 on node 1, in the
+  local name=$1 hosts=$2  # background, mnist_mpi given ARGS; $work/NAME.out
+  shift 2
+  node_run 1 env NODES_RUN_DIR="$NODES_RUN_DIR" OMPI_MCA_plm_rsh_agent="$NODES_AGENT" \
+    OMPI_MCA_oob_tcp_if_include="$NODES_SUBNET.0/24" OMPI_MCA_btl_tcp_if_include="$NODES_SUBNET.0/24" \
+    MNIST_MPI="$bin" timeout 120 "$root/launch/local.sh" --hosts "$hosts" --grace 5 -- "${common[@]}" \
+    --config "$root/configs/tiny.ini" --max-steps 100000 --eval-every 0 "$@" >"$work/$name.out" 2>&1 </dev/null &
+}
+cut_case() {  # NAME TIMEOUT: trains, cuts node 2's link once training runs, times the end
+  local name=$1 pid t0 i
+  local_sh "$name" "$NODES_SUBNET.1:1,$NODES_SUBNET.2:1" --collective-timeout "$2"
+  pid=$!
+  # Well into training (Open MPI reports a daemon lost in its first seconds as one it could not start).
+  for ((i = 0; i < 600; i++)); do grep -qE "^epoch [0-9]+ step 300/" "$work/$name.out" && break; sleep 0.1; done
+  node_cut 2
+  t0=$SECONDS
+  wait "$pid"
+  echo $? >"$work/$name.rc"
+  echo $((SECONDS - t0)) >"$work/$name.secs"
+  node_restore 2
+  for ((i = 0; i < 100; i++)); do  # node 2 answers again (a refused connection: rc 1, not a timeout)
+    node_run 1 timeout 1 bash -c "exec 3<>/dev/tcp/$NODES_SUBNET.2/9" 2>/dev/null
+    [ $? -eq 1 ] && break
+    sleep 0.1
+  done
+}
+cut_case cut_watchdog 3
+if [ "$(cat "$work/cut_watchdog.rc")" = 1 ] && [ "$(cat "$work/cut_watchdog.secs")" -le 40 ] &&
+   grep -q "collective timeout: wait for" "$work/cut_watchdog.out" &&
+   grep -q "local.sh: error: mpirun has not returned 5 s after the ranks on this machine ended: a node cannot be reached (no answer from: $NODES_SUBNET.2)" "$work/cut_watchdog.out"; then
+  ok "a cut link, the watchdog first: the job ended $(cat "$work/cut_watchdog.secs") s after the cut, exit 1, the lost host named"
+else fail "a cut link, the watchdog first: exit $(cat "$work/cut_watchdog.rc") after $(cat "$work/cut_watchdog.secs") s"; grep -vE "^\[node" "$work/cut_watchdog.out" | tail -12; fi
+[ -z "$(node_pids 1)" ] && ok "nothing left on node1 after the cut" || fail "left on node1: $(node_pids 1 | xargs -r ps -o args= -p | head -3)"
+node_kill 2  # its daemon waits on TCP's retries to tell mpirun its rank ended (the note)
+cut_case cut_keepalive 60
+if [ "$(cat "$work/cut_keepalive.rc")" != 0 ] && [ "$(cat "$work/cut_keepalive.secs")" -le 40 ] &&
+   grep -qE "^local.sh: error: mpirun ended with exit [0-9]+; no answer from: $NODES_SUBNET.2 " "$work/cut_keepalive.out" &&
+   ! grep -q "collective timeout" "$work/cut_keepalive.out"; then
+  ok "a cut link, the keepalive first: Open MPI ended the job $(cat "$work/cut_keepalive.secs") s after the cut (exit $(cat "$work/cut_keepalive.rc")), the lost host named"
+else fail "a cut link, the keepalive first: exit $(cat "$work/cut_keepalive.rc") after $(cat "$work/cut_keepalive.secs") s"; grep -vE "^(\[node|epoch|  layer)" "$work/cut_keepalive.out" | tail -25; fi
+for i in 1 2; do
+  for _ in $(seq 50); do [ -z "$(node_pids "$i")" ] && break; sleep 0.1; done
+  [ -z "$(node_pids "$i")" ] && ok "nothing left on node$i after the keepalive's end" ||
+    fail "left on node$i: $(node_pids "$i" | xargs -r ps -o args= -p | head -3)"
 done
 
 echo "$passed passed, $failed failed"

@@ -26,6 +26,9 @@ check() {
 }
 cores=$(lscpu -p=CORE,SOCKET | grep -v '^#' | sort -u | wc -l)
 root_flag=""; [ "$(id -u)" -eq 0 ] && root_flag="--allow-run-as-root "
+root_only=$root_flag
+# Note [A lost node ends the job] (launch/local.sh): Open MPI told to notice a silent daemon soon.
+root_flag+="--mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 "
 # shellcheck disable=SC2054  # the commas are the model spec's
 run=(--data-dir "$work/data" --validation-size 100 --model conv:3x3:4:same,relu,maxpool:2,flatten,fc:10 --batch-size 10 --max-steps 4 --log-every 2)
 
@@ -38,6 +41,13 @@ check oversubscribes_only_when_needed 0 "mpirun -np $((cores + 1)) ${root_flag}-
 check oversubscribed_run_works 0 "^mnist_mpi [0-9.]+: $((cores + 1)) rank\(s\)" -- -n $((cores + 1)) "${run[@]}"
 check program_errors_come_through 2 "mnist_mpi: error on rank 0 .*unrecognised option '--bogus'" -- -n 2 --bogus 1
 check bad_rank_count 2 "^local.sh: error: -n and -t take a whole number >= 1, not '0'" -- -n 0
+# --hosts: the ranks are the slots' sum (a host without :SLOTS holds one), passed to mpirun's --host.
+check hosts_give_the_ranks 0 "mpirun -np 3 --host a:2,b ${root_flag}--oversubscribe --bind-to none" -- --hosts a:2,b --dry-run
+check hosts_bad 2 "^local.sh: error: --hosts takes HOST\[:SLOTS\] separated by commas \(node1:2,node2:2\), not 'a b'" -- --hosts "a b"
+check hosts_fewer_slots 2 "^local.sh: error: -n 4 but --hosts a:2,b holds 3 rank\(s\)" -- -n 4 --hosts a:2,b
+check bad_grace 2 "^local.sh: error: --grace takes a whole number of seconds from 1 to 999, not '0'" -- --grace 0
+# The user's own keepalive is kept.
+OMPI_MCA_oob_tcp_keepalive_time=60 check users_keepalive_kept 0 "mpirun -np 1 ${root_only}--map-by" -- -n 1 --dry-run
 MNIST_MPI=$work/nope check missing_program 2 "^local.sh: error: no program at $work/nope: build it" -- --dry-run
 if command -v nvidia-smi >/dev/null 2>&1 && [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -gt 0 ]; then
   echo "=== NOTE: this machine has GPUs: the no-GPU case is not checked here ==="

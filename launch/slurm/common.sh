@@ -146,6 +146,12 @@ mm_job() {
   else
     cmd=(mpirun --bind-to core --map-by "slot:PE=$cpt" -x OMP_NUM_THREADS -x OMP_PLACES -x OMP_PROC_BIND)
     [ "$(id -u)" -eq 0 ] && cmd+=(--allow-run-as-root)
+    # A node whose link is cut: its daemon is silent, and Open MPI notices through TCP keepalive,
+    # by default after 8 minutes; in about 11 s here (Note [A lost node ends the job] in
+    # launch/local.sh), unless the environment says otherwise. srun's tasks have no daemon: Slurm
+    # ends a step whose node stops answering after its SlurmdTimeout.
+    [ -n "${OMPI_MCA_oob_tcp_keepalive_time:-}" ] ||
+      cmd+=(--mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3)
     cmd+=("$prog" "${args[@]}")
   fi
   mm_say "job $SLURM_JOB_ID '$SLURM_JOB_NAME' (requeued ${SLURM_RESTART_COUNT:-0} time(s)) on ${SLURM_JOB_NODELIST-?}: $tasks task(s) x $cpt CPU(s)${ckpt:+, checkpoints in ${ckpt#"$PWD"/}}"
