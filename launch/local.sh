@@ -6,7 +6,10 @@
 # Open MPI is told to notice a silent daemon in about 11 s (TCP keepalive), and mpirun is stopped
 # if it has not returned --grace seconds after the ranks on this machine ended (Note [A lost node
 # ends the job]). Everything after the launcher's options goes to mnist_mpi.
-# Usage: launch/local.sh [-n RANKS] [-t THREADS_PER_RANK] [--hosts H[:SLOTS],...] [--grace S] [--dry-run] [--] [mnist_mpi options]
+# With --max-restarts N a job that loses a rank or a node starts again from its checkpoints on the
+# hosts that still answer (Note [Restarts on the nodes that are left]).
+# Usage: launch/local.sh [-n RANKS] [-t THREADS_PER_RANK] [--hosts H[:SLOTS],...] [--grace S]
+#                        [--max-restarts N] [--min-ranks M] [--dry-run] [--] [mnist_mpi options]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 say() { echo "local.sh: $*" >&2; }
@@ -16,9 +19,9 @@ die() {  # die CODE MESSAGE
   say "error: $*"
   exit "$code"
 }
-usage() { sed -n '2,6s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '2,/^# *\[--max-restarts/s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
-ranks="" threads="" dry=0 hosts="" grace=20
+ranks="" threads="" dry=0 hosts="" grace=20 max_restarts=0 min_ranks=1
 while [ $# -gt 0 ]; do
   case $1 in
     -n | --ranks) [ $# -ge 2 ] || die 2 "$1 needs a number"; ranks=$2; shift 2 ;;
@@ -26,6 +29,8 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1; shift ;;
     --hosts) [ $# -ge 2 ] || die 2 "$1 needs a list: node1:2,node2:2"; hosts=$2; shift 2 ;;
     --grace) [ $# -ge 2 ] || die 2 "$1 needs a number of seconds"; grace=$2; shift 2 ;;
+    --max-restarts) [ $# -ge 2 ] || die 2 "$1 needs a number"; max_restarts=$2; shift 2 ;;
+    --min-ranks) [ $# -ge 2 ] || die 2 "$1 needs a number"; min_ranks=$2; shift 2 ;;
     -h | --help) usage; echo; echo "mnist_mpi's own options: build/mnist_mpi --help"; exit 0 ;;
     --) shift; break ;;
     *) break ;;
@@ -36,6 +41,8 @@ for v in "$ranks" "$threads"; do
   case $v in "" | [1-9] | [1-9][0-9] | [1-9][0-9][0-9]) ;; *) die 2 "-n and -t take a whole number >= 1, not '$v'" ;; esac
 done
 case $grace in [1-9] | [1-9][0-9] | [1-9][0-9][0-9]) ;; *) die 2 "--grace takes a whole number of seconds from 1 to 999, not '$grace'" ;; esac
+case $max_restarts in [0-9] | [1-9][0-9]) ;; *) die 2 "--max-restarts takes a whole number from 0 to 99, not '$max_restarts'" ;; esac
+case $min_ranks in [1-9] | [1-9][0-9] | [1-9][0-9][0-9]) ;; *) die 2 "--min-ranks takes a whole number >= 1, not '$min_ranks'" ;; esac
 slots=0  # --hosts: the ranks it holds (a host without :SLOTS holds 1)
 if [ -n "$hosts" ]; then
   IFS=, read -r -a host_list <<<"$hosts"
@@ -47,6 +54,7 @@ if [ -n "$hosts" ]; then
   ranks=${ranks:-$slots}
   [ "$ranks" -le "$slots" ] || die 2 "-n $ranks but --hosts $hosts holds $slots rank(s)"
 fi
+ranks_asked=$ranks
 
 prog=${MNIST_MPI:-$root/build/mnist_mpi}
 [ -x "$prog" ] || die 2 "no program at $prog: build it (scripts/setup.sh) or set MNIST_MPI=/path/to/mnist_mpi"
@@ -90,26 +98,37 @@ else
   threads=${threads:-$(( cores / ranks > 0 ? cores / ranks : 1 ))}
 fi
 
-cmd=(mpirun -np "$ranks")
-[ -n "$hosts" ] && cmd+=(--host "$hosts")
-[ "$(id -u)" -eq 0 ] && cmd+=(--allow-run-as-root)
-# Note [A lost node ends the job]: a daemon whose link is cut is silent, and Open MPI notices only
-# through TCP keepalive, by default after 300 s + 9 x 20 s. 5 s + 3 x 2 s here, where the user's
-# environment does not say otherwise (OMPI_MCA_oob_tcp_keepalive_time).
-[ -n "${OMPI_MCA_oob_tcp_keepalive_time:-}" ] ||
-  cmd+=(--mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3)
-if [ $((ranks * threads)) -le "$cores" ]; then
-  # Each rank gets THREADS cores of its own; OpenMP keeps its threads on them.
-  cmd+=(--map-by "slot:PE=$threads" --bind-to core -x "OMP_NUM_THREADS=$threads" -x OMP_PROC_BIND=close -x OMP_PLACES=cores)
-else
-  say "note: $ranks rank(s) x $threads thread(s) need more than the $cores core(s) here: oversubscribing, unbound (slower)"
-  cmd+=(--oversubscribe --bind-to none -x "OMP_NUM_THREADS=$threads")
-fi
 arg_given threads >/dev/null || args=(--threads "$threads" "${args[@]}")
-cmd+=("$prog" "${args[@]}")
-shown=("${cmd[@]}")
-shown[${#cmd[@]} - ${#args[@]} - 1]=${prog#"$PWD"/}  # the program as a path from here, when it is below
-say "$ranks rank(s) x $threads thread(s) on $cores core(s)${device:+, device $device}: ${shown[*]}"
+if [ "$max_restarts" -gt 0 ]; then
+  arg_given checkpoint-dir >/dev/null ||
+    die 2 "--max-restarts needs --checkpoint-dir DIR among mnist_mpi's options: a restart resumes from its checkpoints"
+  ! arg_given batch-size >/dev/null ||
+    die 2 "--max-restarts with --batch-size: a per-rank batch changes the global batch when ranks are lost; give --global-batch-size"
+fi
+
+make_cmd() {  # cmd: mpirun for $ranks ranks on $live_hosts (or this machine), then the program
+  cmd=(mpirun -np "$ranks")
+  [ -n "$live_hosts" ] && cmd+=(--host "$live_hosts")
+  [ "$(id -u)" -eq 0 ] && cmd+=(--allow-run-as-root)
+  # Note [A lost node ends the job]: a daemon whose link is cut is silent, and Open MPI notices only
+  # through TCP keepalive, by default after 300 s + 9 x 20 s. 5 s + 3 x 2 s here, where the user's
+  # environment does not say otherwise (OMPI_MCA_oob_tcp_keepalive_time).
+  [ -n "${OMPI_MCA_oob_tcp_keepalive_time:-}" ] ||
+    cmd+=(--mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3)
+  if [ $((ranks * threads)) -le "$cores" ]; then
+    # Each rank gets THREADS cores of its own; OpenMP keeps its threads on them.
+    cmd+=(--map-by "slot:PE=$threads" --bind-to core -x "OMP_NUM_THREADS=$threads" -x OMP_PROC_BIND=close -x OMP_PLACES=cores)
+  else
+    say "note: $ranks rank(s) x $threads thread(s) need more than the $cores core(s) here: oversubscribing, unbound (slower)"
+    cmd+=(--oversubscribe --bind-to none -x "OMP_NUM_THREADS=$threads")
+  fi
+  cmd+=("$prog" "${args[@]}")
+  local shown=("${cmd[@]}")
+  shown[${#cmd[@]} - ${#args[@]} - 1]=${prog#"$PWD"/}  # the program as a path from here, when it is below
+  say "$ranks rank(s) x $threads thread(s) on $cores core(s)${device:+, device $device}: ${shown[*]}"
+}
+live_hosts=$hosts
+make_cmd
 [ "$dry" -eq 1 ] && exit 0
 
 # Note [A lost node ends the job]
@@ -126,17 +145,6 @@ say "$ranks rank(s) x $threads thread(s) on $cores core(s)${device:+, device $de
 # daemon on the cut-off node that has something to tell mpirun waits on TCP's own retries
 # (Linux: tcp_retries2, about 15 minutes) before it goes; its rank has already ended by its own
 # watchdog. Signals to this script go on to mpirun (SIGTERM: checkpoint and exit 75).
-"${cmd[@]}" &
-mpirun_pid=$!
-for sig in TERM INT USR1 HUP; do trap "kill -$sig $mpirun_pid 2>/dev/null" "$sig"; done
-prog_name=$(basename "$prog" | cut -c1-15)
-ranks_here() {  # the program's processes below mpirun on this machine
-  ps -e -o pid=,ppid=,comm= | awk -v root="$mpirun_pid" -v name="$prog_name" '
-    { parent[$1] = $2; comm[$1] = $3 }
-    END { n = 0; for (p in parent) { if (comm[p] != name) continue
-            for (q = parent[p]; q != "" && q > 1; q = parent[q]) if (q == root) { n++; break } }
-          print n }'
-}
 unanswered() {  # the hosts of --hosts that do not answer a TCP connection (to port 9) in 2 s, in parallel
   local h dir
   dir=$(mktemp -d)
@@ -148,34 +156,85 @@ unanswered() {  # the hosts of --hosts that do not answer a TCP connection (to p
   for h in ${host_list[@]+"${host_list[@]}"}; do [ -f "$dir/${h%%:*}" ] && printf ' %s' "${h%%:*}"; done
   rm -rf "$dir"
 }
+prog_name=$(basename "$prog" | cut -c1-15)
+run_job() {  # runs cmd under watch; rc: its exit code
+  "${cmd[@]}" &
+  mpirun_pid=$!
+  local sig seen=0 ended_at="" n lost
+  for sig in TERM INT USR1 HUP; do trap "kill -$sig $mpirun_pid 2>/dev/null" "$sig"; done
+  while running; do
+    n=$(ranks_here)
+    if [ "$n" -gt 0 ]; then
+      seen=1 ended_at=""
+    elif [ "$seen" = 1 ]; then
+      ended_at=${ended_at:-$SECONDS}
+      if [ $((SECONDS - ended_at)) -ge "$grace" ]; then
+        lost=$(unanswered)
+        say "error: mpirun has not returned $grace s after the ranks on this machine ended: a node cannot be reached${lost:+ (no answer from:$lost)}, so its daemon cannot be told to stop; stopping mpirun (exit 1). Ranks on a cut-off node end by their own collective watchdog"
+        kill -TERM "$mpirun_pid" 2>/dev/null || true
+        sleep 2
+        kill -KILL "$mpirun_pid" 2>/dev/null || true
+        wait "$mpirun_pid" 2>/dev/null || true
+        rc=1
+        return
+      fi
+    fi
+    sleep 1
+  done
+  rc=0
+  wait "$mpirun_pid" || rc=$?
+  if [ "$rc" -ne 0 ] && [ -n "$hosts" ]; then  # Open MPI ended the job: say which host is lost, if one is
+    lost=$(unanswered)
+    [ -z "$lost" ] || say "error: mpirun ended with exit $rc; no answer from:$lost (a node lost: its link, or the node itself)"
+  fi
+}
+ranks_here() {  # the program's processes below mpirun on this machine
+  ps -e -o pid=,ppid=,comm= | awk -v root="$mpirun_pid" -v name="$prog_name" '
+    { parent[$1] = $2; comm[$1] = $3 }
+    END { n = 0; for (p in parent) { if (comm[p] != name) continue
+            for (q = parent[p]; q != "" && q > 1; q = parent[q]) if (q == root) { n++; break } }
+          print n }'
+}
 running() {  # mpirun alive, not a zombie waiting to be reaped
   local st
   st=$(ps -o stat= -p "$mpirun_pid" 2>/dev/null) || return 1
   [[ $st != Z* ]]
 }
-seen=0 ended_at=""
-while running; do
-  n=$(ranks_here)
-  if [ "$n" -gt 0 ]; then
-    seen=1 ended_at=""
-  elif [ "$seen" = 1 ]; then
-    ended_at=${ended_at:-$SECONDS}
-    if [ $((SECONDS - ended_at)) -ge "$grace" ]; then
-      lost=$(unanswered)
-      say "error: mpirun has not returned $grace s after the ranks on this machine ended: a node cannot be reached${lost:+ (no answer from:$lost)}, so its daemon cannot be told to stop; stopping mpirun (exit 1). Ranks on a cut-off node end by their own collective watchdog"
-      kill -TERM "$mpirun_pid" 2>/dev/null
-      sleep 2
-      kill -KILL "$mpirun_pid" 2>/dev/null
-      wait "$mpirun_pid" 2>/dev/null
-      exit 1
-    fi
-  fi
-  sleep 1
-done
-rc=0
-wait "$mpirun_pid" || rc=$?
-if [ "$rc" -ne 0 ] && [ -n "$hosts" ]; then  # Open MPI ended the job: say which host is lost, if one is
+
+# Note [Restarts on the nodes that are left]
+# With --max-restarts N, a job that ends with a rank or a node gone (exit 1: the watchdog, a
+# rank's error, mpirun stopped above; 205: Open MPI lost a daemon; 128 + a signal: a rank killed)
+# starts again with --resume auto from its checkpoints, on the hosts of --hosts that answer a TCP
+# connection then (one dropped before that answers again is taken back: the probe is made afresh
+# each time), as many ranks as their slots (at most -n). The global batch is the options' (a
+# per-rank --batch-size is refused with --max-restarts), so the trajectory is the one that lost
+# nothing, and with --exact-sums the bits are too (a checkpoint resumes on any number of ranks).
+# Any other exit (0, a usage, data or checkpoint error, a non-finite step, preemption's 75) ends
+# the script with it; so do fewer ranks than --min-ranks, and N restarts spent, each with a line.
+restarts=0
+while :; do
+  run_job
+  case $rc in
+    1 | 205 | 129 | 13[0-9] | 14[0-9]) ;;
+    *) exit "$rc" ;;
+  esac
+  [ "$max_restarts" -gt 0 ] || exit "$rc"
+  [ "$restarts" -lt "$max_restarts" ] ||
+    die "$rc" "the job ended with exit $rc and its $max_restarts restart(s) are spent (--max-restarts); not restarting"
+  restarts=$((restarts + 1))
   lost=$(unanswered)
-  [ -z "$lost" ] || say "error: mpirun ended with exit $rc; no answer from:$lost (a node lost: its link, or the node itself)"
-fi
-exit "$rc"
+  live_hosts="" slots=0
+  for h in ${host_list[@]+"${host_list[@]}"}; do
+    [[ " $lost " == *" ${h%%:*} "* ]] && continue
+    live_hosts+=${live_hosts:+,}$h
+    [[ $h == *:* ]] && slots=$((slots + ${h##*:})) || slots=$((slots + 1))
+  done
+  if [ -n "$hosts" ]; then
+    ranks=$(( slots < ranks_asked ? slots : ranks_asked ))
+  fi
+  [ "$ranks" -ge "$min_ranks" ] ||
+    die "$rc" "the job ended with exit $rc; the hosts that answer hold $ranks rank(s), fewer than --min-ranks $min_ranks (no answer from:${lost:- none}); not restarting"
+  arg_given resume >/dev/null || args+=(--resume auto)
+  say "restart $restarts of $max_restarts: the job ended with exit $rc; no answer from:${lost:- none}; starting $ranks rank(s)${live_hosts:+ on $live_hosts} with --resume auto"
+  make_cmd
+done

@@ -11,7 +11,8 @@
 #     4 ranks started by a plain mpirun on this machine;
 #   - --grad-compression auto compresses lenet's large buckets on a link shaped to 1 Gbit/s;
 #   - a node's link cut mid-run ends the job started by launch/local.sh --hosts, whether the
-#     watchdog or Open MPI's keepalive notices first (Note [A lost node ends the job]).
+#     watchdog or Open MPI's keepalive notices first (Note [A lost node ends the job]), and with
+#     --max-restarts the job goes on on the nodes left with the bits of the run that lost nothing.
 # Usage: e2e_multinode.sh MNIST_MPI MAKE_SYNTHETIC_MNIST REPO_ROOT    (exit 77 = skipped: not root, no netns)
 set -uo pipefail
 bin=$1 make_data=$2 root=$3
@@ -150,6 +151,48 @@ for i in 1 2; do
   [ -z "$(node_pids "$i")" ] && ok "nothing left on node$i after the keepalive's end" ||
     fail "left on node$i: $(node_pids "$i" | xargs -r ps -o args= -p | head -3)"
 done
+
+# Note [Restarts on the nodes that are left] (launch/local.sh): 3 nodes x 1 rank, --exact-sums,
+# a checkpoint every 10 steps, rank 0 slowed by 50 ms a step (the fault hook) so that the cut lands
+# mid-run; node 3's link cut after step 30 of 60. The job ends, the launcher
+# starts it again on nodes 1 and 2 with --resume auto, and the run ends with the params_hash of
+# the one that lost nothing (3 ranks, no cut). Then the same with --min-ranks 3: one line, exit 1,
+# no restart.
+restart_args=(--model "conv:3x3:4:same,relu,maxpool:2,flatten,fc:10" --global-batch-size 60 --exact-sums
+              --max-steps 60 --checkpoint-every 10 --collective-timeout 3)
+run restart_ref "node1:1,node2:1,node3:1" 3 "${restart_args[@]}" --checkpoint-dir "$work/ck_restart_ref"
+restart_case() {  # NAME MIN_RANKS: the cut at step 30, the launcher's restarts
+  local name=$1 pid i
+  rm -rf "$work/ck_$name"
+  node_run 1 env NODES_RUN_DIR="$NODES_RUN_DIR" OMPI_MCA_plm_rsh_agent="$NODES_AGENT" \
+    OMPI_MCA_oob_tcp_if_include="$NODES_SUBNET.0/24" OMPI_MCA_btl_tcp_if_include="$NODES_SUBNET.0/24" \
+    MNIST_MPI="$bin" MNIST_MPI_FAULT=0:slow:50 timeout 150 "$root/launch/local.sh" --hosts "$NODES_SUBNET.1:1,$NODES_SUBNET.2:1,$NODES_SUBNET.3:1" \
+    --grace 5 --max-restarts 2 --min-ranks "$2" -- "${common[@]}" "${restart_args[@]}" --checkpoint-dir "$work/ck_$name" \
+    >"$work/$name.out" 2>&1 </dev/null &
+  pid=$!
+  for ((i = 0; i < 600; i++)); do grep -qE "^epoch [0-9]+ step 30/60" "$work/$name.out" && break; sleep 0.1; done
+  node_cut 3
+  wait "$pid"
+  echo $? >"$work/$name.rc"
+  node_restore 3
+  node_kill 3  # the cut-off daemon (Note [A lost node ends the job])
+}
+restart_case restart 2
+ref=$(hash_of restart_ref)
+lost_at=$(sed -n 's/.*collective timeout: .* in step \([0-9]*\).*/\1/p' "$work/restart.out" | head -1)
+if [ "$(cat "$work/restart.rc")" = 0 ] && [ -n "$ref" ] && [ "$(hash_of restart)" = "$ref" ] &&
+   [ "${lost_at:-0}" -gt 30 ] && [ "${lost_at:-99}" -lt 50 ] &&
+   grep -qE "^local.sh: restart 1 of 2: the job ended with exit (1|205); no answer from: $NODES_SUBNET.3; starting 2 rank\(s\) on $NODES_SUBNET.1:1,$NODES_SUBNET.2:1 with --resume auto" "$work/restart.out" &&
+   grep -qE "resuming from .*step-000000[0-9]0.ckpt" "$work/restart.out"; then
+  ok "node 3 lost in step $lost_at of 60: restarted on nodes 1-2 from a checkpoint, params_hash $ref as the run that lost nothing"
+  grep -E "^local.sh: (restart|error)|^mnist_mpi: error|resuming from|^params_hash" "$work/restart.out" | sed 's/^/     | /' 
+else fail "restart: exit $(cat "$work/restart.rc"), params_hash '$(hash_of restart)' against '$ref'"; grep -E "^local.sh|resuming|params_hash|error" "$work/restart.out" | head -12; fi
+restart_case restart_min 3
+if [ "$(cat "$work/restart_min.rc")" != 0 ] &&
+   grep -q "^local.sh: error: the job ended with exit [0-9]*; the hosts that answer hold 2 rank(s), fewer than --min-ranks 3 (no answer from: $NODES_SUBNET.3); not restarting" "$work/restart_min.out" &&
+   ! grep -q "local.sh: restart 1" "$work/restart_min.out"; then
+  ok "fewer ranks left than --min-ranks: one line, exit $(cat "$work/restart_min.rc"), no restart"
+else fail "restart --min-ranks 3: exit $(cat "$work/restart_min.rc")"; grep -E "^local.sh" "$work/restart_min.out" | head -5; fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
