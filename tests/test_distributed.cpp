@@ -591,6 +591,18 @@ std::vector<float> low_rank_gradient(const ModelSpec& spec, int q, int step) {
   return g;
 }
 
+// Step `step` of the low-rank tests: rank r's gradient into grads (the reducer's buffer, not a
+// new one), and the sum of all n ranks' gradients, in double.
+std::vector<double> low_rank_step(const ModelSpec& spec, int r, int n, int step, std::vector<float>& grads) {
+  std::vector<double> sum(grads.size(), 0.0);
+  for (int q = 0; q < n; ++q) {
+    const std::vector<float> g = low_rank_gradient(spec, q, step);
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
+    if (q == r) std::copy(g.begin(), g.end(), grads.begin());
+  }
+  return sum;
+}
+
 // The PowerSGD codec through the reducer (Note [PowerSGD in this reducer]): a sum of rank 2 comes
 // through rank-2 factors whole (to float rounding), the same bits on every rank, from the first
 // step (a random Q) and warm-started after it; whole and sharded (this rank's shards), overlapped
@@ -610,13 +622,7 @@ TEST(Codec, PowerSgdSendsASumOfLowRankWholeAndTheSameBitsToEveryRank) {
                     sharded ? std::span<float>(params) : std::span<float>(), powersgd_codec(2, 0, 7, spec.params));
         for (int step = 0; step < 5; ++step) {
           const bool poisoned = step == 2;
-          std::vector<double> want(P, 0.0);
-          for (int q = 0; q < n; ++q) {
-            const std::vector<float> g = low_rank_gradient(spec, q, step);
-            for (std::size_t i = 0; i < P; ++i) want[i] += g[i];
-          }
-          const std::vector<float> mine = low_rank_gradient(spec, r, step);
-          std::copy(mine.begin(), mine.end(), grads.begin());  // into the reducer's buffer, not a new one
+          const std::vector<double> want = low_rank_step(spec, r, n, step, grads);
           if (poisoned && r == 0) grads[std::size_t(spec.params[2].offset + 5)] = std::nanf("");  // fc:32's weight
           red.begin_step(step);
           for (int layer = int(spec.layers.size()) - 1; layer >= 0; --layer) red.on_layer_done(layer);
@@ -733,13 +739,7 @@ TEST(Codec, AutoChoosesOnceTheSameOnEveryRankAndKeepsTheChoiceInItsState) {
   CodecArgs args{2, 0, 7, spec.params, [&](const CodecChoiceReport& rep) { reports.push_back(rep); }};
   const auto run_steps = [&](Reducer& red, int from, int to) {
     for (int step = from; step < to; ++step) {
-      std::vector<double> want(P, 0.0);
-      for (int q = 0; q < n; ++q) {
-        const std::vector<float> g = low_rank_gradient(spec, q, step);
-        for (std::size_t i = 0; i < P; ++i) want[i] += g[i];
-      }
-      const std::vector<float> mine = low_rank_gradient(spec, r, step);
-      std::copy(mine.begin(), mine.end(), grads.begin());  // into the reducer's buffer, not a new one
+      const std::vector<double> want = low_rank_step(spec, r, n, step, grads);
       red.begin_step(step);
       for (int layer = int(spec.layers.size()) - 1; layer >= 0; --layer) red.on_layer_done(layer);
       red.finish();
