@@ -188,10 +188,10 @@ run_job() {  # runs cmd under watch; rc: its exit code
     [ -z "$lost" ] || say "error: mpirun ended with exit $rc; no answer from:$lost (a node lost: its link, or the node itself)"
   fi
 }
-ranks_here() {  # the program's processes below mpirun on this machine
-  ps -e -o pid=,ppid=,comm= | awk -v root="$mpirun_pid" -v name="$prog_name" '
-    { parent[$1] = $2; comm[$1] = $3 }
-    END { n = 0; for (p in parent) { if (comm[p] != name) continue
+ranks_here() {  # the program's processes below mpirun on this machine, but stopped (frozen) ones
+  ps -e -o pid=,ppid=,stat=,comm= | awk -v root="$mpirun_pid" -v name="$prog_name" '
+    { parent[$1] = $2; stat[$1] = $3; comm[$1] = $4 }
+    END { n = 0; for (p in parent) { if (comm[p] != name || stat[p] ~ /^[TtZ]/) continue
             for (q = parent[p]; q != "" && q > 1; q = parent[q]) if (q == root) { n++; break } }
           print n }'
 }
@@ -202,21 +202,22 @@ running() {  # mpirun alive, not a zombie waiting to be reaped
 }
 
 # Note [Restarts on the nodes that are left]
-# With --max-restarts N, a job that ends with a rank or a node gone (exit 1: the watchdog, a
-# rank's error, mpirun stopped above; 205: Open MPI lost a daemon; 128 + a signal: a rank killed)
-# starts again with --resume auto from its checkpoints, on the hosts of --hosts that answer a TCP
-# connection then (one dropped before that answers again is taken back: the probe is made afresh
-# each time), as many ranks as their slots (at most -n). The global batch is the options' (a
-# per-rank --batch-size is refused with --max-restarts), so the trajectory is the one that lost
-# nothing, and with --exact-sums the bits are too (a checkpoint resumes on any number of ranks).
-# Any other exit (0, a usage, data or checkpoint error, a non-finite step, preemption's 75) ends
-# the script with it; so do fewer ranks than --min-ranks, and N restarts spent, each with a line.
+# With --max-restarts N, a job that ends with a rank or a node gone (exit 1: the watchdog, a rank's
+# error, mpirun stopped above; 205: Open MPI lost a daemon; a rank or a daemon killed: the
+# signal's number or 128 + it) starts again with --resume auto from its checkpoints, on the hosts
+# of --hosts that answer a TCP connection then (one dropped before that answers again is taken
+# back: the probe is made afresh each time), as many ranks as their slots (at most -n). The global
+# batch is the options' (a per-rank --batch-size is refused with --max-restarts), so the
+# trajectory is the one that lost nothing, and with --exact-sums the bits are too (a checkpoint
+# resumes on any number of ranks). The exits a restart cannot mend (0; a usage, data or checkpoint
+# error; a non-finite step; no GPU; an output; preemption's 75) end the script with them; so do
+# fewer ranks than --min-ranks, and N restarts spent, each with a line. A frozen rank (stopped)
+# counts as ended for --grace.
 restarts=0
 while :; do
   run_job
   case $rc in
-    1 | 205 | 129 | 13[0-9] | 14[0-9]) ;;
-    *) exit "$rc" ;;
+    0 | 2 | 3 | 4 | 5 | 6 | 7 | 75) exit "$rc" ;;  # done, or what a restart cannot mend (docs/faults.md)
   esac
   [ "$max_restarts" -gt 0 ] || exit "$rc"
   [ "$restarts" -lt "$max_restarts" ] ||

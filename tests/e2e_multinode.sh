@@ -161,8 +161,8 @@ done
 restart_args=(--model "conv:3x3:4:same,relu,maxpool:2,flatten,fc:10" --global-batch-size 60 --exact-sums
               --max-steps 60 --checkpoint-every 10 --collective-timeout 3)
 run restart_ref "node1:1,node2:1,node3:1" 3 "${restart_args[@]}" --checkpoint-dir "$work/ck_restart_ref"
-restart_case() {  # NAME MIN_RANKS: the cut at step 30, the launcher's restarts
-  local name=$1 pid i
+restart_case() {  # NAME MIN_RANKS [FAULT]: node 3 cut (or its processes killed, or frozen) after step 30
+  local name=$1 pid i fault=${3:-cut}
   rm -rf "$work/ck_$name"
   node_run 1 env NODES_RUN_DIR="$NODES_RUN_DIR" OMPI_MCA_plm_rsh_agent="$NODES_AGENT" \
     OMPI_MCA_oob_tcp_if_include="$NODES_SUBNET.0/24" OMPI_MCA_btl_tcp_if_include="$NODES_SUBNET.0/24" \
@@ -171,11 +171,12 @@ restart_case() {  # NAME MIN_RANKS: the cut at step 30, the launcher's restarts
     >"$work/$name.out" 2>&1 </dev/null &
   pid=$!
   for ((i = 0; i < 600; i++)); do grep -qE "^epoch [0-9]+ step 30/60" "$work/$name.out" && break; sleep 0.1; done
-  node_cut 3
+  "node_$fault" 3
   wait "$pid"
   echo $? >"$work/$name.rc"
   node_restore 3
-  node_kill 3  # the cut-off daemon (Note [A lost node ends the job])
+  node_thaw 3
+  node_kill 3  # what is left of the first job there (Note [A lost node ends the job])
 }
 restart_case restart 2
 ref=$(hash_of restart_ref)
@@ -187,6 +188,16 @@ if [ "$(cat "$work/restart.rc")" = 0 ] && [ -n "$ref" ] && [ "$(hash_of restart)
   ok "node 3 lost in step $lost_at of 60: restarted on nodes 1-2 from a checkpoint, params_hash $ref as the run that lost nothing"
   grep -E "^local.sh: (restart|error)|^mnist_mpi: error|resuming from|^params_hash" "$work/restart.out" | sed 's/^/     | /' 
 else fail "restart: exit $(cat "$work/restart.rc"), params_hash '$(hash_of restart)' against '$ref'"; grep -E "^local.sh|resuming|params_hash|error" "$work/restart.out" | head -12; fi
+# Node 3's processes killed, then frozen (SIGSTOP), after step 30: node 3 still answers (its
+# kernel does), so the launcher starts again on all three nodes (a new daemon and rank there), and
+# the run ends with the same bits.
+for fault in kill freeze; do
+  restart_case "restart_$fault" 2 "$fault"
+  if [ "$(cat "$work/restart_$fault.rc")" = 0 ] && [ "$(hash_of "restart_$fault")" = "$ref" ] &&
+     grep -qE "^local.sh: restart 1 of 2: the job ended with exit [0-9]+; no answer from: none; starting 3 rank\(s\)" "$work/restart_$fault.out"; then
+    ok "node 3's processes $([ "$fault" = kill ] && echo killed || echo frozen) after step 30: restarted on the three nodes, params_hash $ref as the run that lost nothing"
+  else fail "restart after node 3 ${fault}: exit $(cat "$work/restart_$fault.rc"), params_hash '$(hash_of "restart_$fault")'"; grep -E "^local.sh|resuming|params_hash|error" "$work/restart_$fault.out" | head -8; fi
+done
 restart_case restart_min 3
 if [ "$(cat "$work/restart_min.rc")" != 0 ] &&
    grep -q "^local.sh: error: the job ended with exit [0-9]*; the hosts that answer hold 2 rank(s), fewer than --min-ranks 3 (no answer from: $NODES_SUBNET.3); not restarting" "$work/restart_min.out" &&
