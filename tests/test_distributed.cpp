@@ -780,6 +780,11 @@ TEST(Codec, AutoChoosesOnceTheSameOnEveryRankAndKeepsTheChoiceInItsState) {
   reports.clear();
   Reducer again(*c, grads, plan, true, {}, auto_codec(args));
   again.load_codec_state(state);
+  // The state read back at once is the state given, each bucket's choice (its last value) too: a
+  // reducer that did not take the choice would write -1 there.
+  std::vector<float> back(state.size());
+  again.save_codec_state(back);
+  EXPECT_EQ(std::memcmp(back.data(), state.data(), state.size() * sizeof(float)), 0) << "the state, or a choice, lost";
   run_steps(again, 7, 9);
   EXPECT_TRUE(reports.empty()) << "a reducer given the choice chose again";
   EXPECT_EQ(again.wire_bytes(), red.wire_bytes()) << "the same codecs";

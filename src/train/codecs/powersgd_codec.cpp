@@ -37,6 +37,7 @@
 
 #include "mnist_mpi/backend/backend.hpp"
 #include "mnist_mpi/check.hpp"
+#include "mnist_mpi/resilience/finite.hpp"
 #include "mnist_mpi/rng.hpp"
 #include "mnist_mpi/train/codec.hpp"
 
@@ -207,12 +208,7 @@ class PowerSgdCodec final : public GradientCodec {
   void decode(const Matrix& m, float share) {
     const float* P = wire_p_.data() + m.p_at;
     const float* Qt = wire_q_.data() + m.q_at;
-    const auto finite = [](const float* x, std::int64_t n) {
-      for (std::int64_t i = 0; i < n; ++i)
-        if (!std::isfinite(x[i])) return false;
-      return true;
-    };
-    const bool ok = finite(P, m.rows * rank_) && finite(Qt, rank_ * m.cols);
+    const bool ok = all_finite(P, m.rows * rank_) && all_finite(Qt, rank_ * m.cols);
     for (std::int64_t i = 0; i < m.rows; ++i) {
       float* g = grads_.data() + m.at + i * m.cols;
       float* M = state_.data() + m.e_at + i * m.cols;
